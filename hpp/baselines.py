@@ -1,0 +1,249 @@
+"""Baselines on the same cost model and input: uniform (Megatron), single-shape (Metis/AMP), exhaustive.
+
+- ``uniform``: Megatron-style DP x PP x TP. TP groups are cut from the nodes in
+  cluster order; pipeline r takes groups r*PP .. r*PP+PP-1; equal layers per stage
+  (the first L mod PP stages get one more); an equal batch per replica (G mod DP
+  replicas get one more sample); one micro-batch size; the same recomputation on
+  every stage. Best over (TP, PP, b, recompute) by the cost model, memory checked.
+- ``single-shape``: the Metis/AMP family. One pipeline shape, replicated DP times
+  with an even batch split; each replica gets N_t / DP devices of every type t; its
+  stages are device groups (powers of two within a node) and its layers are balanced
+  unequally across heterogeneous stages (the stage-balance DP). The search enumerates
+  DP degrees, device-group orderings (every order of the type groups), the split of
+  each type into groups and micro-batch sizes, and prices EVERY candidate with the
+  full cost model without memoisation, as those planners do.
+- ``exhaustive``: every composition of candidate pipelines (all shapes, counts and
+  exact data splits, no pruning), small clusters only: the optimality oracle of the
+  composition model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hpp.errors import HppInputError
+from hpp.formulation.candidates import SearchSpace, stage_kinds
+from hpp.formulation.composition import CompositionProblem, composition_objective_s
+from hpp.formulation.cost_model import CostModelConfig, estimate_plan
+from hpp.formulation.stage_balance import StageBalancer, StageKind
+from hpp.plan import Pipeline, Plan, Stage, default_schedule
+from hpp.profiles.cluster import Cluster, cluster_to_dict
+from hpp.profiles.model_profile import ModelProfile
+from hpp.pruning.memo import StageCostCache
+
+__all__ = ["BaselineResult", "uniform_baseline", "single_shape_baseline", "exhaustive_composition",
+           "run_baselines", "BASELINES"]
+
+BASELINES = ("uniform", "single-shape")
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """Best plan of one baseline: its predicted iteration time [s], throughput [samples/s], search wall [s]."""
+
+    name: str
+    plan: Plan | None
+    iteration_time_s: float
+    throughput: float
+    wall_s: float
+    description: str
+    candidates: int = 0
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan is not None
+
+
+def _even_split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _make_plan(profile: ModelProfile, cluster: Cluster, gbs: int, pipelines: list[Pipeline]) -> Plan:
+    return Plan(model=profile.model, num_layers=profile.num_layers, global_batch_size=gbs,
+                pipelines=tuple(pipelines), sequence_length=profile.sequence_length,
+                profile_ref={"name": profile.model}, cluster_ref=cluster_to_dict(cluster))
+
+
+def _price(plan: Plan, cluster: Cluster, profile: ModelProfile, config: CostModelConfig) -> float:
+    est = estimate_plan(plan, cluster, profile, config=config, estimate_missing=False)
+    return est.iteration_time_s if est.fits_memory else math.inf
+
+
+def uniform_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+                     space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig()) -> BaselineResult:
+    """Megatron-style DP x PP x TP (see the module docstring)."""
+    t0 = time.perf_counter()
+    L = profile.num_layers
+    types = sorted(cluster.count_by_type())
+    common_tp = set.intersection(*(set(profile.tp_degrees(t)) for t in types))
+    best: tuple[float, Plan | None, str] = (math.inf, None, "no feasible DP x PP x TP layout")
+    n_cands = 0
+    for tp in sorted(common_tp):
+        if space.max_tp is not None and tp > space.max_tp:
+            continue
+        groups = []
+        for node_idx, node in enumerate(cluster.nodes):
+            ids = [d.device_id for d in cluster.devices if d.node == node_idx]
+            groups += [(node.device_type, tuple(ids[i:i + tp])) for i in range(0, len(ids) - tp + 1, tp)]
+        sizes = set.intersection(*(set(profile.micro_batch_sizes(t, tp)) for t in types))
+        if space.micro_batch_sizes is not None:
+            sizes &= set(space.micro_batch_sizes)
+        for pp in range(1, min(L, len(groups)) + 1):
+            dp = len(groups) // pp
+            layers = _even_split(L, pp)
+            bounds = [0, *itertools.accumulate(layers)]
+            for b in sorted(sizes):
+                for rec in (("none", "full") if space.allow_recompute else ("none",)):
+                    n_cands += 1
+                    pipes = []
+                    for r, n in enumerate(_even_split(global_batch_size, dp)):
+                        stages = tuple(Stage(bounds[s], bounds[s + 1], groups[r * pp + s][0], tp,
+                                             groups[r * pp + s][1], rec) for s in range(pp))
+                        pipes.append(Pipeline(stages, b, n, default_schedule(-(-n // b), pp)))
+                    pipes = [p for p in pipes if p.num_samples > 0]
+                    plan = _make_plan(profile, cluster, global_batch_size, pipes)
+                    t = _price(plan, cluster, profile, config)
+                    if t < best[0]:
+                        best = (t, plan, f"DP={len(pipes)} PP={pp} TP={tp} b={b} recompute={rec}")
+    wall = time.perf_counter() - t0
+    return BaselineResult("uniform", best[1], best[0], global_batch_size / best[0] if best[1] else 0.0, wall,
+                          best[2], n_cands)
+
+
+def _group_splits(n: int, sizes: list[int]) -> list[tuple[int, ...]]:
+    """Ways to cut n devices into groups of the given sizes (non-increasing tuples)."""
+    out = []
+
+    def rec(left: int, maxsize: int, acc: tuple[int, ...]) -> None:
+        if left == 0:
+            out.append(acc)
+            return
+        for s in sizes:
+            if s <= left and s <= maxsize:
+                rec(left - s, s, acc + (s,))
+
+    rec(n, max(sizes), ())
+    return out
+
+
+def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+                          space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
+                          max_candidates: int | None = None) -> BaselineResult:
+    """Metis/AMP-style single pipeline shape, replicated, even batch split (see the module docstring)."""
+    t0 = time.perf_counter()
+    inv = cluster.count_by_type()
+    kinds = stage_kinds(cluster, profile, space)
+    L = profile.num_layers
+    best: tuple[float, Plan | None, str] = (math.inf, None, "no feasible single shape")
+    n_cands = 0
+    caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
+    from hpp.planner import pipeline_link
+    for dp in range(1, min(inv.values()) + 1):
+        if any(n % dp for n in inv.values()):
+            continue
+        per = {t: n // dp for t, n in inv.items()}
+        splits = {t: _group_splits(per[t], [k.tp_degree for k in kinds[t]]) for t in per}
+        for order in itertools.permutations(sorted(per)):
+            for choice in itertools.product(*(splits[t] for t in order)):
+                shape = tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)
+                if len(shape) > L:
+                    continue
+                common = set.intersection(*(set(profile.micro_batch_sizes(k.device_type, k.tp_degree))
+                                            for k in set(shape)))
+                if space.micro_batch_sizes is not None:
+                    common &= set(space.micro_batch_sizes)
+                for b in sorted(common):
+                    if max_candidates is not None and n_cands >= max_candidates:
+                        break
+                    n_cands += 1
+                    # a fresh, un-memoised balancer per candidate: as Metis/AMP price each candidate anew
+                    cache = StageCostCache(profile, caps, pipeline_link(cluster), config, enabled=False)
+                    part = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=False).balance(shape, b)
+                    if part is None:
+                        continue
+                    try:
+                        plan = _bind_replicas(cluster, profile, global_batch_size, shape, part, b, dp)
+                    except HppInputError:
+                        continue
+                    t = _price(plan, cluster, profile, config)
+                    if t < best[0]:
+                        best = (t, plan, f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}]"
+                                         f" b={b}")
+    wall = time.perf_counter() - t0
+    return BaselineResult("single-shape", best[1], best[0], global_batch_size / best[0] if best[1] else 0.0, wall,
+                          best[2], n_cands)
+
+
+def _bind_replicas(cluster, profile, gbs, shape, part, b, dp) -> Plan:
+    from hpp.formulation.binding import bind_devices
+    from hpp.formulation.candidates import Candidate
+
+    cand = Candidate(shape, b, part, {}, {})
+    ids = bind_devices(cluster, [cand] * dp)
+    pipes = []
+    for r, n in enumerate(_even_split(gbs, dp)):
+        if n == 0:
+            continue
+        stages = tuple(Stage(part.boundaries[i], part.boundaries[i + 1], k.device_type, k.tp_degree, ids[r][i],
+                             "full" if part.recompute[i] else "none") for i, k in enumerate(shape))
+        pipes.append(Pipeline(stages, b, n, default_schedule(-(-n // b), len(shape))))
+    return _make_plan(profile, cluster, gbs, pipes)
+
+
+def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int = 2_000_000
+                           ) -> tuple[dict[int, int], float, int]:
+    """Every multiset of candidate copies that fits the inventory, priced by the composition model.
+
+    Returns
+    -------
+    (counts, objective_s, evaluations)
+
+    Raises
+    ------
+    HppInputError
+        The instance needs more than ``max_evaluations`` compositions (too large for the oracle).
+    """
+    n = len(problem.candidates)
+    best: tuple[dict[int, int], float] = ({}, math.inf)
+    evals = 0
+
+    def rec(i: int, counts: dict[int, int]) -> None:
+        nonlocal best, evals
+        if i == n:
+            if counts:
+                evals += 1
+                if evals > max_evaluations:
+                    raise HppInputError(f"more than {max_evaluations} compositions", field="cluster",
+                                        fix="the exhaustive oracle is for small clusters only")
+                obj = composition_objective_s(problem, counts)
+                if obj < best[1]:
+                    best = (dict(counts), obj)
+            return
+        rec(i + 1, counts)
+        x = 1
+        while True:
+            counts[i] = x
+            if not problem.fits(counts):
+                del counts[i]
+                break
+            rec(i + 1, counts)
+            x += 1
+
+    rec(0, {})
+    return best[0], best[1], evals
+
+
+def run_baselines(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+                  space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
+                  names: tuple[str, ...] = BASELINES) -> Mapping[str, BaselineResult]:
+    """Run the named baselines on the same input; returns name -> :class:`BaselineResult`."""
+    out: dict[str, Any] = {}
+    if "uniform" in names:
+        out["uniform"] = uniform_baseline(cluster, profile, global_batch_size, space=space, config=config)
+    if "single-shape" in names:
+        out["single-shape"] = single_shape_baseline(cluster, profile, global_batch_size, space=space, config=config)
+    return out

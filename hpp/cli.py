@@ -1,0 +1,267 @@
+"""The ``hpp`` command line: thin (parse, call the library, print). See shared CONTRACT.md.
+
+Exit codes: 0 success; 2 bad input or no feasible plan (one line on stderr naming the
+file and field, or the memory shortfall); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from hpp.errors import HppInputError
+
+__all__ = ["main"]
+
+log = logging.getLogger("hpp")
+
+
+def _num(x: float) -> Any:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def _estimate_json(est) -> dict[str, Any]:
+    return {
+        "iteration_time_s": est.iteration_time_s,
+        "pipeline_time_s": est.pipeline_time_s,
+        "grad_sync_s": est.grad_sync_s,
+        "grad_sync_block_s": est.grad_sync_block_s,
+        "grad_sync_layer_s": est.grad_sync_layer_s,
+        "optimizer_s": est.optimizer_s,
+        "throughput_samples_per_s": est.throughput_samples_per_s,
+        "throughput_tokens_per_s": est.throughput_tokens_per_s,
+        "peak_memory_bytes": est.peak_memory_bytes,
+        "fits_memory": est.fits_memory,
+        "uses_estimated_profile": est.uses_estimated_profile,
+        "pipelines": [{
+            "time_s": p.time_s, "num_micro_batches": p.num_micro_batches, "micro_batch_size": p.micro_batch_size,
+            "num_samples": p.num_samples, "bottleneck_s": p.bottleneck_s,
+            "stages": [{"layers": [s.layer_start, s.layer_stop], "device_type": s.device_type,
+                        "tp_degree": s.tp_degree, "recompute": s.recompute, "forward_s": s.forward_s,
+                        "backward_s": s.backward_s, "p2p_s": s.p2p_s, "busy_s": s.busy_s, "bubble_s": s.bubble_s,
+                        "optimizer_s": s.optimizer_s, "grad_sync_s": s.grad_sync_s,
+                        "in_flight_micro_batches": s.in_flight_micro_batches, "memory_bytes": s.memory_bytes,
+                        "capacity_bytes": s.capacity_bytes, "headroom_bytes": s.headroom_bytes}
+                       for s in p.stages]} for p in est.pipelines],
+        "blocks": [{"layers": [b.layer_start, b.layer_stop], "holder_stages": list(b.holders),
+                    "bytes": b.num_bytes, "allreduce_s": b.allreduce_s} for b in est.blocks],
+    }
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.1f}"
+
+
+def _print_estimate(est, plan, out=sys.stdout) -> None:
+    w = out.write
+    w(f"{'pipe':>4} {'stage':>5} {'device':>12} {'tp':>2} {'layers':>9} {'rec':>4} {'mb':>3} {'#mb':>4} "
+      f"{'fwd+bwd ms':>10} {'p2p ms':>7} {'bubble s':>8} {'sync s':>7} {'mem GiB':>13}\n")
+    for i, (p, pe) in enumerate(zip(plan.pipelines, est.pipelines)):
+        for j, (s, se) in enumerate(zip(p.stages, pe.stages)):
+            w(f"{i:>4} {j:>5} {s.device_type:>12} {s.tp_degree:>2} {f'[{s.layer_start},{s.layer_stop})':>9} "
+              f"{s.recompute[:4]:>4} {p.micro_batch_size:>3} {p.num_micro_batches:>4} "
+              f"{1e3 * (se.forward_s + se.backward_s):>10.2f} {1e3 * se.p2p_s:>7.2f} {se.bubble_s:>8.3f} "
+              f"{se.grad_sync_s:>7.3f} {_gib(se.memory_bytes):>6}/{_gib(se.capacity_bytes):>6}\n")
+        w(f"     pipeline {i}: {p.num_samples} samples, {pe.time_s:.3f} s\n")
+    w(f"blocks: {len(est.blocks)}; gradient sync block-wise {est.grad_sync_block_s:.3f} s "
+      f"(per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
+    w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
+      f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "
+      f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {_gib(est.peak_memory_bytes)} GiB\n")
+    if not est.fits_memory:
+        w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
+    for msg in est.warnings:
+        w(f"note: {msg}\n")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _inputs_from_args(args) -> tuple[Any, Any, int, str]:
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.profiles.cluster import load_cluster
+    from hpp.profiles.model_profile import load_profile
+    from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
+
+    if args.cluster or args.profile or args.model:
+        if not args.cluster:
+            raise HppInputError("--cluster is required with --profile/--model", field="--cluster",
+                                fix="give a cluster JSON file, or use --scenario")
+        cluster = load_cluster(args.cluster)
+        profile = load_profile(args.profile) if args.profile else load_bundled_profile(args.model or "OPT-350")
+        gbs = args.gbs or 1024
+        return cluster, profile, gbs, Path(args.cluster).stem
+    sc = get_scenario(args.scenario or DEFAULT_SCENARIO)
+    return sc.cluster(), load_bundled_profile(sc.model), args.gbs or sc.global_batch_size, sc.name
+
+
+def cmd_plan(args) -> int:
+    from hpp.baselines import run_baselines
+    from hpp.formulation.candidates import SearchSpace
+    from hpp.formulation.composition import SolverSettings
+    from hpp.plan import plan_to_dict, write_plan_json
+    from hpp.planner import plan_hpp
+    from hpp.resolve import profile_ref_for
+    from hpp.validate import validate_plan
+
+    cluster, profile, gbs, name = _inputs_from_args(args)
+    space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
+                        max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute)
+    settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed)
+    quiet = args.json or args.quiet
+    progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
+    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space)
+    seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
+    res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, solver=args.solver,
+                   profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
+    validate_plan(res.plan, cluster, profile, source="<planner output>")
+    from dataclasses import replace
+    predicted = {"iteration_time_s": res.estimate.iteration_time_s,
+                 "throughput_samples_per_s": res.estimate.throughput_samples_per_s,
+                 "throughput_tokens_per_s": res.estimate.throughput_tokens_per_s,
+                 "peak_memory_bytes": res.estimate.peak_memory_bytes}
+    plan = replace(res.plan, predicted=predicted)
+    if args.out:
+        write_plan_json(plan, args.out)
+    comp = res.composition
+    search = {"wall_s": res.wall_s, "status": comp.status, "gap": _num(comp.gap), "objective_s": _num(comp.objective_s),
+              "bound_s": _num(comp.bound_s), "solver": comp.solver, "solve_s": comp.wall_s,
+              "num_candidates": comp.num_candidates,
+              "stats": {k: (_num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
+    base_json = {k: {"iteration_time_s": _num(b.iteration_time_s), "throughput_samples_per_s": _num(b.throughput),
+                     "speedup_of_hpp": _num(b.iteration_time_s / res.estimate.iteration_time_s)
+                     if b.iteration_time_s else None, "wall_s": b.wall_s, "description": b.description,
+                     "feasible": b.feasible}
+                 for k, b in baselines.items()}
+    if args.json:
+        out = {"scenario": name, "plan": plan_to_dict(plan), "predicted": _estimate_json(res.estimate),
+               "search": search, "baselines": base_json}
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
+          f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
+    _print_estimate(res.estimate, plan)
+    print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s, "
+          f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates")
+    for k, b in baselines.items():
+        if b.feasible:
+            print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter ({b.description}); HPP speedup "
+                  f"{b.iteration_time_s / res.estimate.iteration_time_s:.2f}x")
+        else:
+            print(f"baseline {k:>12}: no feasible plan ({b.description})")
+    if args.out:
+        print(f"plan written to {args.out}")
+    return 0
+
+
+def cmd_estimate(args) -> int:
+    from hpp.formulation.cost_model import estimate_plan
+    from hpp.resolve import load_plan_inputs
+
+    profile = None
+    if args.model:
+        from hpp.profiles.bundled import load_bundled_profile
+        profile = load_bundled_profile(args.model)
+    if args.format not in (None, "hpp"):
+        raise HppInputError(f"--format {args.format} is not supported yet", field="--format",
+                            fix="use an hpp plan (format hpp)")
+    plan, cluster, profile = load_plan_inputs(args.plan, profile=profile)
+    est = estimate_plan(plan, cluster, profile)
+    if args.json:
+        print(json.dumps({"plan": str(args.plan), "model": plan.model, "predicted": _estimate_json(est)}, indent=1))
+        return 0
+    print(f"plan {args.plan}: {plan.model}, {plan.num_pipelines} pipelines on {plan.num_devices} devices, "
+          f"global batch {plan.global_batch_size}")
+    _print_estimate(est, plan)
+    return 0
+
+
+def cmd_scenarios(args) -> int:
+    from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS
+
+    rows = []
+    for s in SCENARIOS.values():
+        gpus = " + ".join(f"{n} {t}" for t, n in s.gpus)
+        rows.append({"name": s.name, "model": s.model, "global_batch_size": s.global_batch_size, "cluster": gpus,
+                     "default": s.name == DEFAULT_SCENARIO})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['name']:<24} {r['model']:<12} gbs {r['global_batch_size']:<5} {r['cluster']}"
+              f"{'   (default)' if r['default'] else ''}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="search the best HPP plan (no arguments: the bundled default scenario)")
+    p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`)")
+    p.add_argument("--cluster", type=Path, help="cluster JSON file (instead of --scenario)")
+    p.add_argument("--profile", type=Path, help="native profile JSON file (with --cluster)")
+    p.add_argument("--model", help="bundled model profile (with --cluster): OPT-350, GPT-Neo-2.7, LLAMA-3-8")
+    p.add_argument("--gbs", type=int, help="global batch size [samples]")
+    p.add_argument("--micro-batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   help="comma-separated micro-batch sizes to consider (default: all measured)")
+    p.add_argument("--max-tp", type=int, help="largest TP degree")
+    p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline (default 8)")
+    p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit [s] (default 10)")
+    p.add_argument("--workers", type=int, default=0, help="CP-SAT workers (0 = one per core)")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
+    p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"])
+    p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baselines")
+    p.add_argument("--out", type=Path, help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_plan)
+
+    e = sub.add_parser("estimate", help="validate a plan and predict its iteration time and memory")
+    e.add_argument("plan", type=Path)
+    e.add_argument("--model", help="bundled profile to use instead of the plan's")
+    e.add_argument("--format", choices=["hpp", "sailor", "metis"], help="plan format (default: hpp)")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_estimate)
+
+    s = sub.add_parser("scenarios", help="list the bundled scenarios")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_scenarios)
+
+    for name, helptext in (("run", "execute a plan with torch.distributed"),
+                           ("profile", "measure a model's per-layer profile")):
+        r = sub.add_parser(name, help=helptext, add_help=False)
+        r.add_argument("rest", nargs=argparse.REMAINDER)
+        r.set_defaults(func=None, runtime_command=name)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hpp`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.func is None:   # runtime commands live in hpp.runtime (torch imported only there)
+            from hpp.runtime.cli import main as runtime_main
+            return runtime_main([args.runtime_command, *args.rest])
+        return args.func(args)
+    except HppInputError as exc:
+        print(f"hpp {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hpp {args.command}: interrupted", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Errors raised for bad input.
+
+Every error a user can trigger with a file or a flag is an :class:`HppInputError`:
+it names the file (``source``), the field and what would fix it, and the CLI turns
+it into one line on stderr with exit code 2 (see ``../shared/design/CONTRACT.md``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["HppInputError", "InfeasibleError"]
+
+
+class HppInputError(ValueError):
+    """Bad input: a file, a field or a flag that cannot be used as given.
+
+    Parameters
+    ----------
+    message : str
+        What is wrong, with the offending value.
+    source : str, optional
+        The file (path) or object the value came from.
+    field : str, optional
+        The field inside ``source`` (dotted path, e.g. ``pipelines[1].stages[0].layers``).
+    fix : str, optional
+        What the user should change.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None,
+                 fix: str | None = None) -> None:
+        self.message = message
+        self.source = source
+        self.field = field
+        self.fix = fix
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.source and self.field:
+            where = f"{self.source}: field '{self.field}': "
+        elif self.source:
+            where = f"{self.source}: "
+        elif self.field:
+            where = f"field '{self.field}': "
+        tail = f" Fix: {self.fix}" if self.fix else ""
+        return f"{where}{self.message}.{tail}" if not self.message.endswith(".") else f"{where}{self.message}{tail}"
+
+    def with_source(self, source: str) -> "HppInputError":
+        """Return a copy of this error that names ``source`` (e.g. a file path) if it named none."""
+        if self.source:
+            return self
+        return type(self)(self.message, source=source, field=self.field, fix=self.fix)
+
+
+class InfeasibleError(HppInputError):
+    """The input is valid but no plan fits (e.g. the model does not fit in memory).
+
+    The message says by how much memory the best shape falls short, and where.
+    """

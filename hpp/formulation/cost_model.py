@@ -1,0 +1,411 @@
+"""The HPP cost model (v1): pure functions, no solver, no I/O.
+
+Turns a plan, a cluster and a profile into a predicted iteration time and
+per-device peak memory, with the breakdown. Source: the standard pipeline-parallel
+cost model of Metis (ATC'24), AMP (NeurIPS'22) and Sailor (SOSP'25) as written
+down in ``shared/design/HPP.md``, plus block-wise gradient aggregation (ETH/HPP,
+arXiv 2610.22035) and activation recomputation (Megatron-LM, Korthikanti et al.
+2022, "Reducing Activation Recomputation in Large Transformer Models").
+
+Notation: stage s of pipeline p holds layers [lo, hi) on t devices; its profile
+entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE device.
+
+- Stage compute per micro-batch: F_s = sum f[lo:hi]; B_s = sum g[lo:hi], plus F_s
+  under full recomputation (one extra forward).
+- Point-to-point: c_s = latency + x[hi-1] / bw(link s -> s+1), once forward
+  (activation) and once backward (its gradient).
+- 1F1B pipeline time: T_p = sum_s (F_s + B_s) + 2 sum_s c_s + (m_p - 1) max_s (F_s + B_s).
+  Communication is NOT in the bottleneck term: in the steady state it overlaps with
+  compute. A partial last micro-batch costs a full one (upper bound). m_p = 0 => 0.
+- Blocks: the union of all pipelines' stage boundaries cuts [0, L) into blocks; each
+  block has one holder stage per pipeline. Block j's gradient is all-reduced among
+  its h holders (ring): 2 (h-1)/h * bytes_j / bw_min + 2 (h-1) latency, with
+  bw_min the slowest link among the holders. A device serialises the all-reduces of
+  the blocks it holds; devices run in parallel: T_sync = max over devices.
+  The naive alternative (one all-reduce per layer) is computed beside it.
+- Optimizer: per stage sum over its layers of the profile's optimizer seconds; the
+  step waits for the slowest stage.
+- Iteration: T = max_p T_p + T_sync + max_stage T_opt (sync is not overlapped with
+  backward in v1). Throughput = G / T samples/s, x sequence length tokens/s.
+- Memory of a device of stage s at position i (0-based) of S stages:
+  state_factor * W_s + k_i * A_s + buffers, with k_i = min(m_p, S - i) micro-batches
+  in flight under 1F1B (m_p under GPipe), A_s the activation bytes kept per
+  micro-batch (layer inputs only + one layer's working set under full recompute),
+  buffers the point-to-point send/receive tensors. Must stay <= capacity - reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from hpp.errors import HppInputError
+from hpp.plan import Plan, Stage
+from hpp.profiles.cluster import Cluster, Link
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+
+__all__ = [
+    "CostModelConfig", "StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate",
+    "pipeline_time_1f1b_s", "ring_allreduce_s", "in_flight_micro_batches", "stage_activation_bytes",
+    "stage_compute_s", "stage_memory_bytes", "block_decomposition", "estimate_plan",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelConfig:
+    """Named constants of the cost model; one place, each with its source.
+
+    Attributes
+    ----------
+    state_bytes_per_param_byte : float
+        Memory for weights + gradients + optimizer states per byte of (fp32)
+        parameters in the profile. 4.0 = fp32 weights (4 B) + fp32 grads (4 B) +
+        Adam m and v (8 B) per 4-byte parameter; Megatron's mixed precision
+        (2 + 2 + 4 + 4 + 4 = 16 B per parameter) gives the same 4.0.
+    reserve_bytes : int
+        Memory kept free on every device (allocator fragmentation, CUDA context,
+        workspaces) [bytes]. Default 0: capacities are used as given.
+    grad_sync : str
+        ``"block"`` (block-wise aggregation, HPP) or ``"layer"`` (one all-reduce per
+        layer, the naive alternative): which one enters the iteration time.
+    """
+
+    state_bytes_per_param_byte: float = 4.0
+    reserve_bytes: int = 0
+    grad_sync: str = "block"
+
+    def __post_init__(self) -> None:
+        if self.grad_sync not in ("block", "layer"):
+            raise HppInputError(f"grad_sync={self.grad_sync!r}", field="grad_sync", fix="use 'block' or 'layer'")
+
+
+# ------------------------------------------------------------------ small formulas
+
+
+def pipeline_time_1f1b_s(stage_compute_s: Sequence[float], p2p_s: Sequence[float], num_micro_batches: int) -> float:
+    """1F1B time of one pipeline for one iteration [s].
+
+    Parameters
+    ----------
+    stage_compute_s : (S,) float
+        F_s + B_s per micro-batch of each stage [s].
+    p2p_s : (S-1,) float
+        One-way point-to-point time between stage s and s+1 [s].
+    num_micro_batches : int
+        m >= 0; 0 gives 0.0.
+
+    Returns
+    -------
+    float
+        ``sum(stage) + 2 sum(p2p) + (m - 1) max(stage)``; source: HPP.md (Metis/AMP form).
+
+    Examples
+    --------
+    >>> pipeline_time_1f1b_s([3.0, 2.0], [0.5], 3)
+    12.0
+    """
+    if num_micro_batches < 0:
+        raise ValueError(f"num_micro_batches must be >= 0, got {num_micro_batches}")
+    if num_micro_batches == 0:
+        return 0.0
+    return sum(stage_compute_s) + 2.0 * sum(p2p_s) + (num_micro_batches - 1) * max(stage_compute_s)
+
+
+def ring_allreduce_s(num_bytes: float, num_ranks: int, link: Link) -> float:
+    """Ring all-reduce of ``num_bytes`` among ``num_ranks`` ranks over ``link`` [s].
+
+    ``2 (n-1)/n * bytes / bw + 2 (n-1) * latency`` (Patarasuk & Yuan 2009; HPP.md).
+    The bandwidth is the link's effective bandwidth for a message of ``bytes / n``
+    (one ring chunk). 0 for one rank or no bytes.
+
+    Examples
+    --------
+    >>> ring_allreduce_s(1e9, 2, Link(1e9, 0.0))
+    1.0
+    """
+    if num_ranks <= 1 or num_bytes <= 0:
+        return 0.0
+    chunk = num_bytes / num_ranks
+    bw = link.bandwidth_bytes_per_s(chunk)
+    return 2.0 * (num_ranks - 1) / num_ranks * num_bytes / bw + 2.0 * (num_ranks - 1) * link.latency_s
+
+
+def in_flight_micro_batches(position: int, num_stages: int, num_micro_batches: int, schedule: str = "1F1B") -> int:
+    """Micro-batches whose activations stage ``position`` (0-based) holds at its peak.
+
+    1F1B: ``min(m, S - position)`` (the first stage warms up with S micro-batches);
+    GPipe: ``m`` (all forwards before any backward). Source: Narayanan et al. 2021 (PipeDream-Flush).
+    """
+    if schedule == "GPipe":
+        return num_micro_batches
+    return min(num_micro_batches, num_stages - position)
+
+
+def stage_activation_bytes(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[int, int]:
+    """Activation bytes of layers [lo, hi) for one device: (kept per in-flight micro-batch, working set).
+
+    - ``none``: every layer's ``activation_bytes`` kept; no extra working set.
+    - ``full``: only each layer's input (the previous layer's ``output_bytes``; the
+      token ids of layer 0 are negligible) kept per micro-batch, plus ONE layer's full
+      activations as working set while it is recomputed (Megatron full recomputation).
+    - ``selective``: ``activation_bytes - attention_activation_bytes`` kept (Megatron
+      selective recomputation); needs the attention share in the profile.
+
+    Raises
+    ------
+    HppInputError
+        ``selective`` on a profile without ``attention_activation_bytes``; an unknown mode.
+    """
+    if recompute == "none":
+        return sum(e.activation_bytes[lo:hi]), 0
+    if recompute == "full":
+        kept = sum(e.output_bytes[l - 1] for l in range(max(lo, 1), hi))
+        return kept, max(e.activation_bytes[lo:hi])
+    if recompute == "selective":
+        if e.attention_activation_bytes is None:
+            raise HppInputError(
+                f"selective recomputation needs attention_activation_bytes, which the profile of {e.device_type} "
+                f"(tp {e.tp_degree}, micro-batch {e.micro_batch_size}) lacks", field="recompute",
+                fix="use recompute 'full' or 'none', or profile the attention share")
+        return sum(a - s for a, s in zip(e.activation_bytes[lo:hi], e.attention_activation_bytes[lo:hi])), 0
+    raise HppInputError(f"unknown recompute mode {recompute!r}", field="recompute",
+                        fix="use 'none', 'full' or 'selective'")
+
+
+def stage_compute_s(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[float, float]:
+    """(F_s, B_s) per micro-batch [s] for layers [lo, hi); recomputation adds to B_s.
+
+    ``full`` adds the stage's forward (one extra forward pass); ``selective`` adds the
+    forward share of the attention activations, estimated as F_s * att/act bytes.
+    """
+    fwd = sum(e.forward_s[lo:hi])
+    bwd = sum(e.backward_s[lo:hi])
+    if recompute == "full":
+        bwd += fwd
+    elif recompute == "selective":
+        stage_activation_bytes(e, lo, hi, recompute)  # raises if unsupported
+        act = sum(e.activation_bytes[lo:hi])
+        att = sum(e.attention_activation_bytes[lo:hi])  # type: ignore[index]
+        bwd += fwd * (att / act if act else 0.0)
+    return fwd, bwd
+
+
+def stage_memory_bytes(e: LayerProfile, lo: int, hi: int, *, position: int, num_stages: int,
+                       num_micro_batches: int, recompute: str = "none", schedule: str = "1F1B",
+                       config: CostModelConfig = CostModelConfig()) -> int:
+    """Peak memory of one device of a stage [bytes] (see the module docstring for the formula)."""
+    weights = config.state_bytes_per_param_byte * sum(e.param_bytes[lo:hi])
+    kept, working = stage_activation_bytes(e, lo, hi, recompute)
+    k = in_flight_micro_batches(position, num_stages, max(num_micro_batches, 1), schedule)
+    buffers = 0
+    if position > 0:
+        buffers += 2 * e.output_bytes[lo - 1]   # received activation + its gradient
+    if position < num_stages - 1:
+        buffers += 2 * e.output_bytes[hi - 1]   # sent activation + received gradient
+    return int(weights + k * kept + working + buffers)
+
+
+def block_decomposition(boundaries: Sequence[Sequence[int]]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Blocks of a multi-pipeline plan.
+
+    Parameters
+    ----------
+    boundaries : per pipeline, its stage boundaries ``(0, hi_0, ..., L)``.
+
+    Returns
+    -------
+    list of (layer_start, layer_stop, holder_stage_per_pipeline)
+        Maximal layer ranges that no pipeline's boundary cuts, and for each pipeline
+        the index of the stage that holds the block.
+
+    Examples
+    --------
+    >>> block_decomposition([(0, 2, 3), (0, 1, 3)])
+    [(0, 1, (0, 0)), (1, 2, (0, 1)), (2, 3, (1, 1))]
+    """
+    cuts = sorted({b for bs in boundaries for b in bs})
+    out = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        holders = []
+        for bs in boundaries:
+            s = next(i for i in range(len(bs) - 1) if bs[i] <= lo < bs[i + 1])
+            holders.append(s)
+        out.append((lo, hi, tuple(holders)))
+    return out
+
+
+# ------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True, slots=True)
+class StageEstimate:
+    """Predicted figures of one stage (per device of the stage)."""
+
+    layer_start: int
+    layer_stop: int
+    device_type: str
+    tp_degree: int
+    recompute: str
+    forward_s: float            # per micro-batch
+    backward_s: float           # per micro-batch, recomputation included
+    p2p_s: float                # one-way send to the next stage (0 for the last)
+    busy_s: float               # m * (forward + backward)
+    bubble_s: float             # pipeline time - busy
+    optimizer_s: float
+    grad_sync_s: float          # this device's serialised block all-reduces
+    in_flight_micro_batches: int
+    memory_bytes: int
+    capacity_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.memory_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineEstimate:
+    """Predicted figures of one pipeline."""
+
+    time_s: float
+    num_micro_batches: int
+    micro_batch_size: int
+    num_samples: int
+    bottleneck_s: float
+    stages: tuple[StageEstimate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEstimate:
+    """One gradient block: layers, holder stage per pipeline, bytes per holder device, all-reduce time."""
+
+    layer_start: int
+    layer_stop: int
+    holders: tuple[int, ...]
+    num_bytes: int
+    allreduce_s: float
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """Predicted iteration of a plan, with the breakdown.
+
+    Attributes
+    ----------
+    iteration_time_s : float
+        max pipeline time + gradient sync (block or layer, per config) + optimizer step.
+    grad_sync_block_s, grad_sync_layer_s : float
+        Exposed gradient-sync time with block-wise and per-layer all-reduce.
+    peak_memory_bytes : int
+        Largest predicted memory over devices.
+    uses_estimated_profile : bool
+        Some stage used an estimated (not measured) profile entry.
+    """
+
+    iteration_time_s: float
+    pipeline_time_s: float
+    grad_sync_s: float
+    grad_sync_block_s: float
+    grad_sync_layer_s: float
+    optimizer_s: float
+    throughput_samples_per_s: float
+    throughput_tokens_per_s: float
+    peak_memory_bytes: int
+    pipelines: tuple[PipelineEstimate, ...]
+    blocks: tuple[BlockEstimate, ...]
+    uses_estimated_profile: bool = False
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def fits_memory(self) -> bool:
+        return all(s.memory_bytes <= s.capacity_bytes for p in self.pipelines for s in p.stages)
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+def _stage_link(cluster: Cluster, a: Stage, b: Stage) -> Link:
+    return cluster.link(a.device_ids[-1], b.device_ids[0])
+
+
+def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
+                  config: CostModelConfig = CostModelConfig(), estimate_missing: bool = True) -> PlanEstimate:
+    """Predict one iteration of ``plan`` on ``cluster`` with ``profile``.
+
+    The plan must be structurally valid (:func:`hpp.validate.validate_plan`).
+
+    Returns
+    -------
+    PlanEstimate
+
+    Raises
+    ------
+    HppInputError
+        A stage's (device type, TP, micro-batch) is not in the profile (and cannot
+        be estimated), or a recomputation mode the profile cannot support.
+    """
+    uses_estimate = False
+    stage_entries: list[list[LayerProfile]] = []
+    for p in plan.pipelines:
+        row = []
+        for s in p.stages:
+            e = profile.layer_profile(s.device_type, s.tp_degree, p.micro_batch_size, estimate=estimate_missing)
+            uses_estimate |= e.estimated
+            row.append(e)
+        stage_entries.append(row)
+
+    # block-wise and per-layer gradient sync
+    blocks = block_decomposition([p.boundaries for p in plan.pipelines])
+    h = len(plan.pipelines)
+    device_sync_block: dict[int, float] = {}
+    device_sync_layer: dict[int, float] = {}
+    block_records = []
+    for lo, hi, holders in blocks:
+        holder_stages = [plan.pipelines[p].stages[s] for p, s in enumerate(holders)]
+        holder_entries = [stage_entries[p][s] for p, s in enumerate(holders)]
+        nbytes = max(sum(e.param_bytes[lo:hi]) for e in holder_entries)
+        # one group per TP shard index; the slowest link among the holders of that group
+        link = cluster.slowest_link([d for st in holder_stages for d in st.device_ids])
+        t_block = ring_allreduce_s(nbytes, h, link)
+        t_layers = sum(ring_allreduce_s(max(e.param_bytes[l] for e in holder_entries), h, link)
+                       for l in range(lo, hi))
+        for st in holder_stages:
+            for d in st.device_ids:
+                device_sync_block[d] = device_sync_block.get(d, 0.0) + t_block
+                device_sync_layer[d] = device_sync_layer.get(d, 0.0) + t_layers
+        block_records.append(BlockEstimate(lo, hi, holders, int(nbytes), t_block))
+    sync_block = max(device_sync_block.values(), default=0.0)
+    sync_layer = max(device_sync_layer.values(), default=0.0)
+    device_sync = device_sync_block if config.grad_sync == "block" else device_sync_layer
+
+    pipes = []
+    max_opt = 0.0
+    for p, entries in zip(plan.pipelines, stage_entries):
+        m = p.num_micro_batches
+        S = p.num_stages
+        fb = [stage_compute_s(e, s.layer_start, s.layer_stop, s.recompute) for s, e in zip(p.stages, entries)]
+        comp = [f + b for f, b in fb]
+        p2p = [_stage_link(cluster, a, b).transfer_s(e.output_bytes[a.layer_stop - 1])
+               for a, b, e in zip(p.stages, p.stages[1:], entries)]
+        t_p = pipeline_time_1f1b_s(comp, p2p, m)
+        stages = []
+        for i, (s, e) in enumerate(zip(p.stages, entries)):
+            opt = sum(e.optimizer_s[s.layer_start:s.layer_stop])
+            max_opt = max(max_opt, opt)
+            mem = stage_memory_bytes(e, s.layer_start, s.layer_stop, position=i, num_stages=S,
+                                     num_micro_batches=m, recompute=s.recompute, schedule=p.schedule, config=config)
+            cap = cluster.device_types[s.device_type].memory_bytes - config.reserve_bytes
+            stages.append(StageEstimate(
+                s.layer_start, s.layer_stop, s.device_type, s.tp_degree, s.recompute, fb[i][0], fb[i][1],
+                p2p[i] if i < S - 1 else 0.0, m * comp[i], t_p - m * comp[i], opt,
+                max(device_sync.get(d, 0.0) for d in s.device_ids),
+                in_flight_micro_batches(i, S, max(m, 1), p.schedule), mem, cap))
+        pipes.append(PipelineEstimate(t_p, m, p.micro_batch_size, p.num_samples, max(comp), tuple(stages)))
+
+    t_pipe = max(pe.time_s for pe in pipes)
+    t_sync = sync_block if config.grad_sync == "block" else sync_layer
+    t_iter = t_pipe + t_sync + max_opt
+    thr = plan.global_batch_size / t_iter if t_iter > 0 else 0.0
+    peak = max(s.memory_bytes for pe in pipes for s in pe.stages)
+    warnings = ("some stages use estimated profile entries (micro-batch size not measured)",) if uses_estimate else ()
+    return PlanEstimate(t_iter, t_pipe, t_sync, sync_block, sync_layer, max_opt, thr,
+                        thr * plan.sequence_length, peak, tuple(pipes), tuple(block_records), uses_estimate, warnings)

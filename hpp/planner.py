@@ -1,0 +1,222 @@
+"""The HPP planner: hierarchical balance (stage balance -> data balance -> composition).
+
+``plan_hpp`` runs the search of HPP.md: candidate shapes are stage-balanced by the
+memoised DP (:mod:`hpp.formulation.stage_balance`), pruned (:mod:`hpp.pruning`),
+composed by CP-SAT with the greedy plan as hint (:mod:`hpp.formulation.composition`),
+bound to devices, data-balanced exactly, and re-priced with the cost model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from hpp.errors import HppInputError, InfeasibleError
+from hpp.formulation.binding import build_plan
+from hpp.formulation.candidates import Candidate, SearchSpace, build_candidates, stage_kinds
+from hpp.formulation.composition import (CompositionProblem, CompositionResult, SolverSettings,
+                                         greedy_composition, lp_lower_bound_pipe_s, solve_composition_cpsat)
+from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
+from hpp.plan import Plan
+from hpp.profiles.cluster import Cluster, Link, cluster_to_dict
+from hpp.profiles.model_profile import ModelProfile
+from hpp.pruning.memo import StageCostCache
+from hpp.pruning.rules import PruningOptions, exceeds_incumbent
+from hpp.formulation.stage_balance import StageBalancer
+
+__all__ = ["PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "SOLVERS"]
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("cp-sat", "greedy")
+
+
+@dataclass(frozen=True)
+class PlannerResult:
+    """Result of :func:`plan_hpp`.
+
+    Attributes
+    ----------
+    plan : Plan
+    estimate : PlanEstimate
+        The cost model's prediction of ``plan``.
+    composition : CompositionResult
+        Solver status, objective (the composition model), bound, gap, wall time.
+    wall_s : float
+        Total search time (candidates + solve + binding) [s].
+    stats : dict
+        Candidate counts, pruning counters, cache hit rates, phase timings.
+    """
+
+    plan: Plan
+    estimate: PlanEstimate
+    composition: CompositionResult
+    wall_s: float
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+
+def pipeline_link(cluster: Cluster) -> Link:
+    """The link the planner assumes between pipeline stages and among gradient holders.
+
+    The inter-node link (the slower one) unless the cluster is a single node.
+    """
+    if len(cluster.nodes) == 1:
+        return cluster.nodes[0].intra_node
+    return cluster.inter_node
+
+
+def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+                 space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
+                 config: CostModelConfig = CostModelConfig()) -> tuple[CompositionProblem, dict[str, Any]]:
+    """Build the candidates (stage balance + pruning) of an instance.
+
+    Returns
+    -------
+    (problem, stats)
+
+    Raises
+    ------
+    HppInputError
+        A device type without profile, a non-positive global batch.
+    InfeasibleError
+        No pipeline shape fits memory (says by how much the best one falls short, and where).
+    """
+    if global_batch_size < 1:
+        raise HppInputError(f"global batch size {global_batch_size}", field="--gbs", fix="give a positive integer")
+    t0 = time.perf_counter()
+    link = pipeline_link(cluster)
+    caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
+    cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise)
+    balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
+    cands, stats = build_candidates(cluster, profile, balancer, space, pruning)
+    stats["candidates_s"] = time.perf_counter() - t0
+    stats["cache"] = cache.cache_info()
+    stats["dp_rows_computed"] = balancer.rows_computed
+    stats["dp_rows_reused"] = balancer.rows_reused
+    if not cands:
+        raise InfeasibleError(memory_shortfall_message(cluster, profile, cache, space), field="cluster",
+                              fix="add devices with more memory, allow recomputation, raise --max-stages or --max-tp,"
+                                  " or use smaller micro-batches")
+    return CompositionProblem(cands, cluster, global_batch_size, link), stats
+
+
+def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: StageCostCache,
+                             space: SearchSpace) -> str:
+    """Say by how much the roomiest homogeneous shape misses memory, and on which stage."""
+    best: tuple[float, str] | None = None
+    L = profile.num_layers
+    for dtype, kinds in stage_kinds(cluster, profile, space).items():
+        for kind in kinds:
+            for b in profile.micro_batch_sizes(kind.device_type, kind.tp_degree)[:1]:
+                tab = cache.table(kind.device_type, kind.tp_degree, b)
+                S = max(1, min(space.max_stages, L, sum(n.num_devices // kind.tp_degree for n in cluster.nodes
+                                                          if n.device_type == dtype)))
+                # min over partitions of the worst stage overflow (bottleneck DP on memory)
+                row = np.full(L + 1, np.inf)
+                row[L] = -np.inf
+                pos_best = None
+                for d in range(1, S + 1):
+                    mem = tab.memory_bytes(d, space.allow_recompute) - tab.capacity_bytes
+                    cand = np.maximum(mem, row[None, :])
+                    row = cand.min(axis=1)
+                    pos_best = row[0]
+                over = float(pos_best)
+                where = (f"{S} stages of {kind.tp_degree} x {dtype} at micro-batch {b}: the worst stage needs "
+                         f"{over / 2**30:.2f} GiB more than the {tab.capacity_bytes / 2**30:.1f} GiB a device has")
+                if best is None or over < best[0]:
+                    best = (over, where)
+    if best is None:
+        return f"no pipeline shape of {profile.model} fits in memory"
+    return f"{profile.model} does not fit in memory on this cluster; the best shape falls short by " \
+           f"{best[0] / 2**30:.2f} GiB ({best[1]})"
+
+
+def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+             space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
+             settings: SolverSettings = SolverSettings(), config: CostModelConfig = CostModelConfig(),
+             solver: str = "cp-sat", profile_ref: Mapping[str, Any] | None = None,
+             progress: Callable[[str], None] | None = None,
+             seed_plans: Mapping[str, Plan] | None = None) -> PlannerResult:
+    """Find the HPP plan with the shortest predicted iteration time.
+
+    Parameters
+    ----------
+    cluster, profile : the inventory and the model's per-layer profile.
+    global_batch_size : int
+        G, samples per iteration; any positive integer (no divisibility needed).
+    space, pruning, settings, config : search space, pruning switches, CP-SAT settings, cost-model constants.
+    solver : ``"cp-sat"`` (default; exact with bound and gap) or ``"greedy"`` (no bound).
+    profile_ref : how the plan names its profile (default ``{"name": profile.model}``).
+    seed_plans : optional valid plans (e.g. the baselines', whose spaces HPP's contains); if the cost
+        model prices one below the searched plan, it is returned instead (``stats["seeded_from"]``).
+    progress : optional callback for one-line progress messages (stderr in the CLI).
+
+    Returns
+    -------
+    PlannerResult
+
+    Raises
+    ------
+    HppInputError, InfeasibleError
+    """
+    if solver not in SOLVERS:
+        raise HppInputError(f"unknown solver {solver!r}", field="--solver", fix=f"use one of {list(SOLVERS)}")
+    t0 = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    problem, stats = make_problem(cluster, profile, global_batch_size, space=space, pruning=pruning, config=config)
+    say(f"{len(problem.candidates)} candidate pipelines from {stats['shapes']} shapes "
+        f"({stats['candidates_s']:.2f} s)")
+    t1 = time.perf_counter()
+    hint, hint_obj = greedy_composition(problem)
+    stats["greedy_s"] = time.perf_counter() - t1
+    stats["greedy_objective_s"] = hint_obj
+    say(f"greedy incumbent {hint_obj:.4f} s")
+    if solver == "greedy":
+        comp = CompositionResult(hint, "HEURISTIC", hint_obj, math.nan, math.nan, time.perf_counter() - t1,
+                                 len(problem.candidates), solver="greedy")
+    else:
+        if pruning.incumbent_bound and math.isfinite(hint_obj):
+            keep = [i for i, c in enumerate(problem.candidates) if not exceeds_incumbent(c, hint_obj)]
+            stats["pruned_incumbent"] = len(problem.candidates) - len(keep)
+            remap = {old: new for new, old in enumerate(keep)}
+            problem = CompositionProblem([problem.candidates[i] for i in keep], cluster, global_batch_size,
+                                         problem.sync_link)
+            hint = {remap[c]: x for c, x in hint.items() if c in remap}
+        t2 = time.perf_counter()
+        lb = lp_lower_bound_pipe_s(problem)
+        stats["lp_bound_s"] = time.perf_counter() - t2
+        comp = solve_composition_cpsat(problem, settings=settings, hint=hint, symmetry=pruning.symmetry,
+                                       incumbent_s=hint_obj if pruning.incumbent_bound else None,
+                                       lower_bound_pipe_s=lb)
+        if not comp.counts or comp.objective_s > hint_obj * (1 + 1e-9):
+            # the greedy incumbent is a feasible solution of the same model
+            status = "FEASIBLE" if comp.status in ("UNKNOWN", "FEASIBLE") else comp.status
+            comp = CompositionResult(hint, status, hint_obj, comp.bound_s,
+                                     max(0.0, (hint_obj - comp.bound_s) / hint_obj) if comp.bound_s == comp.bound_s
+                                     else math.nan, comp.wall_s, comp.num_candidates)
+        say(f"CP-SAT {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
+            f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s)")
+    stats["solve_s"] = comp.wall_s
+    stats["num_candidates"] = len(problem.candidates)
+    plan = build_plan(cluster, model=profile.model, num_layers=profile.num_layers,
+                      sequence_length=profile.sequence_length, global_batch_size=global_batch_size,
+                      candidates=problem.candidates, counts=comp.counts,
+                      profile_ref=profile_ref or {"name": profile.model}, cluster_ref=cluster_to_dict(cluster))
+    est = estimate_plan(plan, cluster, profile, config=config, estimate_missing=False)
+    for name, seed in (seed_plans or {}).items():
+        seed_est = estimate_plan(seed, cluster, profile, config=config, estimate_missing=False)
+        if seed_est.fits_memory and seed_est.iteration_time_s < est.iteration_time_s * (1 - 1e-12):
+            plan, est = seed, seed_est
+            stats["seeded_from"] = name
+    wall = time.perf_counter() - t0
+    return PlannerResult(plan, est, comp, wall, stats)
+
+
+def candidates_summary(cands: list[Candidate]) -> list[str]:
+    """One line per candidate (for logs)."""
+    return [f"{c.label()}: tau={c.partition.bottleneck_s:.4f}s phi={c.partition.fill_s:.4f}s" for c in cands]

@@ -1,0 +1,361 @@
+"""Model profiles: per device type, TP degree and micro-batch size, per-layer costs.
+
+A :class:`ModelProfile` maps ``(device_type, tp_degree, micro_batch_size)`` to a
+:class:`LayerProfile` that gives, for every layer ``l`` in ``0 .. L-1`` (layer 0
+is the embedding, layer L-1 the head), the figures of ONE device of a TP group of
+that type running one micro-batch:
+
+- ``forward_s[l]``, ``backward_s[l]``: compute seconds (TP communication inside);
+- ``optimizer_s[l]``: optimizer-step seconds for the layer's parameter shard;
+- ``param_bytes[l]``: parameter bytes held by one device (the layer's shard at TP t);
+- ``activation_bytes[l]``: activation bytes kept for backward, per micro-batch;
+- ``output_bytes[l]``: bytes of the layer's output (what a stage sends to the next);
+- ``attention_activation_bytes[l]`` (optional): the share of ``activation_bytes``
+  that selective recomputation (Megatron) drops; ``None`` = not measured.
+
+Precondition for the planner: every entry of one profile has the same layer count.
+
+Native JSON format (version 1)::
+
+    {"format": "hpp-profile", "version": 1, "model": "OPT-350", "num_layers": 26,
+     "sequence_length": 2048, "source": "...", "licence": "...",
+     "entries": [{"device_type": "A100-40", "tp_degree": 1, "micro_batch_size": 2,
+                  "forward_s": [...], "backward_s": [...], "optimizer_s": [...],
+                  "param_bytes": [...], "activation_bytes": [...], "output_bytes": [...],
+                  "estimated": false}, ...]}
+
+Missing combinations: :meth:`ModelProfile.layer_profile` refuses a (device type,
+TP) pair that has no measurement at all. For a missing micro-batch size of a
+measured pair it can estimate (``estimate=True``) by the rule documented in
+:func:`estimate_micro_batch`; the result has ``estimated=True`` and every plan and
+report that uses it says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from hpp.errors import HppInputError
+
+__all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict", "load_profile",
+           "save_profile", "estimate_micro_batch", "PROFILE_FORMAT", "PROFILE_VERSION"]
+
+PROFILE_FORMAT = "hpp-profile"
+PROFILE_VERSION = 1
+_PER_LAYER_FIELDS = ("forward_s", "backward_s", "optimizer_s", "param_bytes", "activation_bytes", "output_bytes")
+
+Key = tuple[str, int, int]  # (device_type, tp_degree, micro_batch_size)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerProfile:
+    """Per-layer figures of one device of a TP group, for one micro-batch (see module docstring).
+
+    All per-layer tuples have shape ``(num_layers,)``; seconds and bytes.
+    """
+
+    device_type: str
+    tp_degree: int
+    micro_batch_size: int
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    optimizer_s: tuple[float, ...]
+    param_bytes: tuple[int, ...]
+    activation_bytes: tuple[int, ...]
+    output_bytes: tuple[int, ...]
+    attention_activation_bytes: tuple[int, ...] | None = None
+    estimated: bool = False
+    note: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.forward_s)
+
+    @property
+    def key(self) -> Key:
+        return (self.device_type, self.tp_degree, self.micro_batch_size)
+
+    def validate(self, *, source: str, where: str) -> None:
+        """Check lengths, signs and finiteness.
+
+        Raises
+        ------
+        HppInputError
+            Naming ``source`` and the field ``where.<name>``.
+        """
+        n = len(self.forward_s)
+        if n == 0:
+            raise HppInputError("entry has no layers", source=source, field=f"{where}.forward_s",
+                                fix="give one value per layer")
+        fields = list(_PER_LAYER_FIELDS)
+        if self.attention_activation_bytes is not None:
+            fields.append("attention_activation_bytes")
+        for name in fields:
+            vals = getattr(self, name)
+            if len(vals) != n:
+                raise HppInputError(f"{len(vals)} values but forward_s has {n} layers", source=source,
+                                    field=f"{where}.{name}", fix="give exactly one value per layer")
+            for i, v in enumerate(vals):
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                    raise HppInputError(f"layer {i} has {v!r}", source=source, field=f"{where}.{name}[{i}]",
+                                        fix="use finite values >= 0 (seconds or bytes)")
+        if self.tp_degree < 1 or self.micro_batch_size < 1:
+            raise HppInputError(f"tp_degree={self.tp_degree}, micro_batch_size={self.micro_batch_size}",
+                                source=source, field=where, fix="both must be integers >= 1")
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model's per-layer profile on several device types, TP degrees and micro-batch sizes.
+
+    Attributes
+    ----------
+    model : str
+        Model name, e.g. ``"OPT-350"``.
+    num_layers : int
+        L; every entry has L layers.
+    sequence_length : int
+        Tokens per sample (for tokens/s).
+    entries : Mapping[(device_type, tp_degree, micro_batch_size), LayerProfile]
+    source, licence : str
+        Where the figures come from and under which licence.
+    meta : Mapping
+        Free-form provenance (machine, torch version, date, hyper-parameters).
+    """
+
+    model: str
+    num_layers: int
+    sequence_length: int
+    entries: Mapping[Key, LayerProfile]
+    source: str = ""
+    licence: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key, e in self.entries.items():
+            if e.num_layers != self.num_layers:
+                raise HppInputError(
+                    f"{e.device_type} (tp {e.tp_degree}, micro-batch {e.micro_batch_size}) has {e.num_layers} "
+                    f"layers but the model has {self.num_layers}", field="entries",
+                    fix="every device type of one model must profile the same layers")
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        """Device types with at least one entry, sorted."""
+        return tuple(sorted({k[0] for k in self.entries}))
+
+    def tp_degrees(self, device_type: str) -> tuple[int, ...]:
+        """Measured TP degrees of ``device_type``, ascending."""
+        return tuple(sorted({k[1] for k in self.entries if k[0] == device_type}))
+
+    def micro_batch_sizes(self, device_type: str, tp_degree: int) -> tuple[int, ...]:
+        """Measured micro-batch sizes of ``(device_type, tp_degree)``, ascending."""
+        return tuple(sorted(k[2] for k in self.entries if k[0] == device_type and k[1] == tp_degree))
+
+    def has(self, device_type: str, tp_degree: int, micro_batch_size: int) -> bool:
+        return (device_type, tp_degree, micro_batch_size) in self.entries
+
+    def layer_profile(self, device_type: str, tp_degree: int, micro_batch_size: int, *,
+                      estimate: bool = True) -> LayerProfile:
+        """The entry for ``(device_type, tp_degree, micro_batch_size)``.
+
+        Parameters
+        ----------
+        estimate : bool
+            If the micro-batch size is not measured but others are for this
+            ``(device_type, tp_degree)``, return an estimate (``estimated=True``)
+            by :func:`estimate_micro_batch`; if False, refuse.
+
+        Raises
+        ------
+        HppInputError
+            The device type is not in the profile, the TP degree is not measured for
+            it, or the micro-batch size is missing and ``estimate`` is False.
+        """
+        key = (device_type, tp_degree, micro_batch_size)
+        if key in self.entries:
+            return self.entries[key]
+        if device_type not in self.device_types:
+            raise HppInputError(f"device type {device_type!r} is not in the profile of {self.model}",
+                                field="device_type",
+                                fix=f"use one of {list(self.device_types)} or profile {device_type}")
+        tps = self.tp_degrees(device_type)
+        if tp_degree not in tps:
+            raise HppInputError(f"{self.model} on {device_type} has no measurement at TP {tp_degree}",
+                                field="tp_degree", fix=f"use a TP degree in {list(tps)}")
+        measured = self.micro_batch_sizes(device_type, tp_degree)
+        if not estimate:
+            raise HppInputError(
+                f"{self.model} on {device_type} at TP {tp_degree} has no measurement at micro-batch "
+                f"{micro_batch_size}", field="micro_batch_size",
+                fix=f"use one of {list(measured)} or allow estimates")
+        return estimate_micro_batch(self, device_type, tp_degree, micro_batch_size)
+
+
+def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int,
+                         micro_batch_size: int) -> LayerProfile:
+    """Estimate an unmeasured micro-batch size from the measured ones of the same (type, TP).
+
+    Rule (documented, marked ``estimated=True``): per layer, compute seconds and
+    activation/output bytes are fitted as ``y(b) = y(b0) + (b - b0) * slope`` where
+    ``b0`` is the nearest measured size and ``slope`` the per-sample increment
+    between the two nearest measured sizes (with one measured size: proportional,
+    ``slope = y(b0) / b0``); values never drop below 0. Parameter bytes and the
+    optimizer step do not depend on the micro-batch size and are copied.
+
+    Raises
+    ------
+    HppInputError
+        No measured micro-batch size for ``(device_type, tp_degree)``.
+    """
+    sizes = profile.micro_batch_sizes(device_type, tp_degree)
+    if not sizes:
+        raise HppInputError(f"no measurement of {profile.model} on {device_type} at TP {tp_degree}",
+                            field="entries", fix="profile this combination")
+    near = sorted(sizes, key=lambda s: (abs(s - micro_batch_size), s))
+    b0 = near[0]
+    e0 = profile.entries[(device_type, tp_degree, b0)]
+    e1 = profile.entries[(device_type, tp_degree, near[1])] if len(near) > 1 else None
+
+    def fit(name: str) -> tuple[float, ...]:
+        y0 = getattr(e0, name)
+        if e1 is None:
+            return tuple(max(0.0, v * micro_batch_size / b0) for v in y0)
+        y1 = getattr(e1, name)
+        db = e1.micro_batch_size - b0
+        return tuple(max(0.0, v0 + (micro_batch_size - b0) * (v1 - v0) / db) for v0, v1 in zip(y0, y1))
+
+    def ints(t: Iterable[float]) -> tuple[int, ...]:
+        return tuple(int(round(v)) for v in t)
+
+    att = None
+    if e0.attention_activation_bytes is not None and (e1 is None or e1.attention_activation_bytes is not None):
+        att = ints(fit("attention_activation_bytes"))
+    return replace(e0, micro_batch_size=micro_batch_size, forward_s=fit("forward_s"),
+                   backward_s=fit("backward_s"), activation_bytes=ints(fit("activation_bytes")),
+                   output_bytes=ints(fit("output_bytes")), attention_activation_bytes=att, estimated=True,
+                   note=f"estimated from measured micro-batch sizes {sorted({b0, near[1] if e1 else b0})}")
+
+
+def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerProfile:
+    try:
+        att = d.get("attention_activation_bytes")
+        e = LayerProfile(
+            device_type=str(d["device_type"]), tp_degree=int(d["tp_degree"]),
+            micro_batch_size=int(d["micro_batch_size"]),
+            forward_s=tuple(float(x) for x in d["forward_s"]),
+            backward_s=tuple(float(x) for x in d["backward_s"]),
+            optimizer_s=tuple(float(x) for x in d["optimizer_s"]),
+            param_bytes=tuple(int(x) for x in d["param_bytes"]),
+            activation_bytes=tuple(int(x) for x in d["activation_bytes"]),
+            output_bytes=tuple(int(x) for x in d["output_bytes"]),
+            attention_activation_bytes=tuple(int(x) for x in att) if att is not None else None,
+            estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
+    except KeyError as exc:
+        raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
+                            fix="add it (see the native profile format in hpp/profiles/model_profile.py)") from None
+    except (TypeError, ValueError) as exc:
+        raise HppInputError(f"bad value ({exc})", source=source, field=where,
+                            fix="use numbers, one per layer") from None
+    e.validate(source=source, where=where)
+    return e
+
+
+def profile_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> ModelProfile:
+    """Build a :class:`ModelProfile` from the native JSON object.
+
+    Raises
+    ------
+    HppInputError
+        Wrong format/version, missing fields, a layer count that differs between
+        entries (device types) of the model, duplicate entries, bad values.
+    """
+    if not isinstance(d, Mapping):
+        raise HppInputError("a profile must be a JSON object", source=source, fix="see the native profile format")
+    if d.get("format") != PROFILE_FORMAT:
+        raise HppInputError(f"format is {d.get('format')!r}, expected {PROFILE_FORMAT!r}", source=source,
+                            field="format", fix="convert Sailor or Metis files with hpp.profiles.public loaders")
+    if d.get("version") != PROFILE_VERSION:
+        raise HppInputError(f"version {d.get('version')!r} is not supported", source=source, field="version",
+                            fix=f"use version {PROFILE_VERSION}")
+    for name in ("model", "num_layers", "entries"):
+        if name not in d:
+            raise HppInputError(f"missing field {name!r}", source=source, field=name, fix="add it")
+    num_layers = d["num_layers"]
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise HppInputError(f"num_layers={num_layers!r}", source=source, field="num_layers",
+                            fix="give a positive integer")
+    entries: dict[Key, LayerProfile] = {}
+    for i, ed in enumerate(d["entries"]):
+        e = _entry_from_dict(ed, source=source, where=f"entries[{i}]")
+        if e.num_layers != num_layers:
+            raise HppInputError(f"{e.device_type} (tp {e.tp_degree}, micro-batch {e.micro_batch_size}) has "
+                                f"{e.num_layers} layers but num_layers is {num_layers}", source=source,
+                                field=f"entries[{i}].forward_s",
+                                fix="every device type of one model must profile the same layers")
+        if e.key in entries:
+            raise HppInputError(f"duplicate entry {e.key}", source=source, field=f"entries[{i}]",
+                                fix="give each (device_type, tp_degree, micro_batch_size) once")
+        entries[e.key] = e
+    return ModelProfile(model=str(d["model"]), num_layers=num_layers,
+                        sequence_length=int(d.get("sequence_length", 1)), entries=entries,
+                        source=str(d.get("source", "")), licence=str(d.get("licence", "")),
+                        meta=dict(d.get("meta", {})))
+
+
+def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
+    """Native JSON object of ``p`` (inverse of :func:`profile_from_dict`)."""
+    entries = []
+    for key in sorted(p.entries):
+        e = p.entries[key]
+        ed: dict[str, Any] = {"device_type": e.device_type, "tp_degree": e.tp_degree,
+                              "micro_batch_size": e.micro_batch_size}
+        for name in _PER_LAYER_FIELDS:
+            ed[name] = list(getattr(e, name))
+        if e.attention_activation_bytes is not None:
+            ed["attention_activation_bytes"] = list(e.attention_activation_bytes)
+        if e.estimated:
+            ed["estimated"] = True
+        if e.note:
+            ed["note"] = e.note
+        entries.append(ed)
+    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": p.model, "num_layers": p.num_layers,
+            "sequence_length": p.sequence_length, "source": p.source, "licence": p.licence,
+            "meta": dict(p.meta), "entries": entries}
+
+
+def load_profile(path: str | Path) -> ModelProfile:
+    """Read a native profile JSON file.
+
+    Raises
+    ------
+    HppInputError
+        Missing file, invalid JSON, or validation failure (names the file and the field).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise HppInputError(f"cannot read profile file ({exc.strerror})", source=str(p),
+                            fix="check the path") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HppInputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=str(p),
+                            fix="fix the JSON syntax") from None
+    try:
+        return profile_from_dict(data, source=str(p))
+    except HppInputError as exc:
+        raise exc.with_source(str(p)) from None
+
+
+def save_profile(p: ModelProfile, path: str | Path) -> None:
+    """Write ``p`` as native JSON (written to a temporary file, then renamed: never half-written)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(profile_to_dict(p), separators=(",", ":")) + "\n")
+    tmp.replace(path)

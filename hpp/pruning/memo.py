@@ -1,0 +1,163 @@
+"""Memoised stage costs: prefix sums and dense (L+1, L+1) cost tables, cached per profile.
+
+For one (device type, TP degree, micro-batch size) a :class:`StageCostTable` holds,
+for every layer range [u, v) (``u < v``), the stage's per-micro-batch compute
+seconds and its memory parts, computed once from prefix sums so that any stage cost
+is an O(1) lookup (alpa's stage construction uses the same trick). The formulas are
+those of :mod:`hpp.formulation.cost_model` (the tests check equality).
+
+:class:`StageCostCache` is scoped to one profile, one cost-model config and one
+pipeline link; it counts hits and misses (``cache_info()``) for the experiments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hpp.formulation.cost_model import CostModelConfig
+from hpp.profiles.cluster import Link
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+
+__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table"]
+
+
+@dataclass(frozen=True)
+class StageCostTable:
+    """Dense stage-cost tables of one (device type, TP, micro-batch size); entries with u >= v are inf.
+
+    Attributes (all numpy arrays)
+    ----------
+    compute_none_s, compute_full_s : (L+1, L+1)
+        F + B per micro-batch of layers [u, v) without / with full recomputation [s].
+    weights_bytes : (L+1, L+1)
+        state factor x parameter bytes of [u, v) [bytes].
+    act_none_bytes, act_full_bytes : (L+1, L+1)
+        Activation bytes kept per in-flight micro-batch without / with full recomputation.
+    work_full_bytes : (L+1, L+1)
+        One layer's activations (working set while recomputing) [bytes].
+    buffer_bytes : (L+1, L+1)
+        Point-to-point buffers: 2 x input of layer u (if u > 0) + 2 x output of layer v-1 (if v < L).
+    p2p_s : (L+1,)
+        One-way transfer time of the output of layer v-1 to the next stage over the pipeline link [s]
+        (0 at v = L).
+    optimizer_s : (L+1, L+1)
+        Optimizer step of layers [u, v) [s].
+    param_bytes : (L+1, L+1)
+        Parameter bytes of [u, v) per device (for the gradient all-reduce).
+    capacity_bytes : int
+    estimated : bool
+    """
+
+    compute_none_s: np.ndarray
+    compute_full_s: np.ndarray
+    weights_bytes: np.ndarray
+    act_none_bytes: np.ndarray
+    act_full_bytes: np.ndarray
+    work_full_bytes: np.ndarray
+    buffer_bytes: np.ndarray
+    p2p_s: np.ndarray
+    optimizer_s: np.ndarray
+    param_bytes: np.ndarray
+    capacity_bytes: int
+    estimated: bool
+    _mem_cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def memory_bytes(self, in_flight: int, recompute: bool) -> np.ndarray:
+        """(L+1, L+1) peak memory of a stage holding ``in_flight`` micro-batches [bytes]."""
+        key = (in_flight, recompute)
+        m = self._mem_cache.get(key)
+        if m is None:
+            if recompute:
+                m = self.weights_bytes + in_flight * self.act_full_bytes + self.work_full_bytes + self.buffer_bytes
+            else:
+                m = self.weights_bytes + in_flight * self.act_none_bytes + self.buffer_bytes
+            self._mem_cache[key] = m
+        return m
+
+
+def _range_sum(values: np.ndarray) -> np.ndarray:
+    prefix = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
+    out = prefix[None, :] - prefix[:, None]
+    return out
+
+
+def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
+                           config: CostModelConfig = CostModelConfig()) -> StageCostTable:
+    """Build the dense tables of one profile entry (see :class:`StageCostTable`)."""
+    L = e.num_layers
+    upper = np.triu(np.ones((L + 1, L + 1), dtype=bool), k=1)  # u < v
+    inf = np.inf
+    fwd = np.asarray(e.forward_s, dtype=np.float64)
+    bwd = np.asarray(e.backward_s, dtype=np.float64)
+    F = _range_sum(fwd)
+    B = _range_sum(bwd)
+    act = np.asarray(e.activation_bytes, dtype=np.float64)
+    out = np.asarray(e.output_bytes, dtype=np.float64)
+    inputs = np.concatenate([[0.0], out[:-1]])           # input of layer l = output of l-1
+    work = np.full((L + 1, L + 1), 0.0)
+    for u in range(L):
+        work[u, u + 1:] = np.maximum.accumulate(act[u:])
+    buf = np.zeros((L + 1, L + 1))
+    buf += (2.0 * np.concatenate([[0.0], out]))[:, None] * (np.arange(L + 1) > 0)[:, None]   # 2 x out[u-1]
+    send = 2.0 * np.concatenate([[0.0], out])                                                   # index v -> out[v-1]
+    send[L] = 0.0
+    buf += send[None, :]
+    p2p = np.array([link.transfer_s(out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
+
+    def masked(x: np.ndarray) -> np.ndarray:
+        return np.where(upper, x, inf)
+
+    return StageCostTable(
+        compute_none_s=masked(F + B), compute_full_s=masked(2.0 * F + B),
+        weights_bytes=masked(config.state_bytes_per_param_byte * _range_sum(np.asarray(e.param_bytes, float))),
+        act_none_bytes=masked(_range_sum(act)), act_full_bytes=masked(_range_sum(inputs)),
+        work_full_bytes=masked(work), buffer_bytes=masked(buf), p2p_s=p2p,
+        optimizer_s=masked(_range_sum(np.asarray(e.optimizer_s, float))),
+        param_bytes=masked(_range_sum(np.asarray(e.param_bytes, float))),
+        capacity_bytes=int(capacity_bytes - config.reserve_bytes), estimated=e.estimated)
+
+
+@dataclass
+class StageCostCache:
+    """Stage-cost tables keyed by (device_type, tp_degree, micro_batch_size), scoped to one profile.
+
+    Parameters
+    ----------
+    profile : ModelProfile
+    capacities : dict[str, int]
+        Memory capacity per device type [bytes].
+    link : Link
+        Link assumed between consecutive stages (the planner uses the inter-node link).
+    config : CostModelConfig
+    enabled : bool
+        False = recompute tables on every request (ablation of the memoisation).
+    """
+
+    profile: ModelProfile
+    capacities: dict[str, int]
+    link: Link
+    config: CostModelConfig = CostModelConfig()
+    enabled: bool = True
+    hits: int = 0
+    misses: int = 0
+    _tables: dict = field(default_factory=dict, repr=False)
+
+    def table(self, device_type: str, tp_degree: int, micro_batch_size: int) -> StageCostTable:
+        """The (memoised) table; raises HppInputError if the profile lacks the entry."""
+        key = (device_type, tp_degree, micro_batch_size)
+        if self.enabled and key in self._tables:
+            self.hits += 1
+            return self._tables[key]
+        self.misses += 1
+        e = self.profile.layer_profile(device_type, tp_degree, micro_batch_size, estimate=False)
+        t = build_stage_cost_table(e, capacity_bytes=self.capacities[device_type], link=self.link, config=self.config)
+        if self.enabled:
+            self._tables[key] = t
+        return t
+
+    def cache_info(self) -> dict[str, float]:
+        """Hits, misses and hit rate of the table cache."""
+        total = self.hits + self.misses
+        return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hits / total if total else 0.0}

@@ -1,0 +1,166 @@
+"""Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`).
+
+Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
+(the line names the failed rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+from hpp.errors import HppInputError
+
+__all__ = ["run_main", "profile_main", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpp run", description="Execute an HPP plan with torch.distributed.")
+    p.add_argument("plan", help="plan JSON (hpp plan --out)")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps")
+    p.add_argument("--model", help="runtime model (default: the plan's model), e.g. gpt-tiny")
+    p.add_argument("--emulate-speed", action="store_true", help="pad compute by the device types' slowdown")
+    p.add_argument("--naive-allreduce", action="store_true", help="one blocking all-reduce per layer")
+    p.add_argument("--timeline", help="write predicted vs measured Gantt chart PNG here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--launcher", choices=("torchrun", "fork"), default="torchrun",
+                   help="torchrun (default) or fork (fast start, single host)")
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--world-size", type=int, help="refuse unless the plan has exactly this many devices")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--group-timeout", type=float, default=120.0, help="process-group timeout [s]")
+    p.add_argument("--run-timeout", type=float, default=1800.0, help="whole-run timeout [s]")
+    return p
+
+
+def _human_run(rep: dict) -> str:
+    m, pr, c = rep["measured"], rep["predicted"], rep["collectives"]
+    pred = (f"{pr['iteration_time_s']:.4f} s" if pr.get("iteration_time_s") is not None
+            else f"n/a ({pr.get('reason')})")
+    lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
+             f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'})",
+             f"  iteration time   measured {m['iteration_time_s']:.4f} s (median after warm-up)   predicted {pred}",
+             f"  throughput       measured {m['throughput_samples_per_s']:.2f} samples/s"
+             + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
+                if pr.get("throughput_samples_per_s") is not None else ""),
+             f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks)",
+             "  rank pipe stage device          layers    mbs  peak_mem_MB  compute_s  padding_s"]
+    for r in rep["ranks"]:
+        lines.append(f"  {r['rank']:>4} {r['pipeline']:>4} {r['stage']:>5} {r['device_type']:<15} "
+                     f"[{r['layers'][0]:>2},{r['layers'][1]:>3}) {r['num_micro_batches']:>4} "
+                     f"{r['peak_memory_bytes'] / 2**20:>12.1f} {r['compute_s']:>10.4f} {r['padding_s']:>10.4f}")
+    lines += [f"  note: {n}" for n in rep["notes"]]
+    if rep.get("timeline"):
+        lines.append(f"  timeline: {rep['timeline']}")
+    return "\n".join(lines)
+
+
+def run_main(argv: Sequence[str] | None = None) -> int:
+    """``hpp run PLAN.json --steps N [...]``."""
+    from hpp.runtime.run import RunFailedError, run_plan
+    args = _run_parser().parse_args(argv)
+    try:
+        rep = run_plan(args.plan, steps=args.steps, model=args.model, emulate_speed=args.emulate_speed,
+                       naive_allreduce=args.naive_allreduce, timeline=args.timeline, launcher=args.launcher,
+                       device=args.device, warmup_steps=args.warmup_steps, world_size=args.world_size,
+                       seed=args.seed, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
+                       group_timeout_s=args.group_timeout, run_timeout_s=args.run_timeout).to_dict()
+    except HppInputError as exc:
+        sys.stderr.write(f"hpp run: {exc}\n")
+        return 2
+    except RunFailedError as exc:
+        sys.stderr.write(f"hpp run: run failed: {exc}\n")
+        return 1
+    print(json.dumps(rep) if args.json else _human_run(rep))
+    return 0
+
+
+def _profile_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hpp profile", description="Measure a runtime model's per-layer profile.")
+    p.add_argument("--model", required=True, help="e.g. gpt-tiny, gpt-small, opt-350")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated, e.g. 1,2,4")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--out", required=True, help="native profile JSON to write")
+    p.add_argument("--device-type", help="device type name of the entries (default: the device)")
+    p.add_argument("--emulate", action="append", default=[], metavar="NAME=K",
+                   help="also write an emulated device type NAME with compute x K (repeatable)")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="CPU compute threads (hpp run uses 1 per rank)")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise HppInputError(f"--micro-batch-sizes {text!r}", field="micro_batch_sizes",
+                            fix="give comma-separated integers, e.g. 1,2,4") from None
+
+
+def _parse_emulate(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, _, k = item.partition("=")
+        try:
+            out[name.strip()] = float(k)
+        except ValueError:
+            raise HppInputError(f"--emulate {item!r}", field="emulate", fix="write NAME=K, e.g. cpu-2x=2") from None
+        if not name.strip():
+            raise HppInputError(f"--emulate {item!r}", field="emulate", fix="write NAME=K, e.g. cpu-2x=2")
+    return out
+
+
+def profile_main(argv: Sequence[str] | None = None) -> int:
+    """``hpp profile --model NAME --device cpu|cuda --micro-batch-sizes 1,2,4 --out PROFILE.json``."""
+    from hpp.runtime.profiler import profile_model, scale_profile, write_profile
+    args = _profile_parser().parse_args(argv)
+    try:
+        emulate = _parse_emulate(args.emulate)
+        prof = profile_model(args.model, device=args.device, micro_batch_sizes=_parse_sizes(args.micro_batch_sizes),
+                             tp_degree=args.tp, device_type=args.device_type, warmup=args.warmup,
+                             repeats=args.repeats, num_threads=args.threads)
+        if emulate:
+            prof = scale_profile(prof, emulate, base_device_type=args.device_type or args.device)
+        write_profile(prof, args.out)
+    except HppInputError as exc:
+        sys.stderr.write(f"hpp profile: {exc}\n")
+        return 2
+    summary = {"out": args.out, "model": prof.model, "num_layers": prof.num_layers,
+               "entries": [list(k) for k in sorted(prof.entries)],
+               "forward_backward_s": {f"{k[0]}/mb{k[2]}": sum(e.forward_s) + sum(e.backward_s)
+                                      for k, e in sorted(prof.entries.items())}}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"wrote {args.out}: {prof.model}, {prof.num_layers} layers")
+        for k, v in summary["forward_backward_s"].items():
+            print(f"  {k:<24} forward+backward {v * 1e3:8.2f} ms per micro-batch")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpp.runtime.cli run|profile ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if argv and argv[0] == "run":
+        return run_main(argv[1:])
+    if argv and argv[0] == "profile":
+        return profile_main(argv[1:])
+    sys.stderr.write("usage: python -m hpp.runtime.cli run|profile ...\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""``hpp profile``: measure a runtime model's per-layer profile in the native format.
+
+Per layer ``l`` and micro-batch size ``b`` (one layer at a time, on random inputs
+of the right shape):
+
+- ``forward_s``, ``backward_s``: median over ``repeats`` timed runs after
+  ``warmup`` untimed ones (CUDA: synchronised); the relative spread
+  ``(max - min) / median`` per layer goes into ``meta["spread"]``;
+- ``param_bytes``: the layer's parameter bytes;
+- ``activation_bytes``: bytes the layer keeps for backward, measured with
+  saved-tensor hooks (distinct storages, parameters excluded);
+- ``output_bytes``: bytes of the layer's output (what a stage boundary sends);
+- ``optimizer_s``: median time of an AdamW step over the layer's parameters.
+
+CPU profiles run with ``num_threads`` compute threads (1 = what each rank of
+``hpp run`` uses). For emulated device types (slowdown ``k``)
+:func:`scale_profile` adds entries whose forward and backward times are ``k`` x
+the measured ones (what sleep-padding produces); the optimizer step is not
+padded by the runtime and is copied unchanged. Each scaled entry says so in its note.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from hpp.errors import HppInputError
+from hpp.profiles.model_profile import LayerProfile, ModelProfile, save_profile
+from hpp.runtime.models import ModelConfig, build_layer, get_model_config
+
+__all__ = ["profile_model", "scale_profile", "write_profile", "measure_layer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _timer(device: torch.device) -> Callable[[], float]:
+    if device.type == "cuda":
+        def now() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return now
+    return time.perf_counter
+
+
+def _saved_bytes(fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Run ``fn`` under saved-tensor hooks; return its output and the distinct non-parameter bytes saved."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in param_ptrs:
+            storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(storages.values())
+
+
+def measure_layer(layer: torch.nn.Module, make_input: Callable[[], torch.Tensor], *, device: torch.device,
+                  warmup: int, repeats: int) -> dict[str, float | list[float]]:
+    """Forward/backward/optimizer seconds (all repeats) and bytes of one layer.
+
+    Returns
+    -------
+    dict
+        ``forward_s``, ``backward_s``, ``optimizer_s``: lists of ``repeats`` seconds;
+        ``param_bytes``, ``activation_bytes``, ``output_bytes``: bytes.
+    """
+    params = list(layer.parameters())
+    now = _timer(device)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    fwd, bwd, step = [], [], []
+    x = make_input()
+    for i in range(warmup + repeats):
+        t0 = now()
+        y = layer(x)
+        t1 = now()
+        grad = torch.ones_like(y)
+        t2 = now()
+        y.backward(grad)
+        t3 = now()
+        opt.step()
+        t4 = now()
+        opt.zero_grad(set_to_none=False)
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t3 - t2)
+            step.append(t4 - t3)
+    y, act = _saved_bytes(lambda: layer(x), params)
+    return {"forward_s": fwd, "backward_s": bwd, "optimizer_s": step,
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "activation_bytes": act, "output_bytes": y.numel() * y.element_size()}
+
+
+def _spread(values: Sequence[float]) -> float:
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else 0.0
+
+
+def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_sizes: Sequence[int] = (1, 2, 4),
+                  tp_degree: int = 1, device_type: str | None = None, warmup: int = 3, repeats: int = 10,
+                  num_threads: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32) -> ModelProfile:
+    """Measure ``model``'s per-layer profile on ``device`` for each micro-batch size.
+
+    Parameters
+    ----------
+    model : str or ModelConfig
+        A registered name (:data:`hpp.runtime.models.MODEL_CONFIGS`) or a config.
+    device : ``"cpu"`` or ``"cuda"``
+    micro_batch_sizes : sequence of int, each >= 1
+    device_type : str, optional
+        Name of the entries' device type (default: ``device``).
+
+    Raises
+    ------
+    HppInputError
+        Unknown model, TP > 1, bad sizes, no CUDA device, or a micro-batch size
+        that runs out of memory (naming the largest size that fits).
+    """
+    cfg = model if isinstance(model, ModelConfig) else get_model_config(model)
+    if tp_degree != 1:
+        raise HppInputError(f"--tp {tp_degree}: the profiler measures TP degree 1 only", field="tp",
+                            fix="use --tp 1")
+    if device not in ("cpu", "cuda"):
+        raise HppInputError(f"--device {device!r}", field="device", fix="use cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise HppInputError("--device cuda but no CUDA device is visible", field="device", fix="use --device cpu")
+    sizes = sorted(set(micro_batch_sizes))
+    if not sizes or sizes[0] < 1:
+        raise HppInputError(f"micro-batch sizes {list(micro_batch_sizes)}", field="micro_batch_sizes",
+                            fix="give positive integers, e.g. 1,2,4")
+    dev = torch.device(device)
+    dtype_name = device_type or device
+    old_threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(num_threads)
+    entries: dict[tuple[str, int, int], LayerProfile] = {}
+    spread: dict[str, dict[str, list[float]]] = {}
+    gen = torch.Generator().manual_seed(seed)
+    fitted: list[int] = []
+    try:
+        for b in sizes:
+            rows = []
+            try:
+                for l in range(cfg.num_layers):
+                    layer = build_layer(cfg, l, seed=seed, dtype=dtype).to(dev)
+
+                    def make_input(l: int = l) -> torch.Tensor:
+                        if l == 0:
+                            return torch.randint(0, cfg.vocab_size, (b, cfg.seq_len), generator=gen).to(dev)
+                        return torch.randn(b, cfg.seq_len, cfg.hidden_size, generator=gen, dtype=dtype).to(
+                            dev).requires_grad_(True)
+
+                    rows.append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats))
+                    del layer
+            except torch.OutOfMemoryError:
+                raise HppInputError(f"micro-batch size {b} runs out of memory on {device}", field="micro_batch_sizes",
+                                    fix=f"the largest size that fits is {fitted[-1] if fitted else 'none'}") from None
+            fitted.append(b)
+            med = {k: tuple(statistics.median(r[k]) for r in rows) for k in ("forward_s", "backward_s", "optimizer_s")}
+            entries[(dtype_name, 1, b)] = LayerProfile(
+                device_type=dtype_name, tp_degree=1, micro_batch_size=b, forward_s=med["forward_s"],
+                backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
+                param_bytes=tuple(int(r["param_bytes"]) for r in rows),
+                activation_bytes=tuple(int(r["activation_bytes"]) for r in rows),
+                output_bytes=tuple(int(r["output_bytes"]) for r in rows),
+                note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up")
+            spread[f"{dtype_name}/tp1/mb{b}"] = {k: [round(_spread(r[k]), 4) for r in rows]
+                                                  for k in ("forward_s", "backward_s")}
+            logger.info("profiled %s at micro-batch %d: %.2f ms forward+backward", cfg.name, b,
+                        1e3 * sum(med["forward_s"]) + 1e3 * sum(med["backward_s"]))
+    finally:
+        torch.set_num_threads(old_threads)
+    meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": device if device == "cpu" else torch.cuda.get_device_name(dev), "num_threads": num_threads,
+            "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeats": repeats,
+            "spread": spread, "spread_definition": "(max - min) / median over repeats, per layer",
+            "hyper_parameters": {"num_blocks": cfg.num_blocks, "hidden_size": cfg.hidden_size,
+                                 "num_heads": cfg.num_heads, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size}}
+    return ModelProfile(model=cfg.name, num_layers=cfg.num_layers, sequence_length=cfg.seq_len, entries=entries,
+                        source="measured by hpp profile (hpp.runtime.profiler)", licence="MIT", meta=meta)
+
+
+def scale_profile(profile: ModelProfile, slowdowns: Mapping[str, float], *, base_device_type: str) -> ModelProfile:
+    """Add entries for emulated device types: ``base_device_type``'s entries with compute x slowdown.
+
+    Parameters
+    ----------
+    slowdowns : {device type name: k >= 1}
+
+    Raises
+    ------
+    HppInputError
+        The base device type has no entries, or a slowdown < 1.
+    """
+    base = [e for e in profile.entries.values() if e.device_type == base_device_type]
+    if not base:
+        raise HppInputError(f"the profile has no entries for {base_device_type!r}", field="device_type",
+                            fix=f"use one of {list(profile.device_types)}")
+    entries = dict(profile.entries)
+    for name, k in slowdowns.items():
+        if not k >= 1.0:
+            raise HppInputError(f"slowdown {k} for {name!r}", field="slowdown", fix="use a factor >= 1")
+        for e in base:
+            scaled = replace(e, device_type=name, forward_s=tuple(v * k for v in e.forward_s),
+                             backward_s=tuple(v * k for v in e.backward_s),
+                             note=f"emulated: {base_device_type} measurement with forward and backward x {k} "
+                                  f"(sleep padding of hpp run --emulate-speed); optimizer step unscaled")
+            entries[scaled.key] = scaled
+    meta = dict(profile.meta, emulated={name: {"base": base_device_type, "slowdown": k}
+                                        for name, k in slowdowns.items()})
+    return replace(profile, entries=entries, meta=meta)
+
+
+def write_profile(profile: ModelProfile, path: str | Path) -> None:
+    """Save ``profile`` (native format; temporary file + rename, never partial)."""
+    save_profile(profile, path)

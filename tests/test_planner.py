@@ -1,0 +1,202 @@
+"""Planner: stage balance vs brute force, exact data balance, CP-SAT vs the exhaustive oracle, invariants."""
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hpp.baselines import exhaustive_composition, single_shape_baseline, uniform_baseline
+from hpp.errors import HppInputError, InfeasibleError
+from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.composition import SolverSettings, composition_objective_s
+from hpp.formulation.data_balance import balance_data
+from hpp.formulation.stage_balance import StageBalancer, StageKind
+from hpp.planner import make_problem, plan_hpp, pipeline_link
+from hpp.formulation.cost_model import estimate_plan
+from hpp.pruning.memo import StageCostCache
+from hpp.pruning.rules import PruningOptions
+from hpp.validate import validate_plan
+from tests.synthetic import toy_cluster, toy_profile
+
+FAST = SolverSettings(max_time_in_seconds=20.0, num_workers=1, random_seed=0)
+
+
+@st.composite
+def instances(draw):
+    L = draw(st.integers(3, 8))
+    fwd = tuple(draw(st.lists(st.floats(0.5, 5.0), min_size=L, max_size=L)))
+    act = tuple(draw(st.lists(st.integers(1, 50), min_size=L, max_size=L)))
+    params = tuple(draw(st.lists(st.integers(1, 100), min_size=L, max_size=L)))
+    out = tuple(draw(st.lists(st.integers(1, 10), min_size=L, max_size=L)))
+    slow = draw(st.floats(1.0, 3.0))
+    prof = toy_profile({"A": 1.0, "B": slow}, fwd=fwd, act=act, params=params, out=out, opt=(0.01,) * L,
+                       sizes=(1, 2))
+    na, nb = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    total_w = 4 * sum(params)
+    mem_b = draw(st.integers(total_w // 3, 2 * total_w + 400))
+    cl = toy_cluster([("A", na), ("B", nb)], memory={"A": 4 * total_w + 1000, "B": mem_b}, bw=1000.0)
+    gbs = draw(st.integers(1, 40))
+    return prof, cl, gbs
+
+
+def _brute_partition(cache, shape, b, L):
+    best = None
+    S = len(shape)
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        bnd = (0, *cuts, L)
+        times, fill = [], 0.0
+        ok = True
+        for i, k in enumerate(shape):
+            tab = cache.table(k.device_type, k.tp_degree, b)
+            lo, hi = bnd[i], bnd[i + 1]
+            if tab.memory_bytes(S - i, False)[lo, hi] > tab.capacity_bytes:
+                ok = False
+                break
+            times.append(tab.compute_none_s[lo, hi])
+            fill += tab.compute_none_s[lo, hi] + 2 * tab.p2p_s[hi]
+        if ok:
+            key = (max(times), fill)
+            if best is None or key[0] < best[0] * (1 - 1e-12) or (abs(key[0] - best[0]) <= 1e-12 * best[0] and key[1] < best[1]):
+                best = key
+    return best
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(), st.integers(1, 3))
+def test_stage_balance_equals_brute_force(inst, S):
+    prof, cl, _ = inst
+    cache = StageCostCache(prof, {t: d.memory_bytes for t, d in cl.device_types.items()}, pipeline_link(cl))
+    bal = StageBalancer(cache, allow_recompute=False)
+    shape = tuple([StageKind("A", 1)] * (S // 2) + [StageKind("B", 1)] * (S - S // 2))
+    if len(shape) > prof.num_layers:
+        return
+    part = bal.balance(shape, 1)
+    brute = _brute_partition(cache, shape, 1, prof.num_layers)
+    if brute is None:
+        assert part is None
+    else:
+        assert part is not None
+        assert part.bottleneck_s == pytest.approx(brute[0], rel=1e-9)
+        assert part.fill_s == pytest.approx(brute[1], rel=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(0.0, 10.0), st.integers(1, 4)), min_size=1, max_size=5),
+       st.integers(1, 200))
+def test_data_balance_exact_and_optimal(pipes, G):
+    tau = [p[0] for p in pipes]
+    phi = [p[0] + p[1] for p in pipes]
+    b = [p[2] for p in pipes]
+    res = balance_data(tau, phi, b, G)
+    assert sum(res.num_samples) == G
+    assert all(n >= 0 for n in res.num_samples)
+    assert all(m == -(-n // bb) for n, m, bb in zip(res.num_samples, res.num_micro_batches, b))
+    # optimal: brute force over micro-batch counts for small G
+    if G <= 20 and len(pipes) <= 3:
+        best = math.inf
+        for ms in itertools.product(*(range(0, -(-G // bb) + 1) for bb in b)):
+            if sum(m * bb for m, bb in zip(ms, b)) >= G:
+                best = min(best, max((ph + (m - 1) * t) if m else 0.0 for m, t, ph in zip(ms, tau, phi)))
+        assert res.time_s == pytest.approx(best, rel=1e-9)
+
+
+def test_data_balance_prime_global_batch():
+    res = balance_data([1.0, 1.5], [2.0, 3.0], [4, 2], 997)
+    assert sum(res.num_samples) == 997
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_planner_equals_exhaustive_oracle(inst):
+    prof, cl, gbs = inst
+    space = SearchSpace(max_stages=3, allow_recompute=False)
+    try:
+        problem, _ = make_problem(cl, prof, gbs, space=space, pruning=PruningOptions())
+    except InfeasibleError:
+        return
+    full, _ = make_problem(cl, prof, gbs, space=space, pruning=PruningOptions(
+        memory_infeasible=False, dominated=False, incumbent_bound=False, canonical_order=False))
+    _, oracle_obj, _ = exhaustive_composition(full)
+    res = plan_hpp(cl, prof, gbs, space=space, settings=FAST)
+    assert res.composition.status == "OPTIMAL"
+    assert res.composition.objective_s == pytest.approx(oracle_obj, rel=1e-5, abs=5e-6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_plan_invariants(inst):
+    prof, cl, gbs = inst
+    try:
+        res = plan_hpp(cl, prof, gbs, space=SearchSpace(max_stages=3), settings=FAST)
+    except InfeasibleError as exc:
+        assert "falls short by" in str(exc)
+        return
+    plan = res.plan
+    validate_plan(plan, cl, prof)                       # layers, devices, samples, TP fit
+    for p in plan.pipelines:
+        covered = [l for s in p.stages for l in range(s.layer_start, s.layer_stop)]
+        assert covered == list(range(prof.num_layers))  # every layer exactly once
+        assert all(s.layer_stop > s.layer_start for s in p.stages)
+    assert sum(p.num_samples for p in plan.pipelines) == gbs
+    ids = plan.device_ids
+    assert len(ids) == len(set(ids))
+    est = estimate_plan(plan, cl, prof)
+    assert est.fits_memory
+    # the searched plan is never slower than the baselines it can express (no seeding here)
+    for base in (uniform_baseline(cl, prof, gbs, space=SearchSpace(max_stages=3, allow_recompute=False)),):
+        if base.feasible and max(p.num_stages for p in base.plan.pipelines) <= 3:
+            assert res.estimate.iteration_time_s <= base.iteration_time_s * (1 + 1e-6)
+
+
+def test_default_scenario_beats_uniform_and_matches_or_beats_single_shape():
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import get_scenario
+    sc = get_scenario("opt350-a100x4-v100x4")
+    cl, prof = sc.cluster(), load_bundled_profile(sc.model)
+    settings_ = SolverSettings(max_time_in_seconds=5, num_workers=2)
+    res = plan_hpp(cl, prof, sc.global_batch_size, settings=settings_)
+    validate_plan(res.plan, cl, prof)
+    uni = uniform_baseline(cl, prof, sc.global_batch_size)
+    single = single_shape_baseline(cl, prof, sc.global_batch_size)
+    assert res.estimate.iteration_time_s < uni.iteration_time_s / 1.5
+    # the search's own model prices links and sync more coarsely than the cost model (see planner notes):
+    # unseeded it stays within 2 % of single-shape; seeded with the baselines (as `hpp plan` does) never worse
+    assert res.estimate.iteration_time_s <= single.iteration_time_s * 1.02
+    seeded = plan_hpp(cl, prof, sc.global_batch_size, settings=settings_,
+                      seed_plans={"uniform": uni.plan, "single-shape": single.plan})
+    assert seeded.estimate.iteration_time_s <= min(uni.iteration_time_s, single.iteration_time_s) * (1 + 1e-12)
+
+
+def test_infeasible_cluster_reports_shortfall():
+    prof = toy_profile({"A": 1.0}, params=(1000, 1000, 1000))
+    cl = toy_cluster([("A", 2)], memory={"A": 3000})
+    with pytest.raises(InfeasibleError, match=r"falls short by .* GiB"):
+        plan_hpp(cl, prof, 8, settings=FAST)
+
+
+def test_device_type_missing_from_profile_is_named():
+    prof = toy_profile({"A": 1.0})
+    cl = toy_cluster([("A", 1), ("B", 1)], memory={"A": 10**6, "B": 10**6})
+    with pytest.raises(HppInputError, match="'B'.*no profile"):
+        plan_hpp(cl, prof, 8, settings=FAST)
+
+
+def test_global_batch_smaller_than_pipelines_uses_fewer_pipelines():
+    prof = toy_profile({"A": 1.0})
+    cl = toy_cluster([("A", 4)], memory={"A": 10**6})
+    res = plan_hpp(cl, prof, 2, settings=FAST)
+    assert sum(p.num_samples for p in res.plan.pipelines) == 2
+    assert all(p.num_samples > 0 for p in res.plan.pipelines)
+    assert res.plan.num_pipelines <= 2
+
+
+def test_time_limit_returns_best_so_far_with_gap():
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import get_scenario
+    sc = get_scenario("opt350-a100x8-v100x8")
+    res = plan_hpp(sc.cluster(), load_bundled_profile(sc.model), 1024,
+                   settings=SolverSettings(max_time_in_seconds=0.5, num_workers=1))
+    assert res.composition.status in ("OPTIMAL", "FEASIBLE")
+    assert 0.0 <= res.composition.gap < 1.0
+    assert res.plan.num_pipelines >= 1

@@ -1,0 +1,93 @@
+"""hpp run: refusals before any process starts, and end-to-end runs (fork and torchrun)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.profiles.model_profile import profile_to_dict
+from hpp.runtime import run as run_mod
+from hpp.runtime.cli import run_main
+from hpp.runtime.profiler import profile_model, scale_profile
+
+CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-hetero-4",
+           "device_types": {"cpu": {"memory_bytes": 4 * 2**30, "gpus_per_node": 2},
+                            "cpu-2x": {"memory_bytes": 4 * 2**30, "gpus_per_node": 2, "slowdown": 2.0}},
+           "nodes": [{"device_type": "cpu", "num_devices": 2, "intra_node_bandwidth_bytes_per_s": 1e9},
+                     {"device_type": "cpu-2x", "num_devices": 2, "intra_node_bandwidth_bytes_per_s": 1e9}],
+           "inter_node_bandwidth_bytes_per_s": 1e9}
+
+
+@pytest.fixture(scope="module")
+def profile_ref():
+    prof = profile_model("gpt-tiny", micro_batch_sizes=(2,), warmup=1, repeats=2)
+    return {"embedded": profile_to_dict(scale_profile(prof, {"cpu-2x": 2.0}, base_device_type="cpu"))}
+
+
+def _plan(path, *, profile=None, stages0=((0, 3), (3, 6)), tp=1, num_layers=6, model="gpt-tiny"):
+    s0 = tuple(Stage(lo, hi, "cpu", 1, (i,)) for i, (lo, hi) in enumerate(stages0))
+    if tp == 2:
+        s0 = (Stage(0, num_layers, "cpu", 2, (0, 1)),)
+    p0 = Pipeline(s0, 2, 10)
+    p1 = Pipeline((Stage(0, 2, "cpu-2x", 1, (2,)), Stage(2, num_layers, "cpu-2x", 1, (3,))), 2, 6)
+    plan = Plan(model, num_layers, 16, (p0, p1), sequence_length=128, profile_ref=profile or {}, cluster_ref=CLUSTER)
+    write_plan_json(plan, path)
+    return str(path)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(run_mod, "launch_torchrun", boom)
+    monkeypatch.setattr(run_mod, "launch_forked", boom)
+
+
+@pytest.mark.parametrize("case,args,needle", [
+    ("world", ["--world-size", "3"], "the plan has 4 devices but the world size is 3"),
+    ("tp", [], "tensor-parallel degree 1 only"),
+    ("invalid", [], "skips layers"),
+    ("model", ["--model", "gpt-nope"], "the runtime has no model 'gpt-nope'"),
+    ("layers", [], "model gpt-tiny has 6 layers but the plan has 7"),
+    ("steps", ["--steps", "0"], "run at least 1 step"),
+])
+def test_bad_input_is_refused_before_any_process(tmp_path, capsys, no_launch, case, args, needle):
+    kw = {"tp": {"tp": 2}, "invalid": {"stages0": ((0, 2), (3, 6))}, "layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7))}}.get(case, {})
+    path = _plan(tmp_path / "p.json", **kw)
+    steps = [] if "--steps" in args else ["--steps", "2"]
+    assert run_main([path, *steps, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_more_devices_than_the_host_can_run(tmp_path, capsys, no_launch, monkeypatch):
+    monkeypatch.setattr(run_mod, "MAX_RANKS_PER_CORE", 1)
+    monkeypatch.setattr(run_mod.os, "cpu_count", lambda: 2)
+    assert run_main([_plan(tmp_path / "p.json"), "--steps", "1"]) == 2
+    assert "needs 4 devices but this host can run at most 2 CPU ranks" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_fork_run_emulated_json_and_timeline(tmp_path, capsys, profile_ref):
+    path = _plan(tmp_path / "p.json", profile=profile_ref)
+    png = tmp_path / "t.png"
+    assert run_main([path, "--steps", "3", "--emulate-speed", "--launcher", "fork", "--json",
+                     "--timeline", str(png)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["measured"]["iteration_time_s"] > 0 and rep["measured"]["throughput_samples_per_s"] > 0
+    assert rep["predicted"]["iteration_time_s"] > 0
+    assert rep["collectives"]["count"] == 3 and rep["collectives"]["bytes"] > 0     # 3 shared blocks
+    assert len(rep["ranks"]) == 4 and all(r["peak_memory_bytes"] > 0 for r in rep["ranks"])
+    slow = [r for r in rep["ranks"] if r["device_type"] == "cpu-2x"]
+    assert all(r["padding_s"] > 0.5 * r["compute_s"] for r in slow)
+    assert png.stat().st_size > 10_000 and not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.distributed
+def test_torchrun_run_prints_measured_and_predicted(tmp_path, capsys, profile_ref):
+    path = _plan(tmp_path / "p.json", profile=profile_ref)
+    assert run_main([path, "--steps", "2", "--run-timeout", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "measured" in out and "predicted" in out and "grad all-reduce  3 per step" in out

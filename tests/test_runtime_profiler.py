@@ -1,0 +1,60 @@
+"""hpp profile: a valid native profile with positive times, scaled emulated entries, clean refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpp.errors import HppInputError
+from hpp.profiles.model_profile import load_profile, profile_to_dict
+from hpp.runtime.cli import profile_main
+from hpp.runtime.profiler import profile_model, scale_profile, write_profile
+
+
+@pytest.fixture(scope="module")
+def tiny_profile():
+    return profile_model("gpt-tiny", micro_batch_sizes=(1, 2), warmup=1, repeats=3)
+
+
+def test_profile_round_trips_with_positive_times(tiny_profile, tmp_path):
+    path = tmp_path / "p.json"
+    write_profile(tiny_profile, path)
+    back = load_profile(path)
+    assert profile_to_dict(back) == profile_to_dict(tiny_profile)
+    assert back.num_layers == 6 and back.device_types == ("cpu",)
+    for b in (1, 2):
+        e = back.entries[("cpu", 1, b)]
+        assert all(t > 0 for t in e.forward_s + e.backward_s + e.optimizer_s)
+        assert all(x > 0 for x in e.param_bytes + e.activation_bytes + e.output_bytes)
+    e1, e2 = back.entries[("cpu", 1, 1)], back.entries[("cpu", 1, 2)]
+    assert e1.param_bytes == e2.param_bytes
+    assert all(2 * a == b for a, b in zip(e1.output_bytes, e2.output_bytes))
+    assert all(a < b for a, b in zip(e1.activation_bytes[1:], e2.activation_bytes[1:]))
+    assert {"machine", "torch", "date", "spread"} <= set(back.meta)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_scaled_profile_for_emulated_device_types(tiny_profile):
+    scaled = scale_profile(tiny_profile, {"cpu-2x": 2.0}, base_device_type="cpu")
+    base, em = scaled.entries[("cpu", 1, 2)], scaled.entries[("cpu-2x", 1, 2)]
+    assert em.forward_s == tuple(2.0 * t for t in base.forward_s)
+    assert em.backward_s == tuple(2.0 * t for t in base.backward_s)
+    assert em.optimizer_s == base.optimizer_s and "emulated" in em.note and "x 2.0" in em.note
+    with pytest.raises(HppInputError, match="no entries for 'gpu'"):
+        scale_profile(tiny_profile, {"x": 2.0}, base_device_type="gpu")
+
+
+def test_unknown_model_and_tp_are_refused_without_a_file(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert profile_main(["--model", "gpt-huge", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown model 'gpt-huge'" in err and "gpt-tiny" in err and len(err.splitlines()) == 1
+    assert profile_main(["--model", "gpt-tiny", "--tp", "2", "--out", str(out)]) == 2
+    assert "TP degree 1 only" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_profile_cli_writes_scaled_entries(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert profile_main(["--model", "gpt-tiny", "--micro-batch-sizes", "1", "--repeats", "2", "--warmup", "1",
+                         "--emulate", "cpu-3x=3", "--out", str(out)]) == 0
+    assert set(load_profile(out).entries) == {("cpu", 1, 1), ("cpu-3x", 1, 1)}
