@@ -239,21 +239,21 @@ def _parser() -> argparse.ArgumentParser:
                            ("profile", "measure a model's per-layer profile")):
         r = sub.add_parser(name, help=helptext, add_help=False)
         r.add_argument("rest", nargs=argparse.REMAINDER)
-        r.set_defaults(func=None, runtime_command=name)
+        r.set_defaults(func=None)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hpp`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("run", "profile"):   # runtime commands live in hpp.runtime (torch imported only there)
+        from hpp.runtime.cli import main as runtime_main
+        return runtime_main(argv)
     ap = _parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.func is None:   # runtime commands live in hpp.runtime (torch imported only there)
-            from hpp.runtime.cli import main as runtime_main
-            return runtime_main([args.runtime_command, *args.rest])
         return args.func(args)
     except HppInputError as exc:
         print(f"hpp {args.command}: error: {exc}", file=sys.stderr)

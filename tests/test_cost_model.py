@@ -76,3 +76,28 @@ def test_full_recompute_costs_a_forward_and_keeps_inputs_only():
 def test_pipeline_time_formula():
     assert pipeline_time_1f1b_s([3.0, 2.0], [0.5], 3) == 12.0
     assert pipeline_time_1f1b_s([3.0], [], 0) == 0.0
+
+
+def test_estimate_cli_on_hand_written_opt350_plan(capsys):
+    """2 pipelines (2 x A100-40, 4 x V100-16) for OPT-350 on the default cluster: figures checkable by hand."""
+    import json
+    from pathlib import Path
+
+    from hpp.cli import main
+    from hpp.profiles.bundled import load_bundled_profile
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "plans" / "opt350-2pipelines-a100-v100.json"
+    assert main(["estimate", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pred = out["predicted"]
+    prof = load_bundled_profile("OPT-350")
+    e = prof.layer_profile("A100-40", 1, 2)
+    st0 = pred["pipelines"][0]["stages"][0]
+    assert st0["forward_s"] == pytest.approx(sum(e.forward_s[0:13]))
+    assert st0["backward_s"] == pytest.approx(sum(e.backward_s[0:13]))
+    assert st0["memory_bytes"] == int(4 * sum(e.param_bytes[0:13]) + 2 * sum(e.activation_bytes[0:13])
+                                      + 2 * e.output_bytes[12])
+    assert pred["peak_memory_bytes"] == max(s["memory_bytes"] for p in pred["pipelines"] for s in p["stages"])
+    assert pred["throughput_samples_per_s"] == pytest.approx(1024 / pred["iteration_time_s"])
+    assert [b["layers"] for b in pred["blocks"]] == [[0, 5], [5, 12], [12, 13], [13, 19], [19, 26]]
+    assert pred["fits_memory"]

@@ -28,7 +28,7 @@ launches its buckets with the zero gradients it holds.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -73,7 +73,6 @@ class Bucket:
     ready: int = 0
     work: object | None = None
     flat: torch.Tensor | None = None
-    members: set[int] = field(default_factory=set)
 
     @property
     def num_bytes(self) -> int:

@@ -1,0 +1,81 @@
+"""Bad input gets a clear error naming the file, the field and the fix (never a deep traceback)."""
+
+import json
+
+import pytest
+
+from hpp.cli import main
+from hpp.errors import HppInputError
+from hpp.plan import Pipeline, Plan, Stage, plan_from_dict
+from hpp.resolve import load_plan_inputs
+from hpp.validate import validate_plan
+from tests.synthetic import toy_cluster, toy_profile
+
+PROFILE = toy_profile({"X": 1.0})
+CLUSTER = toy_cluster([("X", 4)], memory={"X": 10_000})
+
+
+def _plan(stages_list, samples, gbs):
+    return Plan("toy", 3, gbs, tuple(Pipeline(tuple(st), 1, n) for st, n in zip(stages_list, samples)))
+
+
+@pytest.mark.parametrize("stages, samples, gbs, pattern", [
+    ([[Stage(0, 1, "X", 1, (0,)), Stage(2, 3, "X", 1, (1,))]], [3], 3, r"pipelines\[0\]\.stages\[1\]\.layers.*skips"),
+    ([[Stage(0, 2, "X", 1, (0,)), Stage(1, 3, "X", 1, (1,))]], [3], 3, r"repeats"),
+    ([[Stage(0, 1, "X", 1, (0,)), Stage(1, 1, "X", 1, (1,)), Stage(1, 3, "X", 1, (2,))]], [3], 3, r"empty stage"),
+    ([[Stage(0, 3, "X", 1, (0,))], [Stage(0, 3, "X", 1, (0,))]], [1, 2], 3, r"device 0 is used twice"),
+    ([[Stage(0, 3, "X", 1, (0,))]], [2], 3, r"add up to 2, not the global batch size 3"),
+    ([[Stage(0, 2, "X", 1, (0,))]], [3], 3, r"stops at layer 2 but the model has 3 layers"),
+    ([[Stage(0, 3, "X", 1, (9,))]], [3], 3, r"device 9 does not exist"),
+    ([[Stage(0, 3, "X", 2, (0,))]], [3], 3, r"tp_degree=2 but 1 device ids"),
+])
+def test_validator_messages(stages, samples, gbs, pattern):
+    with pytest.raises(HppInputError, match=pattern) as info:
+        validate_plan(_plan(stages, samples, gbs), CLUSTER, PROFILE, source="plan.json")
+    assert "plan.json" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_unknown_gpu_type_in_plan():
+    with pytest.raises(HppInputError, match=r"device 0 is a X, not a Y"):
+        validate_plan(_plan([[Stage(0, 3, "Y", 1, (0,))]], [3], 3), CLUSTER, PROFILE)
+
+
+def test_plan_json_structure_errors(tmp_path):
+    with pytest.raises(HppInputError, match=r"format is 'sailor'"):
+        plan_from_dict({"format": "sailor"}, source="p.json")
+    bad = {"format": "hpp-plan", "version": 1, "num_layers": 3, "global_batch_size": 3,
+           "pipelines": [{"micro_batch_size": 2, "num_samples": 3, "num_micro_batches": 5,
+                          "stages": [{"layers": [0, 3], "device_type": "X", "device_ids": [0]}]}]}
+    with pytest.raises(HppInputError, match=r"pipelines\[0\]\.num_micro_batches.*ceil\(3/2\)=2"):
+        plan_from_dict(bad, source="p.json")
+    f = tmp_path / "broken.json"
+    f.write_text("{not json")
+    with pytest.raises(HppInputError, match=r"broken.json.*not valid JSON"):
+        load_plan_inputs(f)
+    with pytest.raises(HppInputError, match=r"missing.json.*cannot read"):
+        load_plan_inputs(tmp_path / "missing.json")
+
+
+def test_cli_exit_code_2_and_one_line(tmp_path, capsys):
+    f = tmp_path / "broken.json"
+    f.write_text("[]")
+    assert main(["estimate", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.json" in err[0]
+    assert main(["plan", "--scenario", "nope"]) == 2
+    assert "unknown scenario 'nope'" in capsys.readouterr().err
+
+
+def test_cluster_file_errors(tmp_path, capsys):
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps({"nodes": [{"device_type": "H900", "num_devices": 4,
+                                        "intra_node_bandwidth_bytes_per_s": 1e11}],
+                             "inter_node_bandwidth_bytes_per_s": 1e9}))
+    assert main(["plan", "--cluster", str(c), "--model", "OPT-350"]) == 2
+    assert "unknown GPU type 'H900'" in capsys.readouterr().err
+    c.write_text(json.dumps({"nodes": [{"device_type": "A100-40", "num_devices": 4,
+                                        "intra_node_bandwidth_bytes_per_s": 0}],
+                             "inter_node_bandwidth_bytes_per_s": 1e9}))
+    assert main(["plan", "--cluster", str(c), "--model", "OPT-350"]) == 2
+    err = capsys.readouterr().err
+    assert "nodes[0].intra_node_bandwidth_bytes_per_s" in err and "bandwidth" in err
