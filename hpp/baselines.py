@@ -132,9 +132,14 @@ def _group_splits(n: int, sizes: list[int]) -> list[tuple[int, ...]]:
 
 def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                           space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
-                          max_candidates: int | None = None) -> BaselineResult:
-    """Metis/AMP-style single pipeline shape, replicated, even batch split (see the module docstring)."""
+                          max_candidates: int | None = None, time_budget_s: float | None = None) -> BaselineResult:
+    """Metis/AMP-style single pipeline shape, replicated, even batch split (see the module docstring).
+
+    ``max_candidates`` / ``time_budget_s`` stop the enumeration early (the result then says
+    "truncated": the best plan among those priced).
+    """
     t0 = time.perf_counter()
+    truncated = False
     inv = cluster.count_by_type()
     kinds = stage_kinds(cluster, profile, space)
     L = profile.num_layers
@@ -157,7 +162,9 @@ def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_
                 if space.micro_batch_sizes is not None:
                     common &= set(space.micro_batch_sizes)
                 for b in sorted(common):
-                    if max_candidates is not None and n_cands >= max_candidates:
+                    if ((max_candidates is not None and n_cands >= max_candidates)
+                            or (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s)):
+                        truncated = True
                         break
                     n_cands += 1
                     # a fresh, un-memoised balancer per candidate: as Metis/AMP price each candidate anew
@@ -174,8 +181,9 @@ def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_
                         best = (t, plan, f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}]"
                                          f" b={b}")
     wall = time.perf_counter() - t0
+    desc = best[2] + (f" (search truncated after {n_cands} candidates, {wall:.0f} s)" if truncated else "")
     return BaselineResult("single-shape", best[1], best[0], global_batch_size / best[0] if best[1] else 0.0, wall,
-                          best[2], n_cands)
+                          desc, n_cands)
 
 
 def _bind_replicas(cluster, profile, gbs, shape, part, b, dp) -> Plan:
@@ -239,11 +247,16 @@ def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int 
 
 def run_baselines(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                   space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
-                  names: tuple[str, ...] = BASELINES) -> Mapping[str, BaselineResult]:
-    """Run the named baselines on the same input; returns name -> :class:`BaselineResult`."""
+                  names: tuple[str, ...] = BASELINES,
+                  time_budget_s: float | None = None) -> Mapping[str, BaselineResult]:
+    """Run the named baselines on the same input; returns name -> :class:`BaselineResult`.
+
+    ``time_budget_s`` caps the single-shape enumeration (its result then says it was truncated).
+    """
     out: dict[str, Any] = {}
     if "uniform" in names:
         out["uniform"] = uniform_baseline(cluster, profile, global_batch_size, space=space, config=config)
     if "single-shape" in names:
-        out["single-shape"] = single_shape_baseline(cluster, profile, global_batch_size, space=space, config=config)
+        out["single-shape"] = single_shape_baseline(cluster, profile, global_batch_size, space=space, config=config,
+                                                    time_budget_s=time_budget_s)
     return out

@@ -115,7 +115,8 @@ def cmd_plan(args) -> int:
     settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
-    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space)
+    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space,
+                                                                 time_budget_s=args.baseline_time_limit)
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
     res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, solver=args.solver,
                    profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
@@ -219,6 +220,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"])
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
     p.add_argument("--no-baselines", action="store_true", help="skip the baselines")
+    p.add_argument("--baseline-time-limit", type=float, default=30.0,
+                   help="cap on the single-shape baseline's enumeration [s] (default 30)")
     p.add_argument("--out", type=Path, help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
