@@ -31,6 +31,7 @@ from typing import Sequence
 from ortools.sat.python import cp_model
 
 from hpp.formulation.candidates import Candidate, tp_capacity
+from hpp.formulation.data_balance import least_time_s
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
@@ -122,20 +123,7 @@ def pipeline_time_for_counts(cands: Sequence[Candidate], counts: dict[int, int],
     if not groups:
         return math.inf
     G = global_batch_size
-
-    def cap(T: float) -> int:
-        return sum(x * b * (math.floor((T - phi) / tau + 1e-12) + 1) for tau, phi, b, x in groups if T >= phi)
-
-    hi = min(phi + (-(-G // b) - 1) * tau for tau, phi, b, _ in groups)
-    lo = 0.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if cap(mid) >= G:
-            hi = mid
-        else:
-            lo = mid
+    hi = least_time_s(groups, G)
     # snap to the breakpoint actually reached
     return max(phi + (min(math.floor((hi - phi) / tau + 1e-12) + 1, -(-G // b)) - 1) * tau
                for tau, phi, b, _ in groups if hi >= phi)

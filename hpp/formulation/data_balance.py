@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-__all__ = ["DataSplit", "balance_data"]
+__all__ = ["DataSplit", "balance_data", "least_time_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,38 @@ class DataSplit:
     num_samples: tuple[int, ...]
     num_micro_batches: tuple[int, ...]
     time_s: float
+
+
+def least_time_s(groups: Sequence[tuple[float, float, int, int]], global_batch_size: int) -> float:
+    """Least T by which groups of identical pipelines can finish ``global_batch_size`` samples [s].
+
+    Parameters
+    ----------
+    groups : sequence of (tau_s, phi_s, micro_batch_size, copies)
+        Pipelines with bottleneck tau, fill phi and micro-batch size b, ``copies`` of each.
+
+    Returns
+    -------
+    float
+        The least T with ``sum copies * cap(T) >= G`` (bisection on the monotone capacity),
+        snapped down to the breakpoint ``phi + (m - 1) tau`` actually reached.
+    """
+    G = global_batch_size
+
+    def cap(T: float) -> int:
+        return sum(x * b * (math.floor((T - phi) / tau + 1e-12) + 1) for tau, phi, b, x in groups if T >= phi)
+
+    hi = min(phi + (-(-G // b) - 1) * tau for tau, phi, b, _ in groups)
+    lo = 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if cap(mid) >= G:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _time(phi: float, tau: float, m: int) -> float:
@@ -78,24 +110,7 @@ def balance_data(bottleneck_s: Sequence[float], fill_s: Sequence[float], micro_b
         raise ValueError("every bottleneck must be > 0 s and every micro-batch size >= 1")
     G = global_batch_size
 
-    def cap(T: float) -> int:
-        total = 0
-        for tau, phi, b in zip(bottleneck_s, fill_s, micro_batch_size):
-            if T >= phi:
-                total += b * (math.floor((T - phi) / tau + 1e-12) + 1)
-        return total
-
-    hi = min(_time(phi, tau, -(-G // b)) for tau, phi, b in zip(bottleneck_s, fill_s, micro_batch_size))
-    lo = 0.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if cap(mid) >= G:
-            hi = mid
-        else:
-            lo = mid
-    T = hi
+    T = least_time_s([(tau, phi, b, 1) for tau, phi, b in zip(bottleneck_s, fill_s, micro_batch_size)], G)
     m = [0] * P
     n = [0] * P
     for p, (tau, phi, b) in enumerate(zip(bottleneck_s, fill_s, micro_batch_size)):
