@@ -23,16 +23,17 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace, stage_kinds
+from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.plan import Pipeline, Plan, Stage, default_schedule
 from hpp.profiles.cluster import Cluster, cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
+from hpp.planner import pipeline_link
 from hpp.pruning.memo import StageCostCache
 
 __all__ = ["BaselineResult", "uniform_baseline", "single_shape_baseline", "exhaustive_composition",
@@ -89,14 +90,12 @@ def uniform_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size:
         for node_idx, node in enumerate(cluster.nodes):
             ids = [d.device_id for d in cluster.devices if d.node == node_idx]
             groups += [(node.device_type, tuple(ids[i:i + tp])) for i in range(0, len(ids) - tp + 1, tp)]
-        sizes = set.intersection(*(set(profile.micro_batch_sizes(t, tp)) for t in types))
-        if space.micro_batch_sizes is not None:
-            sizes &= set(space.micro_batch_sizes)
+        sizes = common_micro_batch_sizes(profile, tuple(StageKind(t, tp) for t in types), space)
         for pp in range(1, min(L, len(groups)) + 1):
             dp = len(groups) // pp
             layers = _even_split(L, pp)
             bounds = [0, *itertools.accumulate(layers)]
-            for b in sorted(sizes):
+            for b in sizes:
                 for rec in (("none", "full") if space.allow_recompute else ("none",)):
                     n_cands += 1
                     pipes = []
@@ -130,6 +129,25 @@ def _group_splits(n: int, sizes: list[int]) -> list[tuple[int, ...]]:
     return out
 
 
+def _single_shape_candidates(cluster: Cluster, profile: ModelProfile, space: SearchSpace
+                             ) -> Iterator[tuple[int, tuple[StageKind, ...], int]]:
+    """Yield (DP degree, replica shape, micro-batch size) in the order Metis/AMP enumerate them."""
+    inv = cluster.count_by_type()
+    kinds = stage_kinds(cluster, profile, space)
+    for dp in range(1, min(inv.values()) + 1):
+        if any(n % dp for n in inv.values()):
+            continue
+        per = {t: n // dp for t, n in inv.items()}
+        splits = {t: _group_splits(per[t], [k.tp_degree for k in kinds[t]]) for t in per}
+        for order in itertools.permutations(sorted(per)):
+            for choice in itertools.product(*(splits[t] for t in order)):
+                shape = tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)
+                if len(shape) > profile.num_layers:
+                    continue
+                for b in common_micro_batch_sizes(profile, shape, space):
+                    yield dp, shape, b
+
+
 def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                           space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
                           max_candidates: int | None = None, time_budget_s: float | None = None) -> BaselineResult:
@@ -140,46 +158,28 @@ def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_
     """
     t0 = time.perf_counter()
     truncated = False
-    inv = cluster.count_by_type()
-    kinds = stage_kinds(cluster, profile, space)
-    L = profile.num_layers
     best: tuple[float, Plan | None, str] = (math.inf, None, "no feasible single shape")
     n_cands = 0
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
-    from hpp.planner import pipeline_link
-    for dp in range(1, min(inv.values()) + 1):
-        if any(n % dp for n in inv.values()):
+    link = pipeline_link(cluster)
+    for dp, shape, b in _single_shape_candidates(cluster, profile, space):
+        if ((max_candidates is not None and n_cands >= max_candidates)
+                or (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s)):
+            truncated = True
+            break
+        n_cands += 1
+        # a fresh, un-memoised balancer per candidate: as Metis/AMP price each candidate anew
+        cache = StageCostCache(profile, caps, link, config, enabled=False)
+        part = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=False).balance(shape, b)
+        if part is None:
             continue
-        per = {t: n // dp for t, n in inv.items()}
-        splits = {t: _group_splits(per[t], [k.tp_degree for k in kinds[t]]) for t in per}
-        for order in itertools.permutations(sorted(per)):
-            for choice in itertools.product(*(splits[t] for t in order)):
-                shape = tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)
-                if len(shape) > L:
-                    continue
-                common = set.intersection(*(set(profile.micro_batch_sizes(k.device_type, k.tp_degree))
-                                            for k in set(shape)))
-                if space.micro_batch_sizes is not None:
-                    common &= set(space.micro_batch_sizes)
-                for b in sorted(common):
-                    if ((max_candidates is not None and n_cands >= max_candidates)
-                            or (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s)):
-                        truncated = True
-                        break
-                    n_cands += 1
-                    # a fresh, un-memoised balancer per candidate: as Metis/AMP price each candidate anew
-                    cache = StageCostCache(profile, caps, pipeline_link(cluster), config, enabled=False)
-                    part = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=False).balance(shape, b)
-                    if part is None:
-                        continue
-                    try:
-                        plan = _bind_replicas(cluster, profile, global_batch_size, shape, part, b, dp)
-                    except HppInputError:
-                        continue
-                    t = _price(plan, cluster, profile, config)
-                    if t < best[0]:
-                        best = (t, plan, f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}]"
-                                         f" b={b}")
+        try:
+            plan = _bind_replicas(cluster, profile, global_batch_size, shape, part, b, dp)
+        except HppInputError:
+            continue
+        t = _price(plan, cluster, profile, config)
+        if t < best[0]:
+            best = (t, plan, f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}] b={b}")
     wall = time.perf_counter() - t0
     desc = best[2] + (f" (search truncated after {n_cands} candidates, {wall:.0f} s)" if truncated else "")
     return BaselineResult("single-shape", best[1], best[0], global_batch_size / best[0] if best[1] else 0.0, wall,

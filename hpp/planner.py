@@ -18,7 +18,7 @@ import numpy as np
 
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
-from hpp.formulation.candidates import Candidate, SearchSpace, build_candidates, stage_kinds
+from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
 from hpp.formulation.composition import (CompositionProblem, CompositionResult, SolverSettings,
                                          greedy_composition, lp_lower_bound_pipe_s, solve_composition_cpsat)
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
@@ -215,8 +215,3 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             stats["seeded_from"] = name
     wall = time.perf_counter() - t0
     return PlannerResult(plan, est, comp, wall, stats)
-
-
-def candidates_summary(cands: list[Candidate]) -> list[str]:
-    """One line per candidate (for logs)."""
-    return [f"{c.label()}: tau={c.partition.bottleneck_s:.4f}s phi={c.partition.fill_s:.4f}s" for c in cands]

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hpp.baselines import exhaustive_composition, single_shape_baseline, uniform_baseline
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.candidates import SearchSpace
-from hpp.formulation.composition import SolverSettings, composition_objective_s
+from hpp.formulation.composition import SolverSettings
 from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.planner import make_problem, plan_hpp, pipeline_link

@@ -25,7 +25,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.rules import PruningOptions, dominates
 
 __all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates",
-           "remove_dominated", "tp_capacity"]
+           "remove_dominated", "tp_capacity", "common_micro_batch_sizes"]
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,8 @@ def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], 
                         yield tuple(k for t in order for k in [by_type[t]] * count_of[t])
 
 
-def _micro_batch_sizes(profile: ModelProfile, shape: tuple[StageKind, ...], space: SearchSpace) -> list[int]:
+def common_micro_batch_sizes(profile: ModelProfile, shape: tuple[StageKind, ...], space: SearchSpace) -> list[int]:
+    """Micro-batch sizes measured for every stage kind of ``shape`` (and allowed by ``space``), ascending."""
     common = None
     for k in set(shape):
         sizes = set(profile.micro_batch_sizes(k.device_type, k.tp_degree))
@@ -170,7 +171,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     dead: set = set()
     for shape in enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers):
         stats["shapes"] += 1
-        for b in _micro_batch_sizes(profile, shape, space):
+        for b in common_micro_batch_sizes(profile, shape, space):
             if pruning.memory_infeasible:
                 # every suffix whose row is empty kills all shapes ending with it
                 if any((b, shape[i:]) in dead for i in range(1, len(shape))):

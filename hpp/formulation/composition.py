@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 from ortools.sat.python import cp_model
@@ -63,10 +64,20 @@ class CompositionProblem:
     global_batch_size: int
     sync_link: Link
     _sync_cache: dict = field(default_factory=dict, repr=False)
+    _tp_cache: dict = field(default_factory=dict, repr=False)
 
-    @property
+    @cached_property
     def inventory(self) -> dict[str, int]:
+        """Devices per type (computed once)."""
         return self.cluster.count_by_type()
+
+    def tp_capacity(self, device_type: str, tp_degree: int) -> int:
+        """TP groups of ``tp_degree`` devices of ``device_type`` the nodes hold (memoised)."""
+        key = (device_type, tp_degree)
+        got = self._tp_cache.get(key)
+        if got is None:
+            got = self._tp_cache[key] = tp_capacity(self.cluster, device_type, tp_degree)
+        return got
 
     def sync_terms(self, c: int) -> tuple[float, float]:
         """(bandwidth term [s], latency per ring step [s]) of candidate ``c``'s gradient sync.
@@ -95,7 +106,7 @@ class CompositionProblem:
         inv = self.inventory
         ub = min(inv.get(t, 0) // n for t, n in cand.devices.items())
         for (t, s), n in cand.tp_groups.items():
-            ub = min(ub, tp_capacity(self.cluster, t, s) // n)
+            ub = min(ub, self.tp_capacity(t, s) // n)
         return ub
 
     def fits(self, counts: dict[int, int]) -> bool:
@@ -111,7 +122,7 @@ class CompositionProblem:
             for s in sorted({k[1] for c in counts for k in self.candidates[c].tp_groups if k[0] == t and k[1] > 1}):
                 need = sum(x * n * k[1] for c, x in counts.items() for k, n in self.candidates[c].tp_groups.items()
                            if k[0] == t and k[1] >= s)
-                if need > tp_capacity(self.cluster, t, s) * s:
+                if need > self.tp_capacity(t, s) * s:
                     return False
         return True
 
@@ -122,11 +133,7 @@ def pipeline_time_for_counts(cands: Sequence[Candidate], counts: dict[int, int],
               for c, x in counts.items() if x > 0]
     if not groups:
         return math.inf
-    G = global_batch_size
-    hi = least_time_s(groups, G)
-    # snap to the breakpoint actually reached
-    return max(phi + (min(math.floor((hi - phi) / tau + 1e-12) + 1, -(-G // b)) - 1) * tau
-               for tau, phi, b, _ in groups if hi >= phi)
+    return least_time_s(groups, global_batch_size)
 
 
 def composition_objective_s(problem: CompositionProblem, counts: dict[int, int]) -> float:
@@ -278,7 +285,7 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
         for s in sizes:
             terms = [x[c] * sum(nn * kk[1] for kk, nn in cands[c].tp_groups.items() if kk[0] == t and kk[1] >= s)
                      for c in range(n)]
-            m.add(sum(terms) <= tp_capacity(problem.cluster, t, s) * s)
+            m.add(sum(terms) <= problem.tp_capacity(t, s) * s)
     # --- samples cover the global batch
     m.add(sum(prod[c] * cands[c].micro_batch_size for c in range(n)) >= G)
     # --- pipeline time: phi + (k - 1) tau for every used candidate

@@ -69,7 +69,9 @@ def least_time_s(groups: Sequence[tuple[float, float, int, int]], global_batch_s
             hi = mid
         else:
             lo = mid
-    return hi
+    # snap down to the breakpoint actually reached (the slowest pipeline's last micro-batch)
+    return max(phi + (min(math.floor((hi - phi) / tau + 1e-12) + 1, -(-G // b)) - 1) * tau
+               for tau, phi, b, _ in groups if hi >= phi)
 
 
 def _time(phi: float, tau: float, m: int) -> float:
