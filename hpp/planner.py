@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -20,7 +20,9 @@ from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
 from hpp.formulation.composition import (CompositionProblem, CompositionResult, SolverSettings,
-                                         greedy_composition, lp_lower_bound_pipe_s, solve_composition_cpsat)
+                                         composition_lower_bound_s, fill_heuristic, greedy_composition,
+                                         lp_lower_bound_pipe_s,
+                                         solo_objective_s, solve_composition_cpsat)
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster, Link, cluster_to_dict
@@ -136,6 +138,27 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
            f"{best[0] / 2**30:.2f} GiB ({best[1]})"
 
 
+def _subproblem(problem: CompositionProblem, keep: list[int], hint: dict[int, int]
+                ) -> tuple[CompositionProblem, dict[int, int]]:
+    """The problem restricted to candidates ``keep`` (indices into ``problem``) and the hint re-indexed."""
+    remap = {old: new for new, old in enumerate(keep)}
+    sub = CompositionProblem([problem.candidates[i] for i in keep], problem.cluster, problem.global_batch_size,
+                             problem.sync_link)
+    return sub, {remap[c]: x for c, x in hint.items() if c in remap}
+
+
+def _best_candidates(problem: CompositionProblem, hint: dict[int, int], limit: int) -> list[int]:
+    """Up to ``limit`` candidate indices: the hint's, then the best by solo objective, per device-type set."""
+    groups: dict[frozenset, list[int]] = {}
+    for c, cand in enumerate(problem.candidates):
+        groups.setdefault(frozenset(cand.devices), []).append(c)
+    share = max(1, (limit - len(hint)) // max(1, len(groups)))
+    keep = set(hint)
+    for members in groups.values():
+        keep.update(sorted(members, key=lambda c: solo_objective_s(problem, c))[:share])
+    return sorted(keep)
+
+
 def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
              space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
              settings: SolverSettings = SolverSettings(), config: CostModelConfig = CostModelConfig(),
@@ -173,9 +196,12 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         f"({stats['candidates_s']:.2f} s)")
     t1 = time.perf_counter()
     hint, hint_obj = greedy_composition(problem)
-    stats["greedy_s"] = time.perf_counter() - t1
-    stats["greedy_objective_s"] = hint_obj
-    say(f"greedy incumbent {hint_obj:.4f} s")
+    fill, fill_obj = fill_heuristic(problem)
+    if fill_obj < hint_obj:
+        hint, hint_obj = fill, fill_obj
+    stats["heuristic_s"] = time.perf_counter() - t1
+    stats["heuristic_objective_s"] = hint_obj
+    say(f"heuristic incumbent {hint_obj:.4f} s")
     if solver == "greedy":
         comp = CompositionResult(hint, "HEURISTIC", hint_obj, math.nan, math.nan, time.perf_counter() - t1,
                                  len(problem.candidates), solver="greedy")
@@ -183,22 +209,40 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         if pruning.incumbent_bound and math.isfinite(hint_obj):
             keep = [i for i, c in enumerate(problem.candidates) if not exceeds_incumbent(c, hint_obj)]
             stats["pruned_incumbent"] = len(problem.candidates) - len(keep)
-            remap = {old: new for new, old in enumerate(keep)}
-            problem = CompositionProblem([problem.candidates[i] for i in keep], cluster, global_batch_size,
-                                         problem.sync_link)
-            hint = {remap[c]: x for c, x in hint.items() if c in remap}
+            problem, hint = _subproblem(problem, keep, hint)
         t2 = time.perf_counter()
         lb = lp_lower_bound_pipe_s(problem)
-        stats["lp_bound_s"] = time.perf_counter() - t2
-        comp = solve_composition_cpsat(problem, settings=settings, hint=hint, symmetry=pruning.symmetry,
+        global_bound = max(lb + min(c.partition.optimizer_s for c in problem.candidates),
+                           composition_lower_bound_s(problem))
+        stats["bound_s"] = time.perf_counter() - t2
+        sub, sub_hint, kept = problem, hint, None
+        if len(problem.candidates) > settings.max_candidates:
+            kept = _best_candidates(problem, hint, settings.max_candidates)
+            sub, sub_hint = _subproblem(problem, kept, hint)
+            stats["cpsat_candidates"] = len(kept)
+        # the time limit covers bound + CP-SAT: CP-SAT gets what is left (at least 0.5 s)
+        left = settings.max_time_in_seconds - (time.perf_counter() - t1)
+        comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)), hint=sub_hint, symmetry=pruning.symmetry,
                                        incumbent_s=hint_obj if pruning.incumbent_bound else None,
                                        lower_bound_pipe_s=lb)
-        if not comp.counts or comp.objective_s > hint_obj * (1 + 1e-9):
-            # the greedy incumbent is a feasible solution of the same model
-            status = "FEASIBLE" if comp.status in ("UNKNOWN", "FEASIBLE") else comp.status
-            comp = CompositionResult(hint, status, hint_obj, comp.bound_s,
-                                     max(0.0, (hint_obj - comp.bound_s) / hint_obj) if comp.bound_s == comp.bound_s
-                                     else math.nan, comp.wall_s, comp.num_candidates)
+        counts, status, obj = comp.counts, comp.status, comp.objective_s
+        if kept is not None:
+            counts = {kept[c]: x for c, x in counts.items()}
+        if not counts or obj > hint_obj * (1 + 1e-9):
+            counts, obj = hint, hint_obj          # the incumbent is a feasible solution of the same model
+        bound = comp.bound_s
+        if kept is not None:
+            # CP-SAT's bound holds for the restricted set only: report the global one
+            status = "FEASIBLE" if status in ("OPTIMAL", "FEASIBLE", "UNKNOWN") else status
+            bound = global_bound
+        elif status == "UNKNOWN":
+            status = "FEASIBLE"
+        if status != "OPTIMAL":
+            bound = max(bound, global_bound) if bound == bound else global_bound
+        gap = 0.0 if status == "OPTIMAL" else (max(0.0, (obj - bound) / obj) if bound == bound else math.nan)
+        if gap <= 1e-6:
+            status, gap = "OPTIMAL", 0.0
+        comp = CompositionResult(counts, status, obj, bound, gap, comp.wall_s, len(problem.candidates))
         say(f"CP-SAT {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
             f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s)")
     stats["solve_s"] = comp.wall_s

@@ -200,3 +200,24 @@ def test_time_limit_returns_best_so_far_with_gap():
     assert res.composition.status in ("OPTIMAL", "FEASIBLE")
     assert 0.0 <= res.composition.gap < 1.0
     assert res.plan.num_pipelines >= 1
+
+
+def test_vectorised_dominance_equals_the_named_rule():
+    from hpp.formulation.candidates import remove_dominated
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.pruning.rules import dominates
+    from hpp.scenarios import get_scenario
+    sc = get_scenario("opt350-a100x4-v100x4")
+    problem, _ = make_problem(sc.cluster(), load_bundled_profile(sc.model), 1024,
+                              pruning=PruningOptions(dominated=False))
+    c = problem.candidates
+    order = sorted(range(len(c)), key=lambda i: (c[i].partition.bottleneck_s, c[i].partition.fill_s,
+                                                 c[i].num_devices, i))
+    kept, by_b = [], {}
+    for i in order:
+        if not any(dominates(k, c[i]) for k in by_b.get(c[i].micro_batch_size, ())):
+            kept.append(c[i])
+            by_b.setdefault(c[i].micro_batch_size, []).append(c[i])
+    fast = remove_dominated(c)
+    assert [id(x) for x in fast] == [id(x) for x in kept]
+    assert len(fast) < len(c)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+
+import numpy as np
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -22,7 +24,7 @@ from hpp.errors import HppInputError
 from hpp.formulation.stage_balance import Partition, StageBalancer, StageKind
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.pruning.rules import PruningOptions, dominates
+from hpp.pruning.rules import PruningOptions
 
 __all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates",
            "remove_dominated", "tp_capacity", "common_micro_batch_sizes"]
@@ -199,15 +201,27 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
 
 
 def remove_dominated(cands: list[Candidate]) -> list[Candidate]:
-    """Drop every candidate dominated by another (ties: keep the first in a stable order)."""
+    """Drop every candidate dominated by another (rule ``dominated``; ties: keep the first in a stable order).
+
+    Vectorised form of :func:`hpp.pruning.rules.dominates`: a candidate is compared with all kept
+    candidates of its micro-batch size at once (devices and TP groups per key, bottleneck, fill,
+    optimizer step, largest stage gradient, all <=).
+    """
+    if not cands:
+        return []
+    dev_keys = sorted({k for c in cands for k in c.devices})
+    tp_keys = sorted({k for c in cands for k in c.tp_groups})
+    feats = np.array([[c.devices.get(k, 0) for k in dev_keys] + [c.tp_groups.get(k, 0) for k in tp_keys]
+                      + [c.partition.bottleneck_s, c.partition.fill_s, c.partition.optimizer_s,
+                         max(c.partition.stage_param_bytes)] for c in cands], dtype=np.float64)
     order = sorted(range(len(cands)), key=lambda i: (cands[i].partition.bottleneck_s, cands[i].partition.fill_s,
                                                      cands[i].num_devices, i))
+    kept_idx: dict[int, list[int]] = {}
     kept: list[Candidate] = []
-    by_b: dict[int, list[Candidate]] = {}
     for i in order:
-        c = cands[i]
-        if any(dominates(k, c) for k in by_b.get(c.micro_batch_size, ())):
+        same_b = kept_idx.setdefault(cands[i].micro_batch_size, [])
+        if same_b and np.any(np.all(feats[same_b] <= feats[i], axis=1)):
             continue
-        kept.append(c)
-        by_b.setdefault(c.micro_batch_size, []).append(c)
+        same_b.append(i)
+        kept.append(cands[i])
     return kept

@@ -5,7 +5,8 @@ exhaustive oracle all minimise) prices a multiset of candidate copies as
 
     T = T_pipe + T_sync + T_opt
     T_pipe = least T with sum_c x_c * cap_c(T) >= G      (data balance, exact)
-    T_sync = max over used c of max_s ring(W_s, h, link)  (block-wise sync, h = sum_c x_c)
+    T_sync = block-wise ring all-reduces of the used candidates' blocks (h = sum_c x_c), the
+             slowest stage's sum; the CP-SAT model uses its relaxation max_c max_s ring(W_s, h)
     T_opt  = max over used c of its slowest optimizer step
 
 where ``ring`` is :func:`hpp.formulation.cost_model.ring_allreduce_s` and ``link``
@@ -22,6 +23,7 @@ step; objective T_pipe + T_sync + T_opt. The greedy plan goes in as a hint.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -29,20 +31,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from hpp.formulation.candidates import Candidate, tp_capacity
+from hpp.formulation.cost_model import ring_allreduce_s
 from hpp.formulation.data_balance import least_time_s
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
            "pipeline_time_for_counts", "greedy_composition", "solve_composition_cpsat", "SolverSettings",
-           "lp_lower_bound_pipe_s"]
+           "lp_lower_bound_pipe_s", "composition_lower_bound_s", "block_sync_s", "fill_heuristic", "solo_objective_s"]
 
 log = logging.getLogger(__name__)
 
 US_PER_S = 1_000_000
-_RING_SCALE = 1000   # 2(h-1)/h in thousandths inside CP-SAT
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class SolverSettings:
     num_workers: int = 0          # 0 = one per core
     random_seed: int = 0
     log_search_progress: bool = False
+    max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)
 
 
 @dataclass
@@ -79,27 +83,39 @@ class CompositionProblem:
             got = self._tp_cache[key] = tp_capacity(self.cluster, device_type, tp_degree)
         return got
 
-    def sync_terms(self, c: int) -> tuple[float, float]:
-        """(bandwidth term [s], latency per ring step [s]) of candidate ``c``'s gradient sync.
+    def sync_s(self, c: int, h: int) -> float:
+        """Gradient sync of one copy of candidate ``c`` among ``h`` pipelines [s] (memoised).
 
-        sync_c(h) = bandwidth_term * 2 (h-1)/h + latency * 2 (h-1): a ring all-reduce of
-        the largest stage's gradient W (one bucket) at the link's bandwidth for a
-        message of W bytes (:func:`~hpp.formulation.cost_model.ring_allreduce_s` with
-        the bandwidth taken at the whole bucket).
+        The slowest stage's ring all-reduce of its whole gradient (one bucket) among the h
+        holders, :func:`~hpp.formulation.cost_model.ring_allreduce_s` (bandwidth at the ring's
+        chunk size, as in the cost model; the cost model splits a stage's gradient further
+        into blocks).
         """
-        got = self._sync_cache.get(c)
+        key = (c, h)
+        got = self._sync_cache.get(key)
         if got is None:
-            w = max(self.candidates[c].partition.stage_param_bytes)
-            got = (w / self.sync_link.bandwidth_bytes_per_s(w) if w > 0 else 0.0, self.sync_link.latency_s)
-            self._sync_cache[c] = got
+            got = self._sync_cache[key] = max(ring_allreduce_s(w, h, self.sync_link)
+                                              for w in self.candidates[c].partition.stage_param_bytes)
         return got
 
-    def sync_s(self, c: int, h: int) -> float:
-        """Gradient sync of one copy of candidate ``c`` among ``h`` pipelines [s]."""
-        if h <= 1:
-            return 0.0
-        bw_term, lat = self.sync_terms(c)
-        return bw_term * 2.0 * (h - 1) / h + lat * 2.0 * (h - 1)
+    def sync_table_us(self, c: int, max_pipelines: int) -> list[int]:
+        """``[sync_s(c, h) in integer microseconds (rounded up) for h = 1 .. max_pipelines]``, vectorised."""
+        h = np.arange(1, max_pipelines + 1, dtype=np.float64)
+        link = self.sync_link
+        worst = np.zeros_like(h)
+        for w in self.candidates[c].partition.stage_param_bytes:
+            if w <= 0:
+                continue
+            chunk = w / h
+            bw = np.full_like(h, link.max_bytes_per_s)
+            if link.fit_gb_per_s is not None:
+                a, b, cc = link.fit_gb_per_s
+                x = np.log2(np.maximum(chunk, 1.0) / 1e6)
+                fit = (a * x * x + b * x + cc) * 1e9
+                bw = np.where(fit > 0, np.minimum(fit, link.max_bytes_per_s), link.max_bytes_per_s)
+            t = 2.0 * (h - 1) / h * w / bw + 2.0 * (h - 1) * link.latency_s
+            worst = np.maximum(worst, t)
+        return [int(v) for v in np.ceil(worst * US_PER_S - 1e-6)]
 
     def max_copies(self, c: int) -> int:
         cand = self.candidates[c]
@@ -136,6 +152,30 @@ def pipeline_time_for_counts(cands: Sequence[Candidate], counts: dict[int, int],
     return least_time_s(groups, global_batch_size)
 
 
+def block_sync_s(problem: CompositionProblem, used: Sequence[int], h: int) -> float:
+    """Block-wise gradient sync of ``h`` pipelines built from candidates ``used`` [s].
+
+    As :func:`hpp.formulation.cost_model.estimate_plan` prices it: blocks from the union of the
+    used candidates' boundaries; block j is ring-all-reduced among the h holders with the largest
+    holder's bytes; a device serialises the blocks of its stage; T_sync = the slowest stage.
+    Never below :meth:`CompositionProblem.sync_s` (splitting a gradient into blocks adds latency
+    and lowers the fitted bandwidth), so the CP-SAT model's per-stage bucket is a relaxation.
+    """
+    if h <= 1:
+        return 0.0
+    cands = [problem.candidates[c] for c in used]
+    cuts = sorted({b for c in cands for b in c.partition.boundaries})
+    blocks = list(zip(cuts, cuts[1:]))
+    ring = [ring_allreduce_s(max(sum(c.partition.layer_param_bytes[lo:hi]) for c in cands), h, problem.sync_link)
+            for lo, hi in blocks]
+    worst = 0.0
+    for c in cands:
+        bnd = c.partition.boundaries
+        for lo, hi in zip(bnd, bnd[1:]):
+            worst = max(worst, sum(r for (blo, _), r in zip(blocks, ring) if lo <= blo < hi))
+    return worst
+
+
 def composition_objective_s(problem: CompositionProblem, counts: dict[int, int]) -> float:
     """T_pipe + T_sync + T_opt of ``counts`` copies (see the module docstring) [s]; inf if empty."""
     counts = {c: x for c, x in counts.items() if x > 0}
@@ -143,7 +183,7 @@ def composition_objective_s(problem: CompositionProblem, counts: dict[int, int])
         return math.inf
     h = sum(counts.values())
     t_pipe = pipeline_time_for_counts(problem.candidates, counts, problem.global_batch_size)
-    t_sync = max(problem.sync_s(c, h) for c in counts)
+    t_sync = block_sync_s(problem, list(counts), h)
     t_opt = max(problem.candidates[c].partition.optimizer_s for c in counts)
     return t_pipe + t_sync + t_opt
 
@@ -198,6 +238,80 @@ def greedy_composition(problem: CompositionProblem) -> tuple[dict[int, int], flo
                 if obj < best[1]:
                     best = (pref, obj)
     return best
+
+
+def solo_objective_s(problem: CompositionProblem, c: int) -> float:
+    """Objective of filling the inventory with copies of candidate ``c`` alone [s] (inf if none fit)."""
+    x = problem.max_copies(c)
+    return composition_objective_s(problem, {c: x}) if x > 0 else math.inf
+
+
+def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict[int, int], float]:
+    """Heuristic (no bound): combine per-device-type fills, top up with mixed pipelines, then trim.
+
+    1. Rank every candidate by :func:`solo_objective_s` (its copies alone, as many as fit).
+    2. For each device type, keep the ``top_k`` single-type candidates; try every combination
+       (one candidate per type, or none) with as many copies as fit.
+    3. Top the best combination up with copies of multi-type candidates that use leftover devices.
+    4. Trim: fewer copies of a candidate when that is faster (less gradient sync / fill).
+
+    Returns
+    -------
+    (counts, objective_s)
+    """
+    cands = problem.candidates
+    if not cands:
+        return {}, math.inf
+    solo = [solo_objective_s(problem, c) for c in range(len(cands))]
+    by_type: dict[str, list[int]] = {}
+    mixed: list[int] = []
+    for c, cand in enumerate(cands):
+        if not math.isfinite(solo[c]):
+            continue
+        if len(cand.devices) == 1:
+            by_type.setdefault(next(iter(cand.devices)), []).append(c)
+        else:
+            mixed.append(c)
+    options = [[None, *sorted(cs, key=solo.__getitem__)[:top_k]] for cs in by_type.values()]
+    mixed.sort(key=solo.__getitem__)
+
+    def fill(counts: dict[int, int], order: list[int]) -> dict[int, int]:
+        counts = dict(counts)
+        for c in order:
+            while True:
+                counts[c] = counts.get(c, 0) + 1
+                if not problem.fits(counts):
+                    counts[c] -= 1
+                    if counts[c] == 0:
+                        del counts[c]
+                    break
+        return counts
+
+    best: tuple[dict[int, int], float] = ({}, math.inf)
+    for combo in itertools.product(*options):
+        chosen = [c for c in combo if c is not None]
+        counts = {c: problem.max_copies(c) for c in chosen}
+        counts = fill(counts, mixed[:top_k])
+        obj = composition_objective_s(problem, counts)
+        if obj < best[1]:
+            best = (counts, obj)
+    counts, obj = best
+    improved = True
+    while improved and counts:
+        improved = False
+        for c in list(counts):
+            for f in (0.5, 0.75, 0.9):
+                trial = dict(counts)
+                trial[c] = int(counts[c] * f)
+                if trial[c] == counts[c]:
+                    continue
+                if trial[c] == 0:
+                    del trial[c]
+                t = composition_objective_s(problem, trial)
+                if t < obj * (1 - 1e-12):
+                    counts, obj, improved = trial, t, True
+                    break
+    return counts, obj
 
 
 @dataclass(frozen=True)
@@ -292,13 +406,12 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     for c in range(n):
         p = cands[c].partition
         m.add(t_pipe >= _us(p.fill_s - p.bottleneck_s) + k[c] * _us(p.bottleneck_s)).only_enforce_if(used[c])
-    # --- gradient sync: bw_c * 2(h-1)/h + lat * 2(h-1); one shared element for 2(h-1)/h (scaled by _RING_SCALE)
-    ring = m.new_int_var(0, 2 * _RING_SCALE, "ring_factor")
-    m.add_element(h, [0] + [int(round(2 * (hh - 1) / hh * _RING_SCALE)) for hh in range(1, H + 1)], ring)
+    # --- gradient sync: a table over the number of pipelines h per candidate
     for c in range(n):
-        bw_term, lat = problem.sync_terms(c)
-        coef = _us(bw_term)
-        m.add(t_sync * _RING_SCALE >= coef * ring + _RING_SCALE * _us(2 * lat) * (h - 1)).only_enforce_if(used[c])
+        table = [0] + problem.sync_table_us(c, H)
+        sync_c = m.new_int_var(0, max(table), f"sync_{c}")
+        m.add_element(h, table, sync_c)
+        m.add(t_sync >= sync_c).only_enforce_if(used[c])
     # --- optimizer step
     for c in range(n):
         m.add(t_opt >= _us(cands[c].partition.optimizer_s)).only_enforce_if(used[c])
@@ -338,35 +451,90 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     return CompositionResult(counts, name, obj, bound, max(0.0, gap), wall, n)
 
 
+class _CapacityLP:
+    """LP relaxation of the samples a set of candidates can finish by time T (GLOP, one model reused)."""
+
+    def __init__(self, problem: CompositionProblem, allowed: Sequence[int]) -> None:
+        from ortools.linear_solver import pywraplp
+
+        self._pywraplp = pywraplp
+        self.problem = problem
+        self.cands = [problem.candidates[c] for c in allowed]
+        self.lp = pywraplp.Solver.CreateSolver("GLOP")
+        self.xs = [self.lp.NumVar(0.0, self.lp.infinity(), f"x_{i}") for i in range(len(self.cands))]
+        for t, n in problem.inventory.items():
+            ct = self.lp.Constraint(0.0, float(n))
+            for x, cand in zip(self.xs, self.cands):
+                if t in cand.devices:
+                    ct.SetCoefficient(x, float(cand.devices[t]))
+        self.obj = self.lp.Objective()
+        self.obj.SetMaximization()
+
+    def capacity(self, T: float) -> float:
+        """max sum_c x_c b_c ((T - phi_c)/tau_c + 1) over fractional copies of the candidates."""
+        any_rate = False
+        for x, cand in zip(self.xs, self.cands):
+            p = cand.partition
+            rate = cand.micro_batch_size * ((T - p.fill_s) / p.bottleneck_s + 1.0) if T >= p.fill_s else 0.0
+            self.obj.SetCoefficient(x, rate)
+            any_rate |= rate > 0
+        if not any_rate or self.lp.Solve() != self._pywraplp.Solver.OPTIMAL:
+            return 0.0
+        return self.obj.Value()
+
+    def least_time_s(self, *, iterations: int = 22) -> float:
+        """Least T whose relaxed capacity covers G (a lower bound on T_pipe of any plan of these candidates)."""
+        if not self.cands:
+            return math.inf
+        G = self.problem.global_batch_size
+        lo, hi = 0.0, min(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
+                          for c in self.cands)
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            if self.capacity(mid) >= G:
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+
 def lp_lower_bound_pipe_s(problem: CompositionProblem) -> float:
     """Lower bound on T_pipe: least T whose LP-relaxed capacity (fractional copies) covers G [s].
 
     capacity(T) = max sum_c x_c b_c (floor((T - phi_c)/tau_c) + 1) over x >= 0 in the
     inventory polytope; relaxing the floor to (T - phi_c)/tau_c + 1 keeps it an upper
     bound of the true capacity, so the least T found is a valid lower bound. Solved with
-    scipy's HiGHS LP inside a bisection.
+    OR-Tools' GLOP LP inside a bisection.
     """
-    from scipy.optimize import linprog
+    return _CapacityLP(problem, range(len(problem.candidates))).least_time_s()
 
+
+def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int = 4) -> float:
+    """Lower bound on the composition objective T_pipe + T_sync + T_opt [s], sync included.
+
+    Sync classes: a plan of h >= 2 pipelines has T_sync >= sync_c(2) for every candidate c it
+    uses (sync grows with h). For thresholds 0 = s_0 < s_1 < ... < s_K = inf, a plan whose sync
+    lies in [s_i, s_{i+1}) uses only candidates with sync_c(2) < s_{i+1}, so its objective is at
+    least s_i + LB_pipe(those candidates) + their least optimizer step. One-pipeline plans
+    (no sync) need at least the fastest single copy's time. The bound is the least over the
+    classes (LB_pipe: :class:`_CapacityLP`).
+    """
     cands = problem.candidates
-    types = sorted(problem.inventory)
-    A = [[c.devices.get(t, 0) for c in cands] for t in types]
-    bnd = [problem.inventory[t] for t in types]
+    if not cands:
+        return math.inf
     G = problem.global_batch_size
-
-    def cap(T: float) -> float:
-        rate = [-(c.micro_batch_size * max(0.0, (T - c.partition.fill_s) / c.partition.bottleneck_s + 1.0))
-                if T >= c.partition.fill_s else 0.0 for c in cands]
-        if not any(rate):
-            return 0.0
-        res = linprog(rate, A_ub=A, b_ub=bnd, bounds=(0, None), method="highs")
-        return -res.fun if res.status == 0 else 0.0
-
-    lo, hi = 0.0, min(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s for c in cands)
-    for _ in range(40):
-        mid = 0.5 * (lo + hi)
-        if cap(mid) >= G:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    single = min(c.partition.fill_s + (-(-G // c.micro_batch_size) - 1) * c.partition.bottleneck_s
+                 + c.partition.optimizer_s for c in cands)
+    s2 = [problem.sync_s(c, 2) for c in range(len(cands))]
+    levels = sorted(set(s2))
+    cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
+    thresholds = [0.0, *cuts]
+    best = single
+    for i, lo in enumerate(thresholds):
+        hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
+        allowed = [c for c in range(len(cands)) if s2[c] < hi]
+        if not allowed:
+            continue
+        t_opt = min(cands[c].partition.optimizer_s for c in allowed)
+        best = min(best, lo + _CapacityLP(problem, allowed).least_time_s() + t_opt)
+    return best

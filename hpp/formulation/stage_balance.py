@@ -63,6 +63,8 @@ class Partition:
         (S,) parameter bytes per device of each stage (the gradient it all-reduces).
     stage_memory_bytes : tuple[float, ...]
         (S,) predicted peak memory per device with S - i micro-batches in flight.
+    layer_param_bytes : tuple[float, ...]
+        (L,) parameter bytes of layer l per device of the stage that holds it (for block-wise sync).
     """
 
     boundaries: tuple[int, ...]
@@ -72,6 +74,7 @@ class Partition:
     optimizer_s: float
     stage_param_bytes: tuple[float, ...]
     stage_memory_bytes: tuple[float, ...]
+    layer_param_bytes: tuple[float, ...] = ()
 
     def pipeline_time_s(self, num_micro_batches: int) -> float:
         """1F1B time for ``num_micro_batches`` micro-batches [s] (0 for none)."""
@@ -177,6 +180,7 @@ class StageBalancer:
         opt = 0.0
         params = []
         mems = []
+        layer_params: list[float] = []
         S = len(shape)
         for i, kind in enumerate(shape):
             tab = self.cache.table(kind.device_type, kind.tp_degree, micro_batch_size)
@@ -184,4 +188,6 @@ class StageBalancer:
             opt = max(opt, float(tab.optimizer_s[lo, hi]))
             params.append(float(tab.param_bytes[lo, hi]))
             mems.append(float(tab.memory_bytes(S - i, rec[i])[lo, hi]))
-        return Partition(tuple(bounds), tuple(rec), float(rb[0]), float(rs[0]), opt, tuple(params), tuple(mems))
+            layer_params.extend(float(tab.param_bytes[l, l + 1]) for l in range(lo, hi))
+        return Partition(tuple(bounds), tuple(rec), float(rb[0]), float(rs[0]), opt, tuple(params), tuple(mems),
+                         tuple(layer_params))
