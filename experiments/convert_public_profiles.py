@@ -76,7 +76,10 @@ def notice_text(sailor: Path, models: Sequence[str]) -> str:
             f"network/multizone_bandwidths_het.json (zone {NETWORK_ZONE} only)\n"
             f"- the device table in hpp/profiles/devices.py: cluster-basic.json\n"
             f"Conversion rules: hpp/profiles/public.py and hpp/profiles/network.py; generator:\n"
-            f"experiments/convert_public_profiles.py.\n\n--- Sailor LICENSE ---\n{licence}")
+            f"experiments/convert_public_profiles.py.\n\n"
+            f"Not derived from Sailor: profile-gpt-tiny.json was measured by hpp itself (`hpp profile\n"
+            f"--model gpt-tiny --device cpu`); its machine, torch version, date and load are recorded in it.\n\n"
+            f"--- Sailor LICENSE ---\n{licence}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,8 +10,9 @@
   stages are device groups (powers of two within a node) and its layers are balanced
   unequally across heterogeneous stages (the stage-balance DP). The search enumerates
   DP degrees, device-group orderings (every order of the type groups), the split of
-  each type into groups and micro-batch sizes, and prices EVERY candidate with the
-  full cost model without memoisation, as those planners do.
+  each type into groups and micro-batch sizes, and stage-balances EVERY candidate anew
+  (no DP memoisation, as those planners do) and prices it with the composition model;
+  the winner is re-priced with the full cost model.
 - ``exhaustive``: every composition of candidate pipelines (all shapes, counts and
   exact data splits, no pruning), small clusters only: the optimality oracle of the
   composition model.
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.binding import bind_devices
+from hpp.formulation.candidates import Candidate, SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.formulation.stage_balance import StageBalancer, StageKind
@@ -158,38 +160,41 @@ def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_
     """
     t0 = time.perf_counter()
     truncated = False
-    best: tuple[float, Plan | None, str] = (math.inf, None, "no feasible single shape")
+    best: tuple[float, Any, str] = (math.inf, None, "no feasible single shape")
     n_cands = 0
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
     link = pipeline_link(cluster)
+    # profile tables are read once (as Metis/AMP load their profiles once); every candidate is then
+    # stage-balanced anew (no DP memo) and priced with the composition model (its DP replicas, even split)
+    cache = StageCostCache(profile, caps, link, config)
     for dp, shape, b in _single_shape_candidates(cluster, profile, space):
         if ((max_candidates is not None and n_cands >= max_candidates)
                 or (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s)):
             truncated = True
             break
         n_cands += 1
-        # a fresh, un-memoised balancer per candidate: as Metis/AMP price each candidate anew
-        cache = StageCostCache(profile, caps, link, config, enabled=False)
         part = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=False).balance(shape, b)
         if part is None:
             continue
-        try:
-            plan = _bind_replicas(cluster, profile, global_batch_size, shape, part, b, dp)
-        except HppInputError:
-            continue
-        t = _price(plan, cluster, profile, config)
+        cand = Candidate(shape, b, part, {}, {})
+        t = composition_objective_s(CompositionProblem([cand], cluster, global_batch_size, link), {0: dp})
         if t < best[0]:
-            best = (t, plan, f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}] b={b}")
+            best = (t, (dp, shape, part, b), f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}]"
+                                            f" b={b}")
+    plan, t_plan = None, math.inf
+    if best[1] is not None:
+        dp, shape, part, b = best[1]
+        plan = _bind_replicas(cluster, profile, global_batch_size, shape, part, b, dp)
+        t_plan = _price(plan, cluster, profile, config)     # the winner, priced by the full cost model
+        if not math.isfinite(t_plan):
+            plan = None
     wall = time.perf_counter() - t0
     desc = best[2] + (f" (search truncated after {n_cands} candidates, {wall:.0f} s)" if truncated else "")
-    return BaselineResult("single-shape", best[1], best[0], global_batch_size / best[0] if best[1] else 0.0, wall,
+    return BaselineResult("single-shape", plan, t_plan, global_batch_size / t_plan if plan else 0.0, wall,
                           desc, n_cands)
 
 
 def _bind_replicas(cluster, profile, gbs, shape, part, b, dp) -> Plan:
-    from hpp.formulation.binding import bind_devices
-    from hpp.formulation.candidates import Candidate
-
     cand = Candidate(shape, b, part, {}, {})
     ids = bind_devices(cluster, [cand] * dp)
     pipes = []
@@ -253,6 +258,9 @@ def run_baselines(cluster: Cluster, profile: ModelProfile, global_batch_size: in
 
     ``time_budget_s`` caps the single-shape enumeration (its result then says it was truncated).
     """
+    if global_batch_size < 1:
+        raise HppInputError(f"global batch size {global_batch_size}", field="global_batch_size",
+                            fix="give a positive integer")
     out: dict[str, Any] = {}
     if "uniform" in names:
         out["uniform"] = uniform_baseline(cluster, profile, global_batch_size, space=space, config=config)

@@ -82,22 +82,45 @@ def _print_estimate(est, plan, out=sys.stdout) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
+def _check_plan_args(args) -> None:
+    """Refuse out-of-range numbers before anything is computed (exit 2, naming the flag)."""
+    checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--max-stages", args.max_stages, 1),
+              ("--workers", args.workers, 0))
+    for flag, value, minimum in checks:
+        if value is not None and value < minimum:
+            raise HppInputError(f"{flag} {value}", field=flag, fix=f"give an integer >= {minimum}")
+    if not args.time_limit > 0:
+        raise HppInputError(f"--time-limit {args.time_limit}", field="--time-limit", fix="give a positive number of seconds")
+    if args.micro_batch_sizes is not None and (not args.micro_batch_sizes or min(args.micro_batch_sizes) < 1):
+        raise HppInputError(f"--micro-batch-sizes {args.micro_batch_sizes}", field="--micro-batch-sizes",
+                            fix="give positive integers, e.g. 1,2,4")
+    if args.scenario and (args.cluster or args.profile or args.model):
+        raise HppInputError("--scenario cannot be combined with --cluster/--profile/--model", field="--scenario",
+                            fix="use either a bundled scenario or your own cluster and profile")
+
+
 def _inputs_from_args(args) -> tuple[Any, Any, int, str]:
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.profiles.cluster import load_cluster
     from hpp.profiles.model_profile import load_profile
     from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
 
+    _check_plan_args(args)
     if args.cluster or args.profile or args.model:
+        if args.profile and args.model:
+            raise HppInputError("give --profile or --model, not both", field="--model",
+                                fix="--profile FILE for your own profile, --model NAME for a bundled one")
+        # the profile first: an unknown --model is named as such, whatever the cluster
+        profile = load_profile(args.profile) if args.profile else load_bundled_profile(args.model or "OPT-350")
         if not args.cluster:
             raise HppInputError("--cluster is required with --profile/--model", field="--cluster",
                                 fix="give a cluster JSON file, or use --scenario")
         cluster = load_cluster(args.cluster)
-        profile = load_profile(args.profile) if args.profile else load_bundled_profile(args.model or "OPT-350")
-        gbs = args.gbs or 1024
+        gbs = args.gbs if args.gbs is not None else 1024
         return cluster, profile, gbs, Path(args.cluster).stem
     sc = get_scenario(args.scenario or DEFAULT_SCENARIO)
-    return sc.cluster(), load_bundled_profile(sc.model), args.gbs or sc.global_batch_size, sc.name
+    return sc.cluster(), load_bundled_profile(sc.model), args.gbs if args.gbs is not None else sc.global_batch_size, \
+        sc.name
 
 
 def cmd_plan(args) -> int:
@@ -162,23 +185,27 @@ def cmd_plan(args) -> int:
 
 def cmd_estimate(args) -> int:
     from hpp.formulation.cost_model import estimate_plan
-    from hpp.resolve import load_plan_inputs
+    from hpp.interop import load_any_plan
+    from hpp.plan import write_plan_json
 
     profile = None
     if args.model:
         from hpp.profiles.bundled import load_bundled_profile
         profile = load_bundled_profile(args.model)
-    if args.format not in (None, "hpp"):
-        raise HppInputError(f"--format {args.format} is not supported yet", field="--format",
-                            fix="use an hpp plan (format hpp)")
-    plan, cluster, profile = load_plan_inputs(args.plan, profile=profile)
+    plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
     est = estimate_plan(plan, cluster, profile)
+    if args.out:
+        write_plan_json(plan, args.out)
     if args.json:
-        print(json.dumps({"plan": str(args.plan), "model": plan.model, "predicted": _estimate_json(est)}, indent=1))
+        print(json.dumps({"plan": str(args.plan), "format": plan.predicted.get("imported_from", "hpp"),
+                          "model": plan.model, "predicted": _estimate_json(est)}, indent=1))
         return 0
-    print(f"plan {args.plan}: {plan.model}, {plan.num_pipelines} pipelines on {plan.num_devices} devices, "
-          f"global batch {plan.global_batch_size}")
+    src = plan.predicted.get("imported_from")
+    print(f"plan {args.plan}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
+          f"{plan.num_devices} devices, global batch {plan.global_batch_size}")
     _print_estimate(est, plan)
+    if args.out:
+        print(f"hpp plan written to {args.out}")
     return 0
 
 
@@ -230,7 +257,10 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("estimate", help="validate a plan and predict its iteration time and memory")
     e.add_argument("plan", type=Path)
     e.add_argument("--model", help="bundled profile to use instead of the plan's")
-    e.add_argument("--format", choices=["hpp", "sailor", "metis"], help="plan format (default: hpp)")
+    e.add_argument("--format", choices=["hpp", "sailor", "metis"],
+                   help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop.py)")
+    e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
+    e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_estimate)
 

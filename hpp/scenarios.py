@@ -1,9 +1,16 @@
-"""Bundled planning scenarios on the real (Sailor) profiles.
+"""Bundled planning scenarios on the real (Sailor) profiles, and emulated CPU clusters.
 
 Each scenario names a bundled model profile, a global batch size and a cluster of
 whole nodes (4 GPUs per node for A100/V100/GH-96, 8 for the RTX types, the
 ``gpus_per_node`` of :data:`~hpp.profiles.devices.BUNDLED_DEVICE_TYPES`). Links
 come from Sailor's measured network fits (:mod:`hpp.profiles.network`).
+
+A scenario that carries its own ``device_types`` (emulated CPU "devices": a
+slowdown factor and a memory cap each) builds its cluster from those instead,
+one node per type, with the loopback link of :data:`CPU_LINK`; its model profile
+is a bundled CPU profile measured by ``hpp profile`` (``cpu-hetero-4``: gpt-tiny,
+``hpp/profiles/data/profile-gpt-tiny.json``). Run its plans with
+``hpp run PLAN.json --emulate-speed``.
 """
 
 from __future__ import annotations
@@ -12,25 +19,41 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from hpp.errors import HppInputError
-from hpp.profiles.cluster import Cluster, Node
-from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
+from hpp.profiles.cluster import Cluster, Link, Node
+from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType
 from hpp.profiles.network import default_inter_node_link, default_intra_node_link
 
-__all__ = ["Scenario", "SCENARIOS", "DEFAULT_SCENARIO", "get_scenario", "make_cluster"]
+__all__ = ["Scenario", "SCENARIOS", "DEFAULT_SCENARIO", "CPU_LINK", "get_scenario", "make_cluster",
+           "make_emulated_cluster"]
+
+#: Link between emulated CPU devices (gloo over loopback, one host): 1 GB/s and 50 us per message,
+#: the figures the runtime's tests plan with. p2p messages of gpt-tiny are 64 KiB - 1 MiB.
+CPU_LINK = Link(1e9, 5e-5)
 
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """A bundled planning problem: model, global batch size, GPUs per device type."""
+    """A bundled planning problem: model, global batch size, devices per device type.
+
+    Attributes
+    ----------
+    gpus : tuple of (device type, count)
+    device_types : tuple of DeviceType
+        Emulated device types the scenario defines itself (empty: the bundled GPU types,
+        nodes and links of :func:`make_cluster`).
+    """
 
     name: str
     model: str
     global_batch_size: int
     gpus: tuple[tuple[str, int], ...]
     description: str = ""
+    device_types: tuple[DeviceType, ...] = ()
 
     def cluster(self) -> Cluster:
-        """The scenario's cluster (whole nodes, measured links)."""
+        """The scenario's cluster (whole nodes; measured links, or :data:`CPU_LINK` for emulated types)."""
+        if self.device_types:
+            return make_emulated_cluster(self.name, self.device_types, dict(self.gpus))
         return make_cluster(self.name, dict(self.gpus))
 
 
@@ -59,6 +82,38 @@ def make_cluster(name: str, gpus: Mapping[str, int]) -> Cluster:
     return Cluster(name, dict(BUNDLED_DEVICE_TYPES), tuple(nodes), default_inter_node_link(gpus))
 
 
+def make_emulated_cluster(name: str, device_types: tuple[DeviceType, ...], counts: Mapping[str, int], *,
+                          link: Link = CPU_LINK) -> Cluster:
+    """A cluster of emulated devices: ``counts[type]`` devices per type in nodes of ``gpus_per_node``.
+
+    Every link (inside and across nodes) is ``link``: the devices are processes of one host.
+
+    Raises
+    ------
+    HppInputError
+        A count names a type not in ``device_types``, or is not positive.
+    """
+    types = {d.name: d for d in device_types}
+    nodes = []
+    for dtype, count in counts.items():
+        if dtype not in types:
+            raise HppInputError(f"unknown device type {dtype!r}", field="gpus", fix=f"use one of {sorted(types)}")
+        if count <= 0:
+            raise HppInputError(f"{count} devices of {dtype}", field="gpus", fix="give a positive count")
+        while count > 0:
+            n = min(types[dtype].gpus_per_node, count)
+            nodes.append(Node(dtype, n, link))
+            count -= n
+    return Cluster(name, types, tuple(nodes), link)
+
+
+#: cpu-hetero-4's device types: the profiled CPU (one compute thread per rank) and one 2x slower.
+#: Memory caps [bytes] (planning constraints; the runtime does not enforce them on CPU): a fast
+#: device holds the whole gpt-tiny model (weights + grads + Adam states 15.6 MB, plus activations:
+#: 26 MB at micro-batch 2 as a one-stage pipeline), a slow one at most about half of it (layers
+#: [0, 3) at micro-batch 2 need 18.5 MB on a first stage, 12.7 MB with full recomputation).
+CPU_HETERO_TYPES = (DeviceType("cpu", 40_000_000, 2), DeviceType("cpu-2x", 16_000_000, 2, slowdown=2.0))
+
 SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in (
     Scenario("opt350-a100x4-v100x4", "OPT-350", 1024, (("A100-40", 4), ("V100-16", 4))),
     Scenario("opt350-a100x8-v100x8", "OPT-350", 1024, (("A100-40", 8), ("V100-16", 8)), "the default"),
@@ -68,6 +123,9 @@ SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in (
     Scenario("opt350-512", "OPT-350", 2048, (("A100-40", 128), ("V100-16", 384))),
     Scenario("opt350-1024-4types", "OPT-350", 4096,
              (("A100-40", 256), ("A100-80", 256), ("V100-16", 256), ("GH-96", 256))),
+    Scenario("cpu-hetero-4", "gpt-tiny", 32, (("cpu", 2), ("cpu-2x", 2)),
+             "4 emulated CPU devices (2 at 1x, 2 at 2x slower, smaller memory); hpp run --emulate-speed",
+             device_types=CPU_HETERO_TYPES),
 )}
 
 DEFAULT_SCENARIO = "opt350-a100x8-v100x8"

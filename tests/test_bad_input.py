@@ -79,3 +79,17 @@ def test_cluster_file_errors(tmp_path, capsys):
     assert main(["plan", "--cluster", str(c), "--model", "OPT-350"]) == 2
     err = capsys.readouterr().err
     assert "nodes[0].intra_node_bandwidth_bytes_per_s" in err and "bandwidth" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--gbs", "0"], "--gbs 0"),
+    (["plan", "--gbs", "-5"], "--gbs -5"),
+    (["plan", "--time-limit", "-1"], "--time-limit -1"),
+    (["plan", "--max-stages", "0"], "--max-stages 0"),
+    (["plan", "--model", "nope"], "no bundled profile for model 'nope'"),
+    (["plan", "--scenario", "opt350-512", "--model", "OPT-350"], "cannot be combined"),
+])
+def test_plan_flags_out_of_range(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Fix:" in err[0]

@@ -31,3 +31,40 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     assert ran["measured"]["iteration_time_s"] > 0
     assert ran["predicted"]["iteration_time_s"] == pytest.approx(planned["predicted"]["iteration_time_s"], rel=1e-9)
     assert ran["collectives"]["count"] >= 1
+
+
+def test_cpu_hetero_4_scenario_plans_from_bundled_profile(capsys):
+    """Issue 6: the bundled scenario carries its own emulated cluster and CPU profile; no files needed."""
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import get_scenario
+    sc = get_scenario("cpu-hetero-4")
+    cluster, profile = sc.cluster(), load_bundled_profile(sc.model)
+    assert cluster.count_by_type() == {"cpu": 2, "cpu-2x": 2}
+    assert cluster.device_types["cpu-2x"].slowdown == 2.0 and cluster.device_types["cpu"].slowdown == 1.0
+    assert cluster.device_types["cpu-2x"].memory_bytes < cluster.device_types["cpu"].memory_bytes
+    assert set(profile.device_types) == {"cpu", "cpu-2x"} and profile.model == "gpt-tiny"
+    assert {"machine", "torch", "date"} <= set(profile.meta) and "hpp profile" in profile.source
+    assert main(["plan", "--scenario", "cpu-hetero-4", "--time-limit", "5", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["plan"]["profile"] == {"name": "gpt-tiny"}
+    assert sum(p["num_samples"] for p in planned["plan"]["pipelines"]) == sc.global_batch_size
+    slow_layers = [s["layers"][1] - s["layers"][0] for p in planned["plan"]["pipelines"] for s in p["stages"]
+                   if s["device_type"] == "cpu-2x"]
+    assert slow_layers and max(slow_layers) < 6          # the memory cap keeps the whole model off a slow device
+    assert main(["scenarios"]) == 0 and "cpu-hetero-4" in capsys.readouterr().out
+
+
+@pytest.mark.distributed
+def test_cpu_hetero_4_plan_then_run(tmp_path, capsys):
+    """`hpp plan --scenario cpu-hetero-4 --out p.json && hpp run p.json --steps N` (fork here, to stay fast)."""
+    plan = tmp_path / "p.json"
+    assert main(["plan", "--scenario", "cpu-hetero-4", "--time-limit", "5", "--out", str(plan), "--quiet"]) == 0
+    capsys.readouterr()
+    png = tmp_path / "t.png"
+    assert main(["run", str(plan), "--steps", "3", "--launcher", "fork", "--emulate-speed", "--time-scale", "2",
+                 "--timeline", str(png), "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["predicted"]["time_scale"] == 2.0
+    assert ran["predicted"]["iteration_time_s"] > ran["predicted"]["plan_iteration_time_s"] > 0
+    assert ran["measured"]["iteration_time_s"] > 0 and png.stat().st_size > 10_000
+    assert all(r["time_scale"] == 2.0 for r in ran["ranks"])

@@ -19,7 +19,7 @@ from hpp.pruning.rules import PruningOptions
 from hpp.validate import validate_plan
 from tests.synthetic import toy_cluster, toy_profile
 
-FAST = SolverSettings(max_time_in_seconds=20.0, num_workers=1, random_seed=0)
+FAST = SolverSettings(max_time_in_seconds=30.0, num_workers=1, random_seed=0, patience_s=None)
 
 
 @st.composite
@@ -40,8 +40,9 @@ def instances(draw):
     return prof, cl, gbs
 
 
-def _brute_partition(cache, shape, b, L):
-    best = None
+def _brute_partitions(cache, shape, b, L):
+    """All memory-feasible partitions as (bottleneck, fill) pairs (no recomputation)."""
+    out = []
     S = len(shape)
     for cuts in itertools.combinations(range(1, L), S - 1):
         bnd = (0, *cuts, L)
@@ -56,10 +57,8 @@ def _brute_partition(cache, shape, b, L):
             times.append(tab.compute_none_s[lo, hi])
             fill += tab.compute_none_s[lo, hi] + 2 * tab.p2p_s[hi]
         if ok:
-            key = (max(times), fill)
-            if best is None or key[0] < best[0] * (1 - 1e-12) or (abs(key[0] - best[0]) <= 1e-12 * best[0] and key[1] < best[1]):
-                best = key
-    return best
+            out.append((max(times), fill))
+    return out
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,13 +71,19 @@ def test_stage_balance_equals_brute_force(inst, S):
     if len(shape) > prof.num_layers:
         return
     part = bal.balance(shape, 1)
-    brute = _brute_partition(cache, shape, 1, prof.num_layers)
-    if brute is None:
-        assert part is None
+    few = bal.balance(shape, 1, objective="fill")
+    brute = _brute_partitions(cache, shape, 1, prof.num_layers)
+    if not brute:
+        assert part is None and few is None
     else:
-        assert part is not None
-        assert part.bottleneck_s == pytest.approx(brute[0], rel=1e-9)
-        assert part.fill_s == pytest.approx(brute[1], rel=1e-9)
+        tau = min(t for t, _ in brute)
+        phi_at_tau = min(f for t, f in brute if t <= tau * (1 + 1e-12))
+        assert part.bottleneck_s == pytest.approx(tau, rel=1e-9)
+        assert part.fill_s == pytest.approx(phi_at_tau, rel=1e-9)
+        phi = min(f for _, f in brute)
+        tau_at_phi = min(t for t, f in brute if f <= phi * (1 + 1e-12))
+        assert few.fill_s == pytest.approx(phi, rel=1e-9)
+        assert few.bottleneck_s == pytest.approx(tau_at_phi, rel=1e-9)
 
 
 @settings(max_examples=200, deadline=None)
@@ -133,6 +138,7 @@ def test_plan_invariants(inst):
         assert "falls short by" in str(exc)
         return
     plan = res.plan
+    assert res.estimate.iteration_time_s == pytest.approx(res.composition.objective_s, rel=1e-6)
     validate_plan(plan, cl, prof)                       # layers, devices, samples, TP fit
     for p in plan.pipelines:
         covered = [l for s in p.stages for l in range(s.layer_start, s.layer_stop)]
@@ -143,10 +149,23 @@ def test_plan_invariants(inst):
     assert len(ids) == len(set(ids))
     est = estimate_plan(plan, cl, prof)
     assert est.fits_memory
-    # the searched plan is never slower than the baselines it can express (no seeding here)
-    for base in (uniform_baseline(cl, prof, gbs, space=SearchSpace(max_stages=3, allow_recompute=False)),):
-        if base.feasible and max(p.num_stages for p in base.plan.pipelines) <= 3:
-            assert res.estimate.iteration_time_s <= base.iteration_time_s * (1 + 1e-6)
+    # never slower than the baselines it can express. The search's stage balance keeps, per shape, the
+    # least-bottleneck and least-fill partitions only; a pipeline with slack could prefer a partition with
+    # less gradient sync (found by a fuzz: 103.664 s vs uniform's 103.632 s), so unseeded it is within 1 %,
+    # and seeded with the baselines' plans (as `hpp plan` runs it) never slower.
+    space = SearchSpace(max_stages=3)
+    bases = [uniform_baseline(cl, prof, gbs, space=SearchSpace(max_stages=3, allow_recompute=False)),
+             single_shape_baseline(cl, prof, gbs, space=space)]
+    expressible = {b.name: b for b in bases if b.feasible and all(
+        p.num_stages <= 3 and len({s.device_type for s in p.stages}) <= 2 for p in b.plan.pipelines)}
+    for base in expressible.values():
+        assert res.estimate.iteration_time_s <= base.iteration_time_s * 1.01
+    seeded = plan_hpp(cl, prof, gbs, space=space, settings=FAST,
+                      seed_plans={k: b.plan for k, b in expressible.items()})
+    validate_plan(seeded.plan, cl, prof)
+    assert estimate_plan(seeded.plan, cl, prof).fits_memory
+    for base in expressible.values():
+        assert seeded.estimate.iteration_time_s <= base.iteration_time_s * (1 + 1e-9)
 
 
 def test_default_scenario_beats_uniform_and_matches_or_beats_single_shape():

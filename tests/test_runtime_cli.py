@@ -26,8 +26,8 @@ def profile_ref():
     return {"embedded": profile_to_dict(scale_profile(prof, {"cpu-2x": 2.0}, base_device_type="cpu"))}
 
 
-def _plan(path, *, profile=None, stages0=((0, 3), (3, 6)), tp=1, num_layers=6, model="gpt-tiny"):
-    s0 = tuple(Stage(lo, hi, "cpu", 1, (i,)) for i, (lo, hi) in enumerate(stages0))
+def _plan(path, *, profile=None, stages0=((0, 3), (3, 6)), tp=1, num_layers=6, model="gpt-tiny", recompute="none"):
+    s0 = tuple(Stage(lo, hi, "cpu", 1, (i,), recompute) for i, (lo, hi) in enumerate(stages0))
     if tp == 2:
         s0 = (Stage(0, num_layers, "cpu", 2, (0, 1)),)
     p0 = Pipeline(s0, 2, 10)
@@ -52,9 +52,11 @@ def no_launch(monkeypatch):
     ("model", ["--model", "gpt-nope"], "the runtime has no model 'gpt-nope'"),
     ("layers", [], "model gpt-tiny has 6 layers but the plan has 7"),
     ("steps", ["--steps", "0"], "run at least 1 step"),
+    ("selective", [], "selective activation recomputation is not supported by hpp run"),
 ])
 def test_bad_input_is_refused_before_any_process(tmp_path, capsys, no_launch, case, args, needle):
-    kw = {"tp": {"tp": 2}, "invalid": {"stages0": ((0, 2), (3, 6))}, "layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7))}}.get(case, {})
+    kw = {"tp": {"tp": 2}, "invalid": {"stages0": ((0, 2), (3, 6))}, "layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7))},
+          "selective": {"recompute": "selective"}}.get(case, {})
     path = _plan(tmp_path / "p.json", **kw)
     steps = [] if "--steps" in args else ["--steps", "2"]
     assert run_main([path, *steps, *args]) == 2

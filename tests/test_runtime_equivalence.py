@@ -25,8 +25,8 @@ STEPS = 3
 TOL = 1e-6
 
 
-def _st(lo: int, hi: int, dev: int) -> Stage:
-    return Stage(lo, hi, "cpu", 1, (dev,))
+def _st(lo: int, hi: int, dev: int, recompute: str = "none") -> Stage:
+    return Stage(lo, hi, "cpu", 1, (dev,), recompute)
 
 
 def three_pipelines() -> Plan:
@@ -37,6 +37,14 @@ def three_pipelines() -> Plan:
     return Plan("micro", 6, 13, (Pipeline((_st(0, 2, 0), _st(2, 4, 1), _st(4, 6, 2)), 2, 7, "1F1B"),
                                  Pipeline((_st(0, 3, 3), _st(3, 6, 4)), 1, 1, "GPipe"),
                                  Pipeline((_st(0, 6, 5),), 3, 5, "1F1B")))
+
+
+def with_recompute() -> Plan:
+    """:func:`three_pipelines` with full recomputation on four of its six stages (first, middle and last
+    stages, the embedding and the head among them; the one-stage pipeline recomputes everything)."""
+    return Plan("micro", 6, 13, (Pipeline((_st(0, 2, 0, "full"), _st(2, 4, 1), _st(4, 6, 2, "full")), 2, 7, "1F1B"),
+                                 Pipeline((_st(0, 3, 3), _st(3, 6, 4, "full")), 1, 1, "GPipe"),
+                                 Pipeline((_st(0, 6, 5, "full"),), 3, 5, "1F1B")))
 
 
 def with_idle_pipeline() -> Plan:
@@ -63,6 +71,14 @@ def test_three_heterogeneous_pipelines_match_one_device(tmp_path):
     worst, nan, _n, results = _run(tmp_path, three_pipelines(), lr=0.5)
     assert not nan and worst <= TOL, worst
     assert sum(r["collectives"][-1]["launched_in_backward"] for r in results) > 0   # overlap really happened
+
+
+def test_recomputing_stages_match_one_device(tmp_path):
+    """Issue 9: stages that recompute (torch.utils.checkpoint) still train exactly like one device."""
+    worst, nan, _n, results = _run(tmp_path, with_recompute(), lr=0.5)
+    assert not nan and worst <= TOL, worst
+    assert [r["recompute"] for r in results] == ["full", "none", "full", "none", "full", "full"]
+    assert sum(r["collectives"][-1]["launched_in_backward"] for r in results) > 0   # hooks fire under checkpoint
 
 
 def test_control_without_block_allreduce_fails(tmp_path):

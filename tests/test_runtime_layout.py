@@ -108,3 +108,49 @@ def test_schedule_replay_matches_the_1f1b_formula():
     assert max(x + y for x, y in zip(f, b)) * 5 <= end(f, b, 5) <= formula(f, b, 5)          # bounds
     gp = simulate_pipeline(f, b, 2, "GPipe")
     assert [k for k, _i, _s, _e in gp[0]] == ["F", "F", "B", "B"]
+
+
+def _fwd_bwd(mod, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+    """Output, gradients by name and the bytes of non-parameter tensors saved for backward."""
+    params = {p.untyped_storage().data_ptr() for p in mod.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mod(x)
+    out.square().sum().backward()
+    return out.detach(), {n: p.grad.clone() for _l, n, p in mod.layer_parameters()}, sum(saved.values())
+
+
+def test_full_recompute_reruns_each_layer_and_keeps_only_inputs():
+    """recompute='full': same output and gradients (float64, exact), every layer forward twice, less kept."""
+    x = torch.randint(0, CFG.vocab_size, (3, CFG.seq_len))
+    plain = build_stage_module(CFG, 0, 5, seed=1, dtype=torch.float64)
+    ckpt = build_stage_module(CFG, 0, 5, seed=1, dtype=torch.float64, recompute="full")
+    calls: dict[str, int] = {}
+    for key, layer in ckpt.layers.items():      # count calls of forward itself (the recompute skips module hooks)
+        def counted(*args, _key=key, _fwd=layer.forward):
+            calls[_key] = calls.get(_key, 0) + 1
+            return _fwd(*args)
+        layer.forward = counted
+    out0, g0, kept0 = _fwd_bwd(plain, x)
+    out1, g1, kept1 = _fwd_bwd(ckpt, x)
+    assert torch.equal(out0, out1)
+    assert g0.keys() == g1.keys() and all(torch.allclose(g0[k], g1[k], rtol=0, atol=1e-12) for k in g0)
+    assert calls == {str(l): 2 for l in range(5)}
+    assert kept1 < kept0 / 3, (kept1, kept0)
+
+
+def test_selective_recompute_is_refused_with_the_stage_named():
+    with pytest.raises(HppInputError, match="selective activation recomputation is not supported"):
+        build_stage_module(CFG, 0, 2, seed=0, recompute="selective")
+    plan = Plan("micro", 6, 4, (Pipeline((_st(0, 3, 0), Stage(3, 6, "cpu", 1, (1,), "selective")), 2, 4),))
+    with pytest.raises(HppInputError) as info:
+        rank_roles(plan)
+    assert info.value.field == "pipelines[0].stages[1].recompute"
+    with pytest.raises(HppInputError, match="unknown recompute mode"):
+        build_stage_module(CFG, 0, 2, seed=0, recompute="partial")

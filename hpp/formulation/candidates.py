@@ -161,6 +161,9 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
                      pruning: PruningOptions) -> tuple[list[Candidate], dict[str, int]]:
     """Stage-balance every shape of the space at every common measured micro-batch size.
 
+    Each (shape, micro-batch size) gives its least-bottleneck partition and, when different,
+    its least-fill partition (the better one for pipelines with few micro-batches).
+
     Returns
     -------
     (candidates, stats)
@@ -168,7 +171,8 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
         shapes, shapes_pruned_memory, infeasible, dominated.
     """
     kinds = stage_kinds(cluster, profile, space)
-    stats = {"shapes": 0, "shapes_pruned_memory": 0, "balanced": 0, "infeasible": 0, "dominated": 0}
+    stats = {"shapes": 0, "shapes_pruned_memory": 0, "balanced": 0, "infeasible": 0, "dominated": 0,
+             "fill_variants": 0}
     out: list[Candidate] = []
     dead: set = set()
     for shape in enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers):
@@ -192,6 +196,11 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
                 devices[k.device_type] = devices.get(k.device_type, 0) + k.tp_degree
                 groups[(k.device_type, k.tp_degree)] = groups.get((k.device_type, k.tp_degree), 0) + 1
             out.append(Candidate(shape, b, part, devices, groups))
+            # the least-fill partition is better when a pipeline gets few micro-batches
+            few = balancer.balance(shape, b, objective="fill")
+            if few is not None and (few.boundaries, few.recompute) != (part.boundaries, part.recompute):
+                out.append(Candidate(shape, b, few, devices, groups))
+                stats["fill_variants"] += 1
     if pruning.dominated:
         before = len(out)
         out = remove_dominated(out)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -46,6 +47,7 @@ __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_o
 log = logging.getLogger(__name__)
 
 US_PER_S = 1_000_000
+_PER_COPY_MAX_VARS = 3000   # "auto": per-copy variables while sum of copy bounds stays below this
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class SolverSettings:
     random_seed: int = 0
     log_search_progress: bool = False
     max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)
+    patience_s: float | None = 1.0  # stop when no better solution came for this long (None: use the full limit)
+    formulation: str = "auto"     # "per-copy" (linear), "product" (x_c * k_c), or "auto" (per-copy when small)
 
 
 @dataclass
@@ -346,6 +350,39 @@ def _us(x: float) -> int:
     return int(math.ceil(x * US_PER_S - 1e-6))
 
 
+class _Improvements(cp_model.CpSolverSolutionCallback):
+    """Records when CP-SAT last improved its incumbent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = time.perf_counter()
+
+    def on_solution_callback(self) -> None:
+        self.last = time.perf_counter()
+
+
+def _solve_with_patience(solver: cp_model.CpSolver, model: cp_model.CpModel, patience_s: float | None) -> int:
+    """``solver.solve(model)``, stopped early once no better solution came for ``patience_s`` seconds."""
+    if patience_s is None:
+        return solver.solve(model)
+    cb = _Improvements()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.02):
+            if time.perf_counter() - cb.last > patience_s:
+                solver.stop_search()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        return solver.solve(model, cb)
+    finally:
+        done.set()
+        watcher.join()
+
+
 def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
                             hint: dict[int, int] | None = None, symmetry: bool = True,
                             incumbent_s: float | None = None,
@@ -362,21 +399,36 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     ub = [problem.max_copies(c) for c in range(n)]
     H = max(1, sum(ub))
     H = min(H, problem.cluster.num_devices)
-    # --- variables
-    x, k, used, prod = [], [], [], []
+    # --- variables: x_c copies, k_c most micro-batches per copy, covered_c micro-batches over all copies
+    per_copy = settings.formulation == "per-copy" or (settings.formulation == "auto"
+                                                     and sum(ub) <= _PER_COPY_MAX_VARS)
+    x, k, used, covered = [], [], [], []
     for c in range(n):
         kmax = -(-G // cands[c].micro_batch_size)
-        if symmetry:
-            xc = m.new_int_var(0, ub[c], f"x_{c}")
-        else:  # one boolean per copy: the symmetric model, for the ablation
-            ys = [m.new_bool_var(f"y_{c}_{j}") for j in range(ub[c])]
-            xc = m.new_int_var(0, ub[c], f"x_{c}")
-            m.add(xc == sum(ys))
+        xc = m.new_int_var(0, ub[c], f"x_{c}")
         uc = m.new_bool_var(f"used_{c}")
         kc = m.new_int_var(0, kmax, f"k_{c}")
-        pc = m.new_int_var(0, ub[c] * kmax, f"p_{c}")
-        m.add_multiplication_equality(pc, [xc, kc])
-        x.append(xc), k.append(kc), used.append(uc), prod.append(pc)
+        if per_copy:   # one (exists, micro-batches) pair per possible copy: linear, no product
+            ys = [m.new_bool_var(f"y_{c}_{j}") for j in range(ub[c])]
+            ks = [m.new_int_var(0, kmax, f"k_{c}_{j}") for j in range(ub[c])]
+            for y, kk in zip(ys, ks):
+                m.add(kk <= kmax * y)
+                m.add(kk >= y)
+                m.add(kc >= kk)
+            if symmetry:   # copies in order: present ones first, most micro-batches first
+                for j in range(1, ub[c]):
+                    m.add(ys[j] <= ys[j - 1])
+                    m.add(ks[j] <= ks[j - 1])
+            m.add(xc == sum(ys))
+            covered.append(sum(ks))
+        else:          # x_c * k_c as a CP-SAT product
+            if not symmetry:   # one boolean per copy: the symmetric model, for the ablation
+                ys = [m.new_bool_var(f"y_{c}_{j}") for j in range(ub[c])]
+                m.add(xc == sum(ys))
+            pc = m.new_int_var(0, ub[c] * kmax, f"p_{c}")
+            m.add_multiplication_equality(pc, [xc, kc])
+            covered.append(pc)
+        x.append(xc), k.append(kc), used.append(uc)
     h = m.new_int_var(1, H, "num_pipelines")
     horizon = _us(max(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
                       for c in cands)) + 1
@@ -401,7 +453,7 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
                      for c in range(n)]
             m.add(sum(terms) <= problem.tp_capacity(t, s) * s)
     # --- samples cover the global batch
-    m.add(sum(prod[c] * cands[c].micro_batch_size for c in range(n)) >= G)
+    m.add(sum(covered[c] * cands[c].micro_batch_size for c in range(n)) >= G)
     # --- pipeline time: phi + (k - 1) tau for every used candidate
     for c in range(n):
         p = cands[c].partition
@@ -429,7 +481,7 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     solver.parameters.num_workers = settings.num_workers
     solver.parameters.random_seed = settings.random_seed
     solver.parameters.log_search_progress = settings.log_search_progress
-    status = solver.solve(m)
+    status = _solve_with_patience(solver, m, settings.patience_s)
     wall = time.perf_counter() - t0
     name = solver.status_name(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -482,7 +534,7 @@ class _CapacityLP:
             return 0.0
         return self.obj.Value()
 
-    def least_time_s(self, *, iterations: int = 22) -> float:
+    def least_time_s(self, *, iterations: int = 14) -> float:
         """Least T whose relaxed capacity covers G (a lower bound on T_pipe of any plan of these candidates)."""
         if not self.cands:
             return math.inf

@@ -1,11 +1,14 @@
-"""The HPP cost model (v1): pure functions, no solver, no I/O.
+"""The HPP cost model (v2, calibrated): pure functions, no solver, no I/O.
 
 Turns a plan, a cluster and a profile into a predicted iteration time and
 per-device peak memory, with the breakdown. Source: the standard pipeline-parallel
 cost model of Metis (ATC'24), AMP (NeurIPS'22) and Sailor (SOSP'25) as written
 down in ``shared/design/HPP.md``, plus block-wise gradient aggregation (ETH/HPP,
 arXiv 2610.22035) and activation recomputation (Megatron-LM, Korthikanti et al.
-2022, "Reducing Activation Recomputation in Large Transformer Models").
+2022, "Reducing Activation Recomputation in Large Transformer Models"). Every
+constant is a field of :class:`CostModelConfig`, with its source. v2 is checked
+against 15 real runs (``experiments/cost_model_validation.py``); v1 is
+``CostModelConfig.v1()``.
 
 Notation: stage s of pipeline p holds layers [lo, hi) on t devices; its profile
 entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE device.
@@ -14,9 +17,17 @@ entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE devic
   under full recomputation (one extra forward).
 - Point-to-point: c_s = latency + x[hi-1] / bw(link s -> s+1), once forward
   (activation) and once backward (its gradient).
-- 1F1B pipeline time: T_p = sum_s (F_s + B_s) + 2 sum_s c_s + (m_p - 1) max_s (F_s + B_s).
-  Communication is NOT in the bottleneck term: in the steady state it overlaps with
-  compute. A partial last micro-batch costs a full one (upper bound). m_p = 0 => 0.
+- Point-to-point waits (v2): the runtime waits for its transfers before the next
+  compute (DeepSpeed's PipelineEngine sends and receives blocking; torch's
+  Schedule1F1B waits on its batched isend/irecv), so a stage is busy per
+  micro-batch for ``P_s = k (c_in + c_out)`` besides compute: c_in = c_{s-1} (its
+  input activation arrives, its gradient leaves), c_out = c_s, k =
+  ``p2p_waits_per_transfer``. Stage time D_s = F_s + B_s + P_s.
+- 1F1B pipeline time: T_p = sum_s D_s + 2 sum_s c_s + (m_p - 1) max_s D_s.
+  The bottleneck term includes the p2p waits (v1: compute only, comm overlapped);
+  the fill counts each stage's micro-batch once (as Sailor's simulator does,
+  ``t_pp = tot_comp + tot_comm + (m - 1) straggler``) plus the boundary transfers of
+  the first micro-batch. A partial last micro-batch costs a full one. m_p = 0 => 0.
 - Blocks: the union of all pipelines' stage boundaries cuts [0, L) into blocks; each
   block has one holder stage per pipeline. Block j's gradient is all-reduced among
   its h holders (ring): 2 (h-1)/h * bytes_j / bw_min + 2 (h-1) latency, with
@@ -26,12 +37,15 @@ entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE devic
 - Optimizer: per stage sum over its layers of the profile's optimizer seconds; the
   step waits for the slowest stage.
 - Iteration: T = max_p T_p + T_sync + max_stage T_opt (sync is not overlapped with
-  backward in v1). Throughput = G / T samples/s, x sequence length tokens/s.
+  backward). Throughput = G / T samples/s, x sequence length tokens/s.
 - Memory of a device of stage s at position i (0-based) of S stages:
-  state_factor * W_s + k_i * A_s + buffers, with k_i = min(m_p, S - i) micro-batches
-  in flight under 1F1B (m_p under GPipe), A_s the activation bytes kept per
-  micro-batch (layer inputs only + one layer's working set under full recompute),
-  buffers the point-to-point send/receive tensors. Must stay <= capacity - reserve.
+  R_type + state_factor * W_s + k_i * A_s + w * A_max + buffers, with R_type the
+  framework's own memory on that GPU type (CUDA context, NCCL, fused kernels; v2),
+  k_i = min(m_p, S - i) micro-batches in flight under 1F1B (m_p under GPipe), A_s
+  the activation bytes kept per micro-batch (layer inputs only under full
+  recompute, which also holds one layer's activations while recomputing it),
+  w * A_max the backward workspace of the stage's largest layer (v2), buffers the
+  point-to-point send/receive tensors. Must stay <= capacity - reserve.
 """
 
 from __future__ import annotations
@@ -45,10 +59,24 @@ from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
 __all__ = [
-    "CostModelConfig", "StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate",
+    "FRAMEWORK_BYTES", "CostModelConfig", "StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate",
     "pipeline_time_1f1b_s", "ring_allreduce_s", "in_flight_micro_batches", "stage_activation_bytes",
-    "stage_compute_s", "stage_memory_bytes", "block_decomposition", "estimate_plan",
+    "stage_compute_s", "stage_p2p_wait_s", "stage_time_s", "stage_memory_bytes", "block_decomposition", "estimate_plan",
 ]
+
+
+#: Memory a training process holds outside the model's tensors, per GPU type [bytes].
+#: GH-96 (GH200): 4.76e9, Sailor's calibrated figure for "fused kernel loading, depends on GPU +
+#: platform" on these nodes (eth-easl/sailor cf2c8e3, sailor/Planner/simulations/runtime_simulator.py,
+#: ``get_memory_footprint_on_gpu``: ``megatron_mem = 4.76 * 1e9 + ...``). Other GPU types: 3.0e9,
+#: Sailor's planner figure for "extra mem needed by megatron, shown in nvidia-smi, but not as part of
+#: torch mem" (same file, ``check_config_fits``: 2.0e9 at TP 1, 3.0e9 at TP > 1; we take the larger).
+#: Device types not listed (CPU emulation, user-defined types) get 0.
+FRAMEWORK_BYTES: tuple[tuple[str, int], ...] = (
+    ("GH-96", 4_760_000_000),
+    ("A100-40", 3_000_000_000), ("A100-80", 3_000_000_000), ("V100-16", 3_000_000_000),
+    ("Titan-RTX", 3_000_000_000), ("RTX-2080", 3_000_000_000), ("RTX-3090", 3_000_000_000),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +89,64 @@ class CostModelConfig:
         Memory for weights + gradients + optimizer states per byte of (fp32)
         parameters in the profile. 4.0 = fp32 weights (4 B) + fp32 grads (4 B) +
         Adam m and v (8 B) per 4-byte parameter; Megatron's mixed precision
-        (2 + 2 + 4 + 4 + 4 = 16 B per parameter) gives the same 4.0.
+        (2 + 2 + 4 + 4 + 4 = 16 B per parameter) gives the same 4.0. (Sailor's
+        simulator uses 24 B per parameter, adding DeepSpeed's communication and
+        start-up copies; on the 15 GH200 runs 16 B fits better: the intercepts of
+        memory vs micro-batch size of the 1-, 2- and 4-stage plans then agree.)
+    framework_bytes : tuple of (device type, bytes)
+        Memory of the training process outside the model's tensors per GPU type
+        (CUDA context, NCCL buffers, fused kernels); see :data:`FRAMEWORK_BYTES`.
+    backward_workspace_layers : float
+        Transient memory while a layer runs backward (the gradients of its saved
+        tensors) in units of that layer's activation bytes; the largest layer of
+        the stage sets it. 1.0: autograd materialises one gradient per saved
+        activation of the layer being differentiated, so the workspace is of the
+        order of the layer's own activations (Korthikanti et al. 2022 count kept
+        activations only; the per-sample slope of the 15 GH200 runs exceeds the kept
+        activations by 0.9-1.2 layer activations per stage, the head's included).
+    p2p_waits_per_transfer : float
+        k in P_s = k (c_in + c_out): how often, per micro-batch, a stage waits for each
+        of its boundary transfers. 2.0: DeepSpeed's PipelineEngine (Sailor's runs)
+        receives and sends blocking, so the activation (recv, send) and its gradient
+        (recv, send) each occupy both neighbours once forward and once backward
+        (deepspeed/runtime/pipe/engine.py ``_exec_send_activations`` /
+        ``_exec_recv_grads``, p2p.send/recv). torch.distributed.pipelining batches a
+        send with a receive and waits on both (1.0 on a full-duplex link); 2.0 is the
+        conservative choice for it. 0.0 gives v1 (communication fully overlapped).
     reserve_bytes : int
-        Memory kept free on every device (allocator fragmentation, CUDA context,
-        workspaces) [bytes]. Default 0: capacities are used as given.
+        Memory kept free on every device (allocator fragmentation, safety margin)
+        [bytes], subtracted from the capacity. Default 0: capacities are used as given.
     grad_sync : str
         ``"block"`` (block-wise aggregation, HPP) or ``"layer"`` (one all-reduce per
         layer, the naive alternative): which one enters the iteration time.
     """
 
     state_bytes_per_param_byte: float = 4.0
+    framework_bytes: tuple[tuple[str, int], ...] = FRAMEWORK_BYTES
+    backward_workspace_layers: float = 1.0
+    p2p_waits_per_transfer: float = 2.0
     reserve_bytes: int = 0
     grad_sync: str = "block"
 
     def __post_init__(self) -> None:
         if self.grad_sync not in ("block", "layer"):
             raise HppInputError(f"grad_sync={self.grad_sync!r}", field="grad_sync", fix="use 'block' or 'layer'")
+        for name in ("state_bytes_per_param_byte", "backward_workspace_layers", "p2p_waits_per_transfer"):
+            if not getattr(self, name) >= 0:
+                raise HppInputError(f"{name}={getattr(self, name)!r}", field=name, fix="use a value >= 0")
+
+    def framework_bytes_of(self, device_type: str) -> int:
+        """Framework memory [bytes] of one device of ``device_type`` (0 if not listed).
+
+        >>> CostModelConfig().framework_bytes_of("GH-96")
+        4760000000
+        """
+        return next((b for t, b in self.framework_bytes if t == device_type), 0)
+
+    @classmethod
+    def v1(cls) -> "CostModelConfig":
+        """The uncalibrated v1 model: no framework memory, no backward workspace, p2p fully overlapped."""
+        return cls(framework_bytes=(), backward_workspace_layers=0.0, p2p_waits_per_transfer=0.0)
 
 
 # ------------------------------------------------------------------ small formulas
@@ -88,7 +158,7 @@ def pipeline_time_1f1b_s(stage_compute_s: Sequence[float], p2p_s: Sequence[float
     Parameters
     ----------
     stage_compute_s : (S,) float
-        F_s + B_s per micro-batch of each stage [s].
+        Stage time per micro-batch D_s = F_s + B_s + P_s [s] (:func:`stage_time_s`).
     p2p_s : (S-1,) float
         One-way point-to-point time between stage s and s+1 [s].
     num_micro_batches : int
@@ -141,33 +211,49 @@ def in_flight_micro_batches(position: int, num_stages: int, num_micro_batches: i
     return min(num_micro_batches, num_stages - position)
 
 
-def stage_activation_bytes(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[int, int]:
+def stage_activation_bytes(e: LayerProfile, lo: int, hi: int, recompute: str, *,
+                           config: CostModelConfig = CostModelConfig()) -> tuple[int, int]:
     """Activation bytes of layers [lo, hi) for one device: (kept per in-flight micro-batch, working set).
 
-    - ``none``: every layer's ``activation_bytes`` kept; no extra working set.
+    The working set is held once, by the layer being differentiated: its backward
+    workspace ``w * max(activation_bytes[lo:hi])`` (``w = backward_workspace_layers``),
+    plus, under recomputation, that layer's recomputed activations.
+
+    - ``none``: every layer's ``activation_bytes`` kept.
     - ``full``: only each layer's input (the previous layer's ``output_bytes``; the
       token ids of layer 0 are negligible) kept per micro-batch, plus ONE layer's full
-      activations as working set while it is recomputed (Megatron full recomputation).
+      activations in the working set while it is recomputed (Megatron full recomputation).
     - ``selective``: ``activation_bytes - attention_activation_bytes`` kept (Megatron
       selective recomputation); needs the attention share in the profile.
+
+    Examples
+    --------
+    >>> from hpp.profiles.model_profile import LayerProfile
+    >>> e = LayerProfile("X", 1, 1, (1.0,) * 3, (2.0,) * 3, (0.1,) * 3, (100,) * 3, (10, 20, 30), (5, 6, 7))
+    >>> stage_activation_bytes(e, 0, 3, "none")     # all kept; workspace of the largest layer
+    (60, 30)
+    >>> stage_activation_bytes(e, 0, 3, "full")     # inputs of layers 1, 2; recomputed layer + workspace
+    (11, 60)
 
     Raises
     ------
     HppInputError
         ``selective`` on a profile without ``attention_activation_bytes``; an unknown mode.
     """
+    workspace = config.backward_workspace_layers * max(e.activation_bytes[lo:hi])
     if recompute == "none":
-        return sum(e.activation_bytes[lo:hi]), 0
+        return sum(e.activation_bytes[lo:hi]), int(workspace)
     if recompute == "full":
         kept = sum(e.output_bytes[l - 1] for l in range(max(lo, 1), hi))
-        return kept, max(e.activation_bytes[lo:hi])
+        return kept, int(max(e.activation_bytes[lo:hi]) + workspace)
     if recompute == "selective":
         if e.attention_activation_bytes is None:
             raise HppInputError(
                 f"selective recomputation needs attention_activation_bytes, which the profile of {e.device_type} "
                 f"(tp {e.tp_degree}, micro-batch {e.micro_batch_size}) lacks", field="recompute",
                 fix="use recompute 'full' or 'none', or profile the attention share")
-        return sum(a - s for a, s in zip(e.activation_bytes[lo:hi], e.attention_activation_bytes[lo:hi])), 0
+        kept = sum(a - s for a, s in zip(e.activation_bytes[lo:hi], e.attention_activation_bytes[lo:hi]))
+        return kept, int(workspace)
     raise HppInputError(f"unknown recompute mode {recompute!r}", field="recompute",
                         fix="use 'none', 'full' or 'selective'")
 
@@ -190,19 +276,47 @@ def stage_compute_s(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[
     return fwd, bwd
 
 
+def stage_p2p_wait_s(e: LayerProfile, lo: int, hi: int, *, link_in: Link | None, link_out: Link | None,
+                     config: CostModelConfig = CostModelConfig()) -> float:
+    """P_s: seconds per micro-batch a stage of layers [lo, hi) waits for its point-to-point transfers.
+
+    ``k * (c_in + c_out)`` with ``c_in = link_in.transfer_s(output_bytes[lo-1])`` (0 for the
+    first stage, ``lo == 0``), ``c_out = link_out.transfer_s(output_bytes[hi-1])`` (0 for the
+    last, ``hi == L``) and ``k = config.p2p_waits_per_transfer``.
+
+    Examples
+    --------
+    >>> from hpp.profiles.cluster import Link
+    >>> from hpp.profiles.model_profile import LayerProfile
+    >>> e = LayerProfile("X", 1, 1, (1.0,) * 3, (2.0,) * 3, (0.1,) * 3, (100,) * 3, (10,) * 3, (5, 6, 7))
+    >>> stage_p2p_wait_s(e, 1, 2, link_in=Link(1000.0, 0.0), link_out=Link(1000.0, 0.0))  # 2 x (5 + 6) / 1000
+    0.022
+    """
+    c_in = link_in.transfer_s(e.output_bytes[lo - 1]) if lo > 0 and link_in is not None else 0.0
+    c_out = link_out.transfer_s(e.output_bytes[hi - 1]) if hi < e.num_layers and link_out is not None else 0.0
+    return config.p2p_waits_per_transfer * (c_in + c_out)
+
+
+def stage_time_s(e: LayerProfile, lo: int, hi: int, recompute: str, *, link_in: Link | None,
+                 link_out: Link | None, config: CostModelConfig = CostModelConfig()) -> float:
+    """D_s = F_s + B_s + P_s: a stage's time per micro-batch [s] (compute and point-to-point waits)."""
+    f, b = stage_compute_s(e, lo, hi, recompute)
+    return f + b + stage_p2p_wait_s(e, lo, hi, link_in=link_in, link_out=link_out, config=config)
+
+
 def stage_memory_bytes(e: LayerProfile, lo: int, hi: int, *, position: int, num_stages: int,
                        num_micro_batches: int, recompute: str = "none", schedule: str = "1F1B",
                        config: CostModelConfig = CostModelConfig()) -> int:
     """Peak memory of one device of a stage [bytes] (see the module docstring for the formula)."""
     weights = config.state_bytes_per_param_byte * sum(e.param_bytes[lo:hi])
-    kept, working = stage_activation_bytes(e, lo, hi, recompute)
+    kept, working = stage_activation_bytes(e, lo, hi, recompute, config=config)
     k = in_flight_micro_batches(position, num_stages, max(num_micro_batches, 1), schedule)
     buffers = 0
     if position > 0:
         buffers += 2 * e.output_bytes[lo - 1]   # received activation + its gradient
     if position < num_stages - 1:
         buffers += 2 * e.output_bytes[hi - 1]   # sent activation + received gradient
-    return int(weights + k * kept + working + buffers)
+    return int(config.framework_bytes_of(e.device_type) + weights + k * kept + working + buffers)
 
 
 def block_decomposition(boundaries: Sequence[Sequence[int]]) -> list[tuple[int, int, tuple[int, ...]]]:
@@ -249,7 +363,7 @@ class StageEstimate:
     forward_s: float            # per micro-batch
     backward_s: float           # per micro-batch, recomputation included
     p2p_s: float                # one-way send to the next stage (0 for the last)
-    busy_s: float               # m * (forward + backward)
+    busy_s: float               # m * (forward + backward + p2p waits)
     bubble_s: float             # pipeline time - busy
     optimizer_s: float
     grad_sync_s: float          # this device's serialised block all-reduces
@@ -383,9 +497,11 @@ def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
         m = p.num_micro_batches
         S = p.num_stages
         fb = [stage_compute_s(e, s.layer_start, s.layer_stop, s.recompute) for s, e in zip(p.stages, entries)]
-        comp = [f + b for f, b in fb]
-        p2p = [_stage_link(cluster, a, b).transfer_s(e.output_bytes[a.layer_stop - 1])
-               for a, b, e in zip(p.stages, p.stages[1:], entries)]
+        links = [_stage_link(cluster, a, b) for a, b in zip(p.stages, p.stages[1:])]
+        p2p = [link.transfer_s(e.output_bytes[a.layer_stop - 1]) for a, link, e in zip(p.stages, links, entries)]
+        comp = [f + b + stage_p2p_wait_s(e, s.layer_start, s.layer_stop, link_in=links[i - 1] if i > 0 else None,
+                                         link_out=links[i] if i < S - 1 else None, config=config)
+                for i, ((f, b), s, e) in enumerate(zip(fb, p.stages, entries))]
         t_p = pipeline_time_1f1b_s(comp, p2p, m)
         stages = []
         for i, (s, e) in enumerate(zip(p.stages, entries)):

@@ -6,6 +6,12 @@ bottleneck ``max_s (F_s + B_s)`` (tau) subject to each stage's memory and breaks
 by the smallest fill ``sum_s (F_s + B_s) + 2 sum_s c_s`` (phi), so that
 ``T_p = phi + (m - 1) tau`` is minimal for many micro-batches (HPP.md, search step 1).
 
+Exactness: min-max has optimal substructure, so the bottleneck tau comes from one DP;
+the fill is then minimised by a second DP restricted to stages <= tau (a suffix with a
+larger bottleneck but smaller fill can be the better continuation, so one lexicographic
+DP would not be exact). The ``fill`` objective (least phi, then least tau; right for few
+micro-batches) is lexicographic with optimal substructure and needs one DP.
+
 The DP runs from the LAST stage backwards because a stage's memory depends on its
 distance d from the end (it holds min(m, d) micro-batches under 1F1B; the planner
 assumes m >= S, i.e. d in flight, so that a shape fits for any micro-batch count).
@@ -108,8 +114,22 @@ class StageBalancer:
     def num_layers(self) -> int:
         return self.cache.profile.num_layers
 
-    def _row(self, b: int, suffix: tuple[StageKind, ...]):
-        key = (b, suffix)
+    def _stage_costs(self, kind: StageKind, b: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(C, use_full, p2p): per-micro-batch compute of [u, v) on ``kind`` at distance d from the end
+        with the cheapest recomputation mode that fits memory (inf if none fits)."""
+        tab = self.cache.table(kind.device_type, kind.tp_degree, b)
+        fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
+        C = np.where(fits, tab.compute_none_s, np.inf)
+        use_full = np.zeros_like(fits)
+        if self.allow_recompute:
+            use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
+            C = np.where(use_full, tab.compute_full_s, C)
+        return C, use_full, tab.p2p_s
+
+    def _row(self, b: int, suffix: tuple[StageKind, ...], objective: str):
+        """DP row over u for ``suffix`` covering [u, L): exact min-max ("bottleneck": best bottleneck
+        only) or exact lexicographic (fill, bottleneck) ("fill": with choices for backtracking)."""
+        key = (b, suffix, objective)
         if self.memoise:
             got = self._rows.get(key)
             if got is not None:
@@ -122,38 +142,51 @@ class StageBalancer:
             rb[L] = 0.0
             row = (rb, rb.copy(), None, None)
         else:
-            prev_b, prev_s, _, _ = self._row(b, suffix[1:])
-            kind = suffix[0]
-            tab = self.cache.table(kind.device_type, kind.tp_degree, b)
-            d = len(suffix)
-            fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
-            C = np.where(fits, tab.compute_none_s, np.inf)
-            use_full = np.zeros_like(fits)
-            if self.allow_recompute:
-                fits_full = tab.memory_bytes(d, True) <= tab.capacity_bytes
-                use_full = ~fits & fits_full
-                C = np.where(use_full, tab.compute_full_s, C)
+            prev_b, prev_s, _, _ = self._row(b, suffix[1:], objective)
+            C, use_full, p2p = self._stage_costs(suffix[0], b, len(suffix))
             bott = np.maximum(C, prev_b[None, :])
-            total = C + 2.0 * tab.p2p_s[None, :] + prev_s[None, :]
-            best_b = bott.min(axis=1)
-            tie = bott <= best_b[:, None] * (1.0 + _REL_TIE)
-            total = np.where(tie, total, np.inf)
-            v = total.argmin(axis=1)
             idx = np.arange(L + 1)
-            best_s = total[idx, v]
-            best_b = np.where(np.isfinite(best_s), best_b, np.inf)
-            row = (best_b, best_s, v, use_full[idx, v])
+            if objective == "bottleneck":
+                row = (bott.min(axis=1), None, None, None)
+            else:
+                total = C + 2.0 * p2p[None, :] + prev_s[None, :]
+                best_s = total.min(axis=1)
+                tie = total <= best_s[:, None] * (1.0 + _REL_TIE)
+                v = np.where(tie, bott, np.inf).argmin(axis=1)
+                row = (bott[idx, v], total[idx, v], v, use_full[idx, v])
         if self.memoise:
             self._rows[key] = row
         return row
 
     def suffix_infeasible(self, shape: tuple[StageKind, ...], micro_batch_size: int) -> bool:
         """True if the shape cannot hold layers [u, L) for any u: every extension is infeasible too."""
-        rb, _, _, _ = self._row(micro_batch_size, shape)
-        return not np.isfinite(rb).any()
+        return not np.isfinite(self._row(micro_batch_size, shape, "bottleneck")[0]).any()
 
-    def balance(self, shape: tuple[StageKind, ...], micro_batch_size: int) -> Partition | None:
+    def _threshold_fill(self, shape: tuple[StageKind, ...], b: int, limit: float):
+        """Min-fill partition with every stage's compute <= ``limit`` (phase 2 of the bottleneck objective)."""
+        L = self.num_layers
+        S = len(shape)
+        best = np.full(L + 1, np.inf)
+        best[L] = 0.0
+        choices = []
+        idx = np.arange(L + 1)
+        for d in range(1, S + 1):
+            C, use_full, p2p = self._stage_costs(shape[S - d], b, d)
+            C = np.where(C <= limit, C, np.inf)
+            total = C + 2.0 * p2p[None, :] + best[None, :]
+            v = total.argmin(axis=1)
+            best = total[idx, v]
+            choices.append((v, use_full[idx, v]))
+        return best[0], choices[::-1]
+
+    def balance(self, shape: tuple[StageKind, ...], micro_batch_size: int, *,
+                objective: str = "bottleneck") -> Partition | None:
         """Best partition of all L layers over ``shape`` (first stage first), or None if memory-infeasible.
+
+        Parameters
+        ----------
+        objective : ``"bottleneck"`` (least tau, then least phi: best for many micro-batches) or
+            ``"fill"`` (least phi, then least tau: best for few micro-batches). Both exact.
 
         Raises
         ------
@@ -161,19 +194,29 @@ class StageBalancer:
             The profile lacks (device type, TP, micro-batch size) of a stage.
         """
         L = self.num_layers
+        b = micro_batch_size
         if not shape or len(shape) > L:
             return None
-        rb, rs, _, _ = self._row(micro_batch_size, shape)
-        if not np.isfinite(rs[0]):
-            return None
+        if objective == "bottleneck":
+            tau = self._row(b, shape, "bottleneck")[0][0]
+            if not np.isfinite(tau):
+                return None
+            phi, choices = self._threshold_fill(shape, b, tau * (1.0 + _REL_TIE))
+            steps = choices
+        elif objective == "fill":
+            rb, rs, _, _ = self._row(b, shape, "fill")
+            if not np.isfinite(rs[0]):
+                return None
+            tau, phi = rb[0], rs[0]
+            steps = [self._row(b, shape[i:], "fill")[2:] for i in range(len(shape))]
+        else:
+            raise ValueError(f"objective must be 'bottleneck' or 'fill', got {objective!r}")
         bounds = [0]
         rec = []
         u = 0
-        for d in range(len(shape), 0, -1):
-            suffix = shape[len(shape) - d:]
-            _, _, choice, full = self._row(micro_batch_size, suffix)
-            v = int(choice[u])
-            rec.append(bool(full[u]))
+        for v_arr, full_arr in steps:
+            v = int(v_arr[u])
+            rec.append(bool(full_arr[u]))
             bounds.append(v)
             u = v
         assert bounds[-1] == L, bounds
@@ -182,12 +225,14 @@ class StageBalancer:
         mems = []
         layer_params: list[float] = []
         S = len(shape)
+        bott = 0.0
         for i, kind in enumerate(shape):
             tab = self.cache.table(kind.device_type, kind.tp_degree, micro_batch_size)
             lo, hi = bounds[i], bounds[i + 1]
+            bott = max(bott, float(tab.compute_full_s[lo, hi] if rec[i] else tab.compute_none_s[lo, hi]))
             opt = max(opt, float(tab.optimizer_s[lo, hi]))
             params.append(float(tab.param_bytes[lo, hi]))
             mems.append(float(tab.memory_bytes(S - i, rec[i])[lo, hi]))
             layer_params.extend(float(tab.param_bytes[l, l + 1]) for l in range(lo, hi))
-        return Partition(tuple(bounds), tuple(rec), float(rb[0]), float(rs[0]), opt, tuple(params), tuple(mems),
+        return Partition(tuple(bounds), tuple(rec), bott, float(phi), opt, tuple(params), tuple(mems),
                          tuple(layer_params))

@@ -1,4 +1,6 @@
-"""Bundled model profiles, converted from the Sailor artifact (see ``hpp/profiles/data/NOTICE``).
+"""Bundled model profiles: OPT-350, GPT-Neo-2.7 and LLAMA-3-8 converted from the Sailor artifact
+(see ``hpp/profiles/data/NOTICE``), and ``gpt-tiny``, measured by hpp itself on a CPU (its
+provenance is in the file).
 
 Each ``data/profile-<MODEL>.json`` is a native hpp profile (:mod:`hpp.profiles.model_profile`)
 written by ``experiments/convert_public_profiles.py`` from eth-easl/sailor commit cf2c8e3

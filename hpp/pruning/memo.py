@@ -4,7 +4,10 @@ For one (device type, TP degree, micro-batch size) a :class:`StageCostTable` hol
 for every layer range [u, v) (``u < v``), the stage's per-micro-batch compute
 seconds and its memory parts, computed once from prefix sums so that any stage cost
 is an O(1) lookup (alpa's stage construction uses the same trick). The formulas are
-those of :mod:`hpp.formulation.cost_model` (the tests check equality).
+those of :mod:`hpp.formulation.cost_model` (``tests/test_cost_model.py`` checks equality
+with :func:`~hpp.formulation.cost_model.stage_time_s` and
+:func:`~hpp.formulation.cost_model.stage_memory_bytes` for every range, in-flight count
+and recomputation mode, with the table's link on both sides of the stage).
 
 :class:`StageCostCache` is scoped to one profile, one cost-model config and one
 pipeline link; it counts hits and misses (``cache_info()``) for the experiments.
@@ -30,13 +33,16 @@ class StageCostTable:
     Attributes (all numpy arrays)
     ----------
     compute_none_s, compute_full_s : (L+1, L+1)
-        F + B per micro-batch of layers [u, v) without / with full recomputation [s].
+        Stage time D = F + B + P per micro-batch of layers [u, v) without / with full
+        recomputation [s]; P = k (c(out[u-1]) + c(out[v-1])) are the point-to-point waits over
+        the table's link (no c_in at u = 0, no c_out at v = L; ``stage_time_s``).
     weights_bytes : (L+1, L+1)
         state factor x parameter bytes of [u, v) [bytes].
     act_none_bytes, act_full_bytes : (L+1, L+1)
         Activation bytes kept per in-flight micro-batch without / with full recomputation.
-    work_full_bytes : (L+1, L+1)
-        One layer's activations (working set while recomputing) [bytes].
+    work_none_bytes, work_full_bytes : (L+1, L+1)
+        Working set without / with full recomputation: w x the largest layer's activations
+        (backward workspace), plus that layer's activations while recomputing [bytes].
     buffer_bytes : (L+1, L+1)
         Point-to-point buffers: 2 x input of layer u (if u > 0) + 2 x output of layer v-1 (if v < L).
     p2p_s : (L+1,)
@@ -47,7 +53,10 @@ class StageCostTable:
     param_bytes : (L+1, L+1)
         Parameter bytes of [u, v) per device (for the gradient all-reduce).
     capacity_bytes : int
+        Device capacity minus the config's reserve [bytes].
     estimated : bool
+    framework_bytes : int
+        The framework's own memory on this device type [bytes] (``CostModelConfig.framework_bytes``).
     """
 
     compute_none_s: np.ndarray
@@ -55,6 +64,7 @@ class StageCostTable:
     weights_bytes: np.ndarray
     act_none_bytes: np.ndarray
     act_full_bytes: np.ndarray
+    work_none_bytes: np.ndarray
     work_full_bytes: np.ndarray
     buffer_bytes: np.ndarray
     p2p_s: np.ndarray
@@ -62,6 +72,7 @@ class StageCostTable:
     param_bytes: np.ndarray
     capacity_bytes: int
     estimated: bool
+    framework_bytes: int = 0
     _mem_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def memory_bytes(self, in_flight: int, recompute: bool) -> np.ndarray:
@@ -72,7 +83,8 @@ class StageCostTable:
             if recompute:
                 m = self.weights_bytes + in_flight * self.act_full_bytes + self.work_full_bytes + self.buffer_bytes
             else:
-                m = self.weights_bytes + in_flight * self.act_none_bytes + self.buffer_bytes
+                m = self.weights_bytes + in_flight * self.act_none_bytes + self.work_none_bytes + self.buffer_bytes
+            m = m + self.framework_bytes
             self._mem_cache[key] = m
         return m
 
@@ -96,27 +108,31 @@ def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
     act = np.asarray(e.activation_bytes, dtype=np.float64)
     out = np.asarray(e.output_bytes, dtype=np.float64)
     inputs = np.concatenate([[0.0], out[:-1]])           # input of layer l = output of l-1
-    work = np.full((L + 1, L + 1), 0.0)
+    largest = np.full((L + 1, L + 1), 0.0)               # largest layer activation of [u, v)
     for u in range(L):
-        work[u, u + 1:] = np.maximum.accumulate(act[u:])
+        largest[u, u + 1:] = np.maximum.accumulate(act[u:])
+    w = config.backward_workspace_layers
     buf = np.zeros((L + 1, L + 1))
     buf += (2.0 * np.concatenate([[0.0], out]))[:, None] * (np.arange(L + 1) > 0)[:, None]   # 2 x out[u-1]
     send = 2.0 * np.concatenate([[0.0], out])                                                   # index v -> out[v-1]
     send[L] = 0.0
     buf += send[None, :]
     p2p = np.array([link.transfer_s(out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
+    wait = config.p2p_waits_per_transfer * (p2p[:, None] + p2p[None, :])  # c_in = p2p[u], c_out = p2p[v]
 
     def masked(x: np.ndarray) -> np.ndarray:
         return np.where(upper, x, inf)
 
     return StageCostTable(
-        compute_none_s=masked(F + B), compute_full_s=masked(2.0 * F + B),
+        compute_none_s=masked(F + B + wait), compute_full_s=masked(2.0 * F + B + wait),
         weights_bytes=masked(config.state_bytes_per_param_byte * _range_sum(np.asarray(e.param_bytes, float))),
         act_none_bytes=masked(_range_sum(act)), act_full_bytes=masked(_range_sum(inputs)),
-        work_full_bytes=masked(work), buffer_bytes=masked(buf), p2p_s=p2p,
+        work_none_bytes=masked(np.floor(w * largest)), work_full_bytes=masked(largest + np.floor(w * largest)),
+        buffer_bytes=masked(buf), p2p_s=p2p,
         optimizer_s=masked(_range_sum(np.asarray(e.optimizer_s, float))),
         param_bytes=masked(_range_sum(np.asarray(e.param_bytes, float))),
-        capacity_bytes=int(capacity_bytes - config.reserve_bytes), estimated=e.estimated)
+        capacity_bytes=int(capacity_bytes - config.reserve_bytes), estimated=e.estimated,
+        framework_bytes=config.framework_bytes_of(e.device_type))
 
 
 @dataclass

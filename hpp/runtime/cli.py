@@ -25,6 +25,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, required=True, help="optimizer steps")
     p.add_argument("--model", help="runtime model (default: the plan's model), e.g. gpt-tiny")
     p.add_argument("--emulate-speed", action="store_true", help="pad compute by the device types' slowdown")
+    p.add_argument("--time-scale", type=float,
+                   help="with --emulate-speed: slow every device by this common factor >= 1 "
+                        "(default: max(1, cluster devices / host cores))")
+    p.add_argument("--threads", type=int, default=1, help="torch compute threads per rank (default 1)")
     p.add_argument("--naive-allreduce", action="store_true", help="one blocking all-reduce per layer")
     p.add_argument("--timeline", help="write predicted vs measured Gantt chart PNG here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -46,6 +50,8 @@ def _human_run(rep: dict) -> str:
     m, pr, c = rep["measured"], rep["predicted"], rep["collectives"]
     pred = (f"{pr['iteration_time_s']:.4f} s" if pr.get("iteration_time_s") is not None
             else f"n/a ({pr.get('reason')})")
+    if pr.get("time_scale", 1.0) != 1.0 and pr.get("plan_iteration_time_s") is not None:
+        pred += f" (time scale {pr['time_scale']:g}; the plan's own {pr['plan_iteration_time_s']:.4f} s)"
     lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'})",
              f"  iteration time   measured {m['iteration_time_s']:.4f} s (median after warm-up)   predicted {pred}",
@@ -53,10 +59,11 @@ def _human_run(rep: dict) -> str:
              + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
                 if pr.get("throughput_samples_per_s") is not None else ""),
              f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks)",
-             "  rank pipe stage device          layers    mbs  peak_mem_MB  compute_s  padding_s"]
+             "  rank pipe stage device          layers   rec   mbs  peak_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
         lines.append(f"  {r['rank']:>4} {r['pipeline']:>4} {r['stage']:>5} {r['device_type']:<15} "
-                     f"[{r['layers'][0]:>2},{r['layers'][1]:>3}) {r['num_micro_batches']:>4} "
+                     f"[{r['layers'][0]:>2},{r['layers'][1]:>3}) {(r.get('recompute') or 'none'):>5} "
+                     f"{r['num_micro_batches']:>4} "
                      f"{r['peak_memory_bytes'] / 2**20:>12.1f} {r['compute_s']:>10.4f} {r['padding_s']:>10.4f}")
     lines += [f"  note: {n}" for n in rep["notes"]]
     if rep.get("timeline"):
@@ -73,7 +80,8 @@ def run_main(argv: Sequence[str] | None = None) -> int:
                        naive_allreduce=args.naive_allreduce, timeline=args.timeline, launcher=args.launcher,
                        device=args.device, warmup_steps=args.warmup_steps, world_size=args.world_size,
                        seed=args.seed, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
-                       group_timeout_s=args.group_timeout, run_timeout_s=args.run_timeout).to_dict()
+                       group_timeout_s=args.group_timeout, run_timeout_s=args.run_timeout,
+                       time_scale=args.time_scale, num_threads=args.threads).to_dict()
     except HppInputError as exc:
         sys.stderr.write(f"hpp run: {exc}\n")
         return 2

@@ -29,6 +29,7 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Plan
+from hpp.runtime.models import check_recompute
 
 __all__ = ["RankRole", "GroupLayout", "rank_roles", "blocks", "block_holders", "group_layout",
            "synthetic_batch", "split_micro_batches"]
@@ -52,6 +53,8 @@ class RankRole:
         First sample of the global batch that this pipeline processes.
     schedule : str
         ``"1F1B"`` or ``"GPipe"``.
+    recompute : str
+        The stage's activation recomputation, ``"none"`` or ``"full"``.
     """
 
     rank: int
@@ -67,6 +70,7 @@ class RankRole:
     num_samples: int
     sample_offset: int
     schedule: str
+    recompute: str = "none"
 
     @property
     def is_first(self) -> bool:
@@ -83,7 +87,8 @@ def rank_roles(plan: Plan) -> tuple[RankRole, ...]:
     Raises
     ------
     HppInputError
-        A stage with ``tp_degree > 1`` (not supported by the runtime yet).
+        A stage with ``tp_degree > 1`` (not supported by the runtime yet), or with a
+        recomputation mode the runtime does not execute (``"selective"``).
     """
     roles: list[RankRole] = []
     offset = 0
@@ -93,9 +98,10 @@ def rank_roles(plan: Plan) -> tuple[RankRole, ...]:
                 raise HppInputError(f"stage {s} of pipeline {p} has tp_degree={st.tp_degree}; the runtime "
                                     "supports tensor-parallel degree 1 only", field=f"pipelines[{p}].stages[{s}]"
                                     ".tp_degree", fix="plan with --max-tp 1 (TP > 1 is not supported by hpp run)")
+            check_recompute(st.recompute, field=f"pipelines[{p}].stages[{s}].recompute")
             roles.append(RankRole(len(roles), p, s, pipe.num_stages, st.layer_start, st.layer_stop,
                                   st.device_ids[0], st.device_type, pipe.micro_batch_size, pipe.num_micro_batches,
-                                  pipe.num_samples, offset, pipe.schedule))
+                                  pipe.num_samples, offset, pipe.schedule, st.recompute))
         offset += pipe.num_samples
     return tuple(roles)
 

@@ -6,6 +6,16 @@ The loss is applied outside the layers (:func:`lm_loss`), so a pipeline stage
 that holds layers ``[lo, hi)`` is just those layers applied in order
 (:class:`StageModule`).
 
+Activation recomputation (a plan stage's ``recompute``): ``"full"`` wraps each of
+the stage's layers in ``torch.utils.checkpoint`` (non-reentrant), so a micro-batch
+in flight keeps only each layer's input and the layer's activations are rebuilt
+during its backward: one extra forward, which is what the cost model charges
+(:func:`hpp.formulation.cost_model.stage_compute_s`). ``"selective"`` (Megatron's
+recomputation of the attention core only) is refused: these models use the fused
+``scaled_dot_product_attention``, which already keeps no ``s x s`` attention matrix,
+and the profiler does not measure an attention share, so there is nothing
+selective could drop that the planner could price.
+
 Initialisation is deterministic and per layer: layer ``l`` draws its parameters
 from its own generator seeded by ``(seed, l)``, so a stage builds only its own
 layers and still gets exactly the weights that the whole model has. With tied
@@ -25,16 +35,37 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hpp.errors import HppInputError
 
 __all__ = ["ModelConfig", "MODEL_CONFIGS", "get_model_config", "Embedding", "Block", "Head",
-           "build_layer", "StageModule", "build_stage_module", "lm_loss", "tied_param_names", "IGNORE_INDEX"]
+           "build_layer", "StageModule", "build_stage_module", "lm_loss", "tied_param_names", "IGNORE_INDEX",
+           "RUNTIME_RECOMPUTE_MODES", "check_recompute"]
 
 #: Target value of padded positions (a partial last micro-batch is padded to full size).
 IGNORE_INDEX = -100
 _INIT_STD = 0.02
 _SEED_STRIDE = 1_000_003
+#: Recomputation modes the runtime executes (``"selective"`` is refused, see the module docstring).
+RUNTIME_RECOMPUTE_MODES = ("none", "full")
+
+
+def check_recompute(mode: str, *, field: str = "recompute") -> str:
+    """Return ``mode`` if the runtime can execute it.
+
+    Raises
+    ------
+    HppInputError
+        ``"selective"`` (not supported by the runtime) or an unknown mode.
+    """
+    if mode in RUNTIME_RECOMPUTE_MODES:
+        return mode
+    if mode == "selective":
+        raise HppInputError("selective activation recomputation is not supported by hpp run (its models use fused "
+                            "attention, which keeps no attention matrix to drop)", field=field,
+                            fix="plan with recompute 'full' or 'none' for this stage")
+    raise HppInputError(f"unknown recompute mode {mode!r}", field=field, fix="use 'none' or 'full'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,14 +224,19 @@ class StageModule(nn.Module):
     index, so that stages and the whole model can be compared name by name.
     """
 
-    def __init__(self, layers: dict[int, nn.Module], *, layer_start: int, layer_stop: int) -> None:
+    def __init__(self, layers: dict[int, nn.Module], *, layer_start: int, layer_stop: int,
+                 recompute: str = "none") -> None:
         super().__init__()
         self.layer_start, self.layer_stop = layer_start, layer_stop
+        self.recompute = check_recompute(recompute)
         self.layers = nn.ModuleDict({str(l): layers[l] for l in range(layer_start, layer_stop)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
-            x = layer(x)
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)   # keeps x only; re-runs layer in backward
+            else:
+                x = layer(x)
         return x
 
     def layer_parameters(self) -> Iterator[tuple[int, str, nn.Parameter]]:
@@ -215,12 +251,19 @@ class StageModule(nn.Module):
 
 def build_stage_module(cfg: ModelConfig, layer_start: int, layer_stop: int, *, seed: int,
                        dtype: torch.dtype = torch.float32, tie_embeddings: bool = False,
-                       device: torch.device | str = "cpu") -> StageModule:
+                       device: torch.device | str = "cpu", recompute: str = "none") -> StageModule:
     """A stage holding layers ``[layer_start, layer_stop)`` of ``cfg``.
 
     If the stage holds both layer 0 and the head and ``tie_embeddings`` is set,
-    the two share one parameter (as in single-device training).
+    the two share one parameter (as in single-device training). ``recompute``:
+    ``"none"`` or ``"full"`` (per-layer non-reentrant checkpointing).
+
+    Raises
+    ------
+    HppInputError
+        Layers outside the model, or a recompute mode the runtime does not execute.
     """
+    check_recompute(recompute)
     if not 0 <= layer_start < layer_stop <= cfg.num_layers:
         raise HppInputError(f"layers [{layer_start}, {layer_stop}) outside [0, {cfg.num_layers}) of {cfg.name}",
                             field="layers", fix=f"{cfg.name} has {cfg.num_layers} layers")
@@ -229,7 +272,7 @@ def build_stage_module(cfg: ModelConfig, layer_start: int, layer_stop: int, *, s
     last = cfg.num_layers - 1
     if tie_embeddings and layer_start == 0 and layer_stop == cfg.num_layers:
         layers[last].lm_head.weight = layers[0].wte.weight
-    return StageModule(layers, layer_start=layer_start, layer_stop=layer_stop).to(device)
+    return StageModule(layers, layer_start=layer_start, layer_stop=layer_stop, recompute=recompute).to(device)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, denominator: int) -> torch.Tensor:

@@ -13,7 +13,13 @@ of the right shape):
 - ``optimizer_s``: median time of an AdamW step over the layer's parameters.
 
 CPU profiles run with ``num_threads`` compute threads (1 = what each rank of
-``hpp run`` uses). For emulated device types (slowdown ``k``)
+``hpp run`` uses). With one thread the times are the calling thread's CPU time
+(``time.thread_time``), not wall time: on a dedicated core the two agree, and on a
+shared host (other processes, other ranks) CPU time is still the dedicated-core
+figure, while wall time grows with the host's load. It is also what the runtime's
+speed emulation multiplies (:mod:`hpp.runtime.emulation`). ``meta["clock"]`` says
+which clock was used and ``meta["load_average"]`` the host's 1-minute load before
+and after. For emulated device types (slowdown ``k``)
 :func:`scale_profile` adds entries whose forward and backward times are ``k`` x
 the measured ones (what sleep-padding produces); the optimizer step is not
 padded by the runtime and is copied unchanged. Each scaled entry says so in its note.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import os
 import platform
 import statistics
 import time
@@ -36,18 +43,25 @@ from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile, save_profile
 from hpp.runtime.models import ModelConfig, build_layer, get_model_config
 
-__all__ = ["profile_model", "scale_profile", "write_profile", "measure_layer"]
+__all__ = ["profile_model", "scale_profile", "dilate_profile", "write_profile", "measure_layer"]
 
 logger = logging.getLogger(__name__)
 
 
-def _timer(device: torch.device) -> Callable[[], float]:
+def _timer(device: torch.device, *, cpu_time: bool = False) -> Callable[[], float]:
     if device.type == "cuda":
         def now() -> float:
             torch.cuda.synchronize(device)
             return time.perf_counter()
         return now
-    return time.perf_counter
+    return time.thread_time if cpu_time else time.perf_counter
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def _saved_bytes(fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -67,8 +81,10 @@ def _saved_bytes(fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor])
 
 
 def measure_layer(layer: torch.nn.Module, make_input: Callable[[], torch.Tensor], *, device: torch.device,
-                  warmup: int, repeats: int) -> dict[str, float | list[float]]:
+                  warmup: int, repeats: int, cpu_time: bool = False) -> dict[str, float | list[float]]:
     """Forward/backward/optimizer seconds (all repeats) and bytes of one layer.
+
+    ``cpu_time``: on CPU, time with the calling thread's CPU clock (one compute thread only).
 
     Returns
     -------
@@ -77,7 +93,7 @@ def measure_layer(layer: torch.nn.Module, make_input: Callable[[], torch.Tensor]
         ``param_bytes``, ``activation_bytes``, ``output_bytes``: bytes.
     """
     params = list(layer.parameters())
-    now = _timer(device)
+    now = _timer(device, cpu_time=cpu_time)
     opt = torch.optim.AdamW(params, lr=1e-4)
     fwd, bwd, step = [], [], []
     x = make_input()
@@ -141,6 +157,8 @@ def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_
                             fix="give positive integers, e.g. 1,2,4")
     dev = torch.device(device)
     dtype_name = device_type or device
+    cpu_clock = device == "cpu" and num_threads == 1
+    load_before = _load_average()
     old_threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(num_threads)
@@ -161,7 +179,8 @@ def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_
                         return torch.randn(b, cfg.seq_len, cfg.hidden_size, generator=gen, dtype=dtype).to(
                             dev).requires_grad_(True)
 
-                    rows.append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats))
+                    rows.append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats,
+                                              cpu_time=cpu_clock))
                     del layer
             except torch.OutOfMemoryError:
                 raise HppInputError(f"micro-batch size {b} runs out of memory on {device}", field="micro_batch_sizes",
@@ -174,7 +193,8 @@ def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_
                 param_bytes=tuple(int(r["param_bytes"]) for r in rows),
                 activation_bytes=tuple(int(r["activation_bytes"]) for r in rows),
                 output_bytes=tuple(int(r["output_bytes"]) for r in rows),
-                note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up")
+                note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up"
+                     + (", CPU time of the compute thread" if cpu_clock else ""))
             spread[f"{dtype_name}/tp1/mb{b}"] = {k: [round(_spread(r[k]), 4) for r in rows]
                                                   for k in ("forward_s", "backward_s")}
             logger.info("profiled %s at micro-batch %d: %.2f ms forward+backward", cfg.name, b,
@@ -184,6 +204,8 @@ def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_
     meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
             "torch": torch.__version__, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device if device == "cpu" else torch.cuda.get_device_name(dev), "num_threads": num_threads,
+            "clock": "thread_time (CPU time of the compute thread)" if cpu_clock else "perf_counter (wall)",
+            "load_average": {"before": load_before, "after": _load_average(), "cores": os.cpu_count()},
             "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeats": repeats,
             "spread": spread, "spread_definition": "(max - min) / median over repeats, per layer",
             "hyper_parameters": {"num_blocks": cfg.num_blocks, "hidden_size": cfg.hidden_size,
@@ -221,6 +243,21 @@ def scale_profile(profile: ModelProfile, slowdowns: Mapping[str, float], *, base
     meta = dict(profile.meta, emulated={name: {"base": base_device_type, "slowdown": k}
                                         for name, k in slowdowns.items()})
     return replace(profile, entries=entries, meta=meta)
+
+
+def dilate_profile(profile: ModelProfile, time_scale: float) -> ModelProfile:
+    """Every entry's forward and backward seconds x ``time_scale`` (the emulation's time dilation).
+
+    The optimizer step is not padded by the runtime and stays as measured.
+    ``time_scale == 1`` returns ``profile`` itself.
+    """
+    if time_scale == 1.0:
+        return profile
+    if not time_scale > 1.0:
+        raise HppInputError(f"time scale {time_scale}", field="time_scale", fix="use a factor >= 1")
+    entries = {k: replace(e, forward_s=tuple(v * time_scale for v in e.forward_s),
+                          backward_s=tuple(v * time_scale for v in e.backward_s)) for k, e in profile.entries.items()}
+    return replace(profile, entries=entries, meta=dict(profile.meta, time_scale=time_scale))
 
 
 def write_profile(profile: ModelProfile, path: str | Path) -> None:

@@ -2,7 +2,7 @@
 
 Preconditions checked before any process starts (each an :class:`HppInputError`):
 the plan validates against its cluster (and profile when it names one), every
-stage has TP degree 1, the model has the plan's layer count, the host can run
+stage has TP degree 1 and recompute ``"none"`` or ``"full"``, the model has the plan's layer count, the host can run
 that many ranks (CUDA: one per visible GPU; CPU: at most
 :data:`MAX_RANKS_PER_CORE` per core) and, when a world size is imposed, it equals
 the plan's device count.
@@ -10,6 +10,14 @@ the plan's device count.
 Measured iteration time of a step = the slowest rank's time from the common
 barrier at the step start to the end of its optimizer step; the report gives the
 median over the steps after ``warmup_steps``.
+
+Emulated speeds (``emulate_speed``) run at a time scale ``D >= 1`` (see
+:mod:`hpp.runtime.emulation`): by default ``D = max(1, devices of the cluster /
+cores of this host)``, so that the ranks never need more cores than there are and
+every plan on one cluster runs at the same ``D`` (ratios between plans stay
+comparable). ``predicted.iteration_time_s`` is then the cost model with every
+forward/backward time x ``D`` (what this run should measure);
+``predicted.plan_iteration_time_s`` is the plan's own prediction (``D = 1``).
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from hpp.runtime.layout import blocks, rank_roles
 from hpp.runtime.models import ModelConfig, get_model_config
 from hpp.runtime.worker import WorkerConfig
 
-__all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "check_host_capacity", "MAX_RANKS_PER_CORE"]
+__all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "check_host_capacity", "default_time_scale",
+           "MAX_RANKS_PER_CORE"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +64,15 @@ class RunReport:
         (per pipeline: ``schedule_s`` of the last step, from the stages' events).
     predicted : dict
         ``iteration_time_s`` and ``throughput_samples_per_s`` from
-        :func:`hpp.formulation.cost_model.estimate_plan`, or ``None`` with ``reason``.
+        :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale``,
+        ``plan_iteration_time_s`` at time scale 1, ``pipelines`` (per stage forward/backward
+        seconds), or ``None`` with ``reason``.
     collectives : dict
         ``count`` and ``bytes`` of gradient all-reduces per step (each counted once), ``mode``.
     ranks : list[dict]
-        Per rank: pipeline, stage, device type, layers, ``peak_memory_bytes``, compute and padding seconds.
+        Per rank: pipeline, stage, device type, layers, ``peak_memory_bytes``, compute and padding seconds
+        (last step) and ``phases_s`` (median over the kept steps of each step phase, see
+        :func:`hpp.runtime.worker.run_worker`).
     """
 
     plan: str
@@ -135,18 +148,29 @@ def _model_for(plan: Plan, model: str | None) -> ModelConfig:
     return cfg
 
 
-def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile | None) -> dict[str, Any]:
+def default_time_scale(cluster: Cluster, *, cpu_count: int | None = None) -> float:
+    """``max(1, devices of the cluster / cores of this host)``: the emulation's time dilation."""
+    return max(1.0, cluster.num_devices / float(cpu_count or os.cpu_count() or 1))
+
+
+def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0
+             ) -> dict[str, Any]:
     if profile is None:
         return {"iteration_time_s": None, "throughput_samples_per_s": None,
                 "reason": "the plan names no profile"}
     try:
         from hpp.formulation.cost_model import estimate_plan
-        est = estimate_plan(plan, cluster, profile)
+        from hpp.runtime.profiler import dilate_profile
+        est = estimate_plan(plan, cluster, dilate_profile(profile, time_scale))
+        plan_est = est if time_scale == 1.0 else estimate_plan(plan, cluster, profile)
     except (HppInputError, ImportError) as exc:
         return {"iteration_time_s": None, "throughput_samples_per_s": None, "reason": str(exc)}
     return {"iteration_time_s": est.iteration_time_s, "throughput_samples_per_s": est.throughput_samples_per_s,
+            "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
+            "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,
             "peak_memory_bytes": est.peak_memory_bytes,
-            "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s}
+            "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
+                                                          "p2p_s": s.p2p_s}
                                                          for s in p.stages]} for p in est.pipelines]}
 
 
@@ -168,9 +192,14 @@ def _summarise(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int
     collectives = {"count": sum(c["count"] for c in last), "bytes": sum(c["bytes"] for c in last),
                    "launched_in_backward_by_rank": [c.get("launched_in_backward", 0) for c in last],
                    "per": "step", "num_blocks": len(blocks(plan))}
-    ranks = [{k: r[k] for k in ("rank", "pipeline", "stage", "device_id", "device_type", "layers",
-                                "num_micro_batches", "peak_memory_bytes", "slowdown", "compute_s", "padding_s")}
-             for r in results]
+    ranks = []
+    for r in results:
+        row = {k: r.get(k) for k in ("rank", "pipeline", "stage", "device_id", "device_type", "layers", "recompute",
+                                     "num_micro_batches", "peak_memory_bytes", "slowdown", "time_scale",
+                                     "compute_s", "cpu_s", "padding_s")}
+        kept_phases = r["phases"][warmup_steps:] if steps > warmup_steps else r["phases"]
+        row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0]}
+        ranks.append(row)
     return measured, collectives, ranks
 
 
@@ -178,8 +207,12 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, emu
              naive_allreduce: bool = False, timeline: str | Path | None = None, launcher: str = "torchrun",
              device: str = "cpu", warmup_steps: int = 1, world_size: int | None = None, seed: int = 0,
              dtype: str = "float32", optimizer: str = "sgd", lr: float = 1e-3, group_timeout_s: float = 120.0,
-             run_timeout_s: float = 1800.0, out_dir: str | Path | None = None) -> RunReport:
+             run_timeout_s: float = 1800.0, out_dir: str | Path | None = None,
+             time_scale: float | None = None, num_threads: int = 1) -> RunReport:
     """Execute the plan in ``plan_path`` for ``steps`` optimizer steps and report measured vs predicted.
+
+    ``time_scale`` (emulation only; default :func:`default_time_scale`) dilates every
+    emulated device; ``num_threads`` is each rank's torch compute threads.
 
     Raises
     ------
@@ -191,7 +224,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, emu
     if steps < 1:
         raise HppInputError(f"--steps {steps}", field="steps", fix="run at least 1 step")
     plan, cluster, profile = load_run_inputs(plan_path)
-    rank_roles(plan)                                            # TP > 1 refused here
+    rank_roles(plan)                                            # TP > 1 and selective recompute refused here
     if world_size is not None and world_size != plan.num_devices:
         raise HppInputError(f"the plan has {plan.num_devices} devices but the world size is {world_size}",
                             source=str(plan_path), field="pipelines", fix=f"launch {plan.num_devices} ranks")
@@ -201,6 +234,13 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, emu
     slowdown = {name: dt.slowdown for name, dt in cluster.device_types.items()} if emulate_speed else {}
     if not emulate_speed and any(dt.slowdown != 1.0 for dt in cluster.device_types.values()):
         notes.append("the cluster has emulated slowdowns but --emulate-speed is off: all ranks run at full speed")
+    if time_scale is not None and not time_scale >= 1.0:
+        raise HppInputError(f"--time-scale {time_scale}", field="time_scale", fix="use a factor >= 1 (1 = no dilation)")
+    scale = (default_time_scale(cluster) if time_scale is None else float(time_scale)) if emulate_speed else 1.0
+    if scale > 1.0:
+        notes.append(f"emulation at time scale {scale:g}: every device runs {scale:g}x slower than its type says, so "
+                     f"that {cluster.num_devices} emulated devices fit {os.cpu_count()} cores; the prediction is "
+                     "scaled alike (plan_iteration_time_s is the unscaled one)")
     if plan.sequence_length not in (1, mcfg.seq_len):
         notes.append(f"the plan says sequence length {plan.sequence_length}; the runtime's {mcfg.name} uses "
                      f"{mcfg.seq_len}")
@@ -208,7 +248,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, emu
         notes.append(f"{steps} step(s) <= warm-up {warmup_steps}: the median includes warm-up steps")
     cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(mcfg), steps=steps, warmup_steps=warmup_steps, seed=seed,
                        dtype=dtype, optimizer=optimizer, lr=lr, naive_allreduce=naive_allreduce,
-                       slowdown=slowdown, device=device, timeout_s=group_timeout_s)
+                       slowdown=slowdown, time_scale=scale, device=device, timeout_s=group_timeout_s,
+                       num_threads=num_threads)
     with tempfile.TemporaryDirectory(prefix="hpp-run-", dir=out_dir) as tmp:
         launch = launch_torchrun if launcher == "torchrun" else launch_forked
         res = launch(cfg, world_size=plan.num_devices, out_dir=Path(tmp), timeout_s=run_timeout_s)
@@ -216,7 +257,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, emu
             raise RunFailedError(res.failure_message())
     measured, collectives, ranks = _summarise(res, plan, warmup_steps=warmup_steps, seq_len=mcfg.seq_len)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
-    predicted = _predict(plan, cluster, profile)
+    predicted = _predict(plan, cluster, profile, time_scale=scale)
     timeline_path = None
     if timeline is not None:
         from hpp.runtime.timeline import write_timeline_png

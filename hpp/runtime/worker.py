@@ -54,6 +54,9 @@ class WorkerConfig:
         Optimizer steps; the first ``warmup_steps`` are left out of the median.
     slowdown : dict[str, float]
         Per device type, the emulated slowdown (empty: no emulation).
+    time_scale : float
+        Common dilation of every emulated device (>= 1; see :mod:`hpp.runtime.emulation`);
+        applied only when ``slowdown`` is not empty.
     timeout_s : float
         Process-group timeout [s]: a dead peer makes this rank fail within it.
     fail_rank, fail_step : int
@@ -77,6 +80,7 @@ class WorkerConfig:
     skip_block_allreduce: bool = False
     bucket_bytes: int = 25 * 2**20
     slowdown: dict = field(default_factory=dict)
+    time_scale: float = 1.0
     device: str = "cpu"
     timeout_s: float = 300.0
     num_threads: int = 1
@@ -108,8 +112,10 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     -------
     dict
         ``rank``, ``pipeline``, ``stage``, ``layers``, ``step_times_s`` (per step [s]),
+        ``phases`` (per step: ``batch_s``, ``schedule_s``, ``sync_wait_s``, ``optimizer_s``
+        wall seconds and the stage's ``compute_s``/``cpu_s``/``padding_s``),
         ``collectives`` (count and bytes per step, counted once per collective),
-        ``peak_memory_bytes``, ``compute_s``/``padding_s`` of the last step and its
+        ``peak_memory_bytes``, ``compute_s``/``cpu_s``/``padding_s`` of the last step and its
         ``events`` (forward/backward per micro-batch, seconds from the step start).
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -135,7 +141,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
         module = build_stage_module(mcfg, role.layer_start, role.layer_stop, seed=cfg.seed, dtype=dtype,
-                                    tie_embeddings=cfg.tie_embeddings, device=device)
+                                    tie_embeddings=cfg.tie_embeddings, device=device, recompute=role.recompute)
         params = dict((name, p) for _l, name, p in module.layer_parameters())
         for p in params.values():
             p.grad = torch.zeros_like(p)
@@ -154,7 +160,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
 
         b, s, h = role.micro_batch_size, mcfg.seq_len, mcfg.hidden_size
         denominator = plan.global_batch_size * s
-        instrument = Instrument(slowdown=float(cfg.slowdown.get(role.device_type, 1.0)))
+        instrument = Instrument(slowdown=float(cfg.slowdown.get(role.device_type, 1.0)),
+                                time_scale=float(cfg.time_scale) if cfg.slowdown else 1.0)
         schedule = None
         if role.num_micro_batches > 0:
             pgroup = groups.get(layout.pipeline_ranks[role.pipeline])
@@ -170,6 +177,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                 out, tgt, denominator=denominator), scale_grads=False)
 
         step_times: list[float] = []
+        phases: list[dict[str, float]] = []
         coll: list[dict[str, int]] = []
         events: list[dict[str, Any]] = []
         for step in range(cfg.steps):
@@ -183,6 +191,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             instrument.reset()
             dist.barrier()
             t0 = time.perf_counter()
+            t_sched = t0
             if schedule is not None:
                 inputs, targets = synthetic_batch(step, seed=cfg.seed, global_batch_size=plan.global_batch_size,
                                                   seq_len=s, vocab_size=mcfg.vocab_size)
@@ -192,12 +201,19 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                 x, y = x.to(device), y.to(device)
                 args = (x,) if role.is_first else ()
                 kwargs = {"target": y} if role.is_last else {}
+                t_sched = time.perf_counter()
                 schedule.step(*args, **kwargs)
+            t_sync = time.perf_counter()
             sync.finish()
+            t_opt = time.perf_counter()
             optimizer.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            step_times.append(time.perf_counter() - t0)
+            t_end = time.perf_counter()
+            step_times.append(t_end - t0)
+            phases.append({"batch_s": t_sched - t0, "schedule_s": t_sync - t_sched, "sync_wait_s": t_opt - t_sync,
+                           "optimizer_s": t_end - t_opt, "compute_s": instrument.compute_s,
+                           "cpu_s": instrument.cpu_s, "padding_s": instrument.padding_s})
             coll.append({"count": sync.stats.count, "bytes": sync.stats.bytes,
                          "joined_count": sync.stats.joined_count,
                          "launched_in_backward": sync.stats.launched_in_backward})
@@ -206,10 +222,12 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         sync.close()
         result = {"rank": rank, "pipeline": role.pipeline, "stage": role.stage_index, "device_id": role.device_id,
                   "device_type": role.device_type, "layers": [role.layer_start, role.layer_stop],
+                  "recompute": role.recompute,
                   "num_micro_batches": role.num_micro_batches, "micro_batch_size": b,
-                  "num_samples": role.num_samples, "step_times_s": step_times, "collectives": coll,
+                  "num_samples": role.num_samples, "step_times_s": step_times, "phases": phases, "collectives": coll,
                   "peak_memory_bytes": _peak_memory_bytes(device), "slowdown": instrument.slowdown,
-                  "compute_s": instrument.compute_s, "padding_s": instrument.padding_s, "events": events}
+                  "time_scale": instrument.time_scale, "compute_s": instrument.compute_s, "cpu_s": instrument.cpu_s,
+                  "padding_s": instrument.padding_s, "events": events}
         if cfg.save_params:
             tmp = out_dir / f"rank{rank}.pt.tmp"
             torch.save({k: v.detach().cpu() for k, v in params.items()}, tmp)

@@ -1,0 +1,90 @@
+"""Profile -> plan (HPP, uniform, single-shape) -> run -> predicted vs measured, on emulated CPU clusters.
+
+Thin: the logic is in :mod:`hpp.runtime.validation`. Writes
+``experiments/results/runtime_validation.csv`` (one row per plan run), ``.png`` (measured
+and predicted throughput per plan and cluster) and ``_timeline.png`` (HPP's plan on the
+first cluster, predicted beside measured). ``--quick``: two clusters, fewer steps.
+
+    python experiments/runtime_validation.py [--quick] [--steps N] [--time-scale D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch  # noqa: F401  (the fork launcher needs torch imported in the parent)
+
+from hpp.runtime.validation import DEFAULT_CLUSTERS, QUICK_CLUSTERS, median_abs_error, validate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _chart(rows, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    clusters = list(dict.fromkeys(r.cluster for r in rows))
+    plans = ["hpp", "uniform", "single-shape"]
+    fig, ax = plt.subplots(figsize=(2.6 * len(clusters) + 2, 4))
+    w = 0.13
+    for j, name in enumerate(plans):
+        for i, c in enumerate(clusters):
+            r = next((r for r in rows if r.cluster == c and r.plan == name), None)
+            if r is None:
+                continue
+            x = i + (j - 1) * 2 * w
+            ax.bar(x - w / 2, r.measured_throughput, w, color=f"C{j}", label=f"{name} measured" if i == 0 else None)
+            ax.bar(x + w / 2, r.predicted_throughput, w, color=f"C{j}", alpha=0.35, hatch="//",
+                   label=f"{name} predicted" if i == 0 else None)
+            if name != "hpp":
+                ax.text(x, r.measured_throughput, f"{r.measured_speedup_of_hpp:.2f}x", ha="center", va="bottom",
+                        fontsize=7)
+    ax.set_xticks(range(len(clusters)))
+    ax.set_xticklabels([f"{c}\n(time scale {next(r.time_scale for r in rows if r.cluster == c):g})" for c in clusters])
+    ax.set_ylabel("samples/s on this host")
+    ax.set_title("gpt-tiny on emulated CPU clusters: measured vs predicted (label: HPP speedup, measured)", fontsize=9)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two clusters, 5 steps (< 3 min)")
+    ap.add_argument("--steps", type=int, help="optimizer steps per run (default 8; quick 5)")
+    ap.add_argument("--time-scale", type=float, help="emulation time scale (default: devices / cores)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "runtime_validation.csv")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    t0 = time.perf_counter()
+    specs = QUICK_CLUSTERS if args.quick else DEFAULT_CLUSTERS
+    steps = args.steps or (5 if args.quick else 8)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = validate(specs, steps=steps, time_scale=args.time_scale, repeats=5 if args.quick else 10,
+                    timeline=args.out.with_name(args.out.stem + "_timeline.png"))
+    with args.out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in dataclasses.fields(rows[0])])
+        writer.writeheader()
+        writer.writerows(dataclasses.asdict(r) for r in rows)
+    _chart(rows, args.out.with_suffix(".png"))
+    print(f"{'cluster':<7} {'plan':<13} {'dev':>3} {'D':>3} {'pred s':>7} {'meas s':>7} {'err':>6} {'thr/s':>7} "
+          f"{'speedup m/p':>11} {'cpu':>5} {'wall/cpu':>8} {'gaps s':>6} {'tail s':>6}")
+    for r in rows:
+        print(f"{r.cluster:<7} {r.plan:<13} {r.devices_used:>3} {r.time_scale:>3g} {r.predicted_s:>7.3f} "
+              f"{r.measured_s:>7.3f} {r.error:>+6.0%} {r.measured_throughput:>7.1f} "
+              f"{r.measured_speedup_of_hpp:>5.2f}/{r.predicted_speedup_of_hpp:<5.2f} {r.cpu_ratio:>5.2f} "
+              f"{r.wall_over_cpu:>8.2f} {r.gaps_s:>6.3f} {r.tail_s:>6.3f}")
+    print(f"median |error| {median_abs_error(rows):.0%}; {time.perf_counter() - t0:.0f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

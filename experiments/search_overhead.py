@@ -1,0 +1,74 @@
+"""Search overhead: HPP vs its ablations vs the Metis-style single-shape enumeration, in one run.
+
+    python experiments/search_overhead.py --quick          # < 2 minutes on 2 cores
+    python experiments/search_overhead.py                  # the full sweep (8 .. 1024 GPUs, 2-4 types)
+
+Writes experiments/results/search_overhead.csv and .png and prints the summary table.
+Rows already measured stay in the CSV if the run is interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hpp.errors import HppInputError
+from hpp.search_bench import (ABLATIONS, measure_point, plot_rows, scenario_points, summary_table, sweep_points,
+                              write_csv)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sweep, 1 repeat, short budgets")
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="GPU counts of the sweep")
+    ap.add_argument("--types", type=lambda s: [int(x) for x in s.split(",")], help="type counts (2,3,4)")
+    ap.add_argument("--scenarios", type=lambda s: [x for x in s.split(",") if x], help="bundled scenarios to add")
+    ap.add_argument("--repeats", type=int, help="repeats per measurement (median)")
+    ap.add_argument("--time-limit", type=float, default=5.0, help="HPP solver time limit [s]")
+    ap.add_argument("--single-shape-budget", type=float, help="cap on the single-shape enumeration [s]")
+    ap.add_argument("--ablate-up-to", type=int, help="run the ablations only up to this many GPUs")
+    ap.add_argument("--out", type=Path, default=RESULTS / "search_overhead.csv")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.quick:
+        sizes, types, scen = args.sizes or [8, 16, 32], args.types or [2], args.scenarios or []
+        repeats, budget, ablate_up_to = args.repeats or 1, args.single_shape_budget or 15.0, args.ablate_up_to or 16
+    else:
+        sizes = args.sizes or [8, 16, 32, 64, 128, 256, 512, 1024]
+        types, repeats = args.types or [2, 3, 4], args.repeats or 3
+        scen = args.scenarios if args.scenarios is not None else ["opt350-a100x8-v100x8", "opt350-3types-40",
+                                                                  "opt350-512", "opt350-1024-4types"]
+        budget, ablate_up_to = args.single_shape_budget or 120.0, args.ablate_up_to or 64
+    try:   # validate every input before measuring anything
+        points = list(sweep_points(sizes, types)) + list(scenario_points(scen))
+    except HppInputError as exc:
+        print(f"search_overhead: error: {exc}", file=sys.stderr)
+        return 2
+    rows = []
+
+    def keep(row) -> None:
+        rows.append(row)
+        write_csv(rows, args.out)          # every row on disk as soon as it is measured
+        print(f"  {row.point:<22} {row.method:<24} {row.wall_s:8.3f} s  iter {row.iteration_time_s:8.3f} s  "
+              f"{row.status}", file=sys.stderr, flush=True)
+
+    try:
+        for p in points:
+            ablations = ABLATIONS if p.num_gpus <= ablate_up_to else ()
+            measure_point(p, repeats=repeats, time_limit_s=args.time_limit, ablations=ablations,
+                          single_shape_budget_s=budget, on_row=keep)
+    except KeyboardInterrupt:
+        print("interrupted: the rows measured so far are in the CSV", file=sys.stderr)
+    plot_rows(rows, args.out.with_suffix(".png"))
+    print(summary_table(rows))
+    print(f"\nCSV: {args.out}\nplot: {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Search-overhead benchmark: HPP vs its ablations vs the single-shape (Metis-style) enumeration.
+
+Everything is measured in ONE run, side by side on the same input (cluster, profile,
+global batch): the full HPP planner, the planner with each pruning rule and the
+memoisation switched off in turn, and the in-toolkit single-shape enumeration
+(:func:`hpp.baselines.single_shape_baseline`). Each row records the wall seconds
+(median of repeats), the candidates the solver saw, the cache hit rate, the
+predicted iteration time (cost model) and the solver gap.
+
+The thin script is ``experiments/search_overhead.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from hpp.baselines import single_shape_baseline
+from hpp.errors import HppInputError
+from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.composition import SolverSettings
+from hpp.planner import plan_hpp
+from hpp.profiles.bundled import load_bundled_profile
+from hpp.profiles.cluster import Cluster
+from hpp.pruning.rules import PruningOptions
+from hpp.scenarios import SCENARIOS, get_scenario, make_cluster
+
+__all__ = ["BenchPoint", "BenchRow", "sweep_points", "scenario_points", "measure_point", "write_csv",
+           "plot_rows", "summary_table", "TYPE_MIXES", "ABLATIONS"]
+
+log = logging.getLogger(__name__)
+
+#: GPU types added one by one for the 2-, 3- and 4-type sweeps.
+TYPE_MIXES = {2: ("A100-40", "V100-16"), 3: ("A100-40", "V100-16", "GH-96"),
+              4: ("A100-40", "V100-16", "GH-96", "A100-80")}
+#: Rules switched off one at a time (canonical_order is already off by default: it is not exact).
+ABLATIONS = ("memory_infeasible", "dominated", "incumbent_bound", "symmetry", "memoise")
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One input: a name, the cluster, the model and the global batch size."""
+
+    name: str
+    num_gpus: int
+    num_types: int
+    model: str
+    global_batch_size: int
+    cluster: Cluster
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One measured method on one input (a CSV row)."""
+
+    point: str
+    num_gpus: int
+    num_types: int
+    method: str
+    wall_s: float
+    wall_s_all: str
+    candidates: int
+    cache_hit_rate: float
+    iteration_time_s: float
+    gap: float
+    status: str
+    note: str = ""
+
+
+def sweep_points(sizes: Iterable[int], type_counts: Iterable[int], *, model: str = "OPT-350") -> Iterator[BenchPoint]:
+    """Clusters of ``n`` GPUs split evenly over 2, 3 or 4 types (whole nodes of 4), G = max(1024, 4 n).
+
+    Raises
+    ------
+    HppInputError
+        A type count without a mix in :data:`TYPE_MIXES`.
+    """
+    for k in type_counts:
+        if k not in TYPE_MIXES:
+            raise HppInputError(f"no GPU-type mix with {k} types", field="--types", fix=f"use {sorted(TYPE_MIXES)}")
+        for n in sizes:
+            per = max(4, (n // k) // 4 * 4)
+            gpus = {t: per for t in TYPE_MIXES[k]}
+            gpus[TYPE_MIXES[k][0]] += max(0, n - per * k)
+            total = sum(gpus.values())
+            yield BenchPoint(f"{k}types-{total}", total, k, model, max(1024, 4 * total),
+                             make_cluster(f"{k}types-{total}", gpus))
+
+
+def scenario_points(names: Iterable[str]) -> Iterator[BenchPoint]:
+    """The bundled scenarios named (validated before anything is measured)."""
+    scs = [get_scenario(n) for n in names]
+    for sc in scs:
+        cl = sc.cluster()
+        yield BenchPoint(sc.name, cl.num_devices, len(cl.count_by_type()), sc.model, sc.global_batch_size, cl)
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0, ablations: Iterable[str] = ABLATIONS,
+                  single_shape_budget_s: float | None = 60.0, num_workers: int = 0,
+                  on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
+    """Measure HPP, its ablations and the single-shape enumeration on ``p``; rows in that order."""
+    profile = load_bundled_profile(p.model)
+    settings = SolverSettings(max_time_in_seconds=time_limit_s, num_workers=num_workers, random_seed=0)
+    rows = []
+    variants = [("hpp", PruningOptions())] + [(f"hpp-no-{r}", PruningOptions().without(r)) for r in ablations]
+    for method, pruning in variants:
+        walls, res = [], None
+        for _ in range(repeats):
+            res = plan_hpp(p.cluster, profile, p.global_batch_size, pruning=pruning, settings=settings)
+            walls.append(res.wall_s)
+        assert res is not None
+        cache = res.stats.get("cache", {})
+        row = BenchRow(p.name, p.num_gpus, p.num_types, method, _median(walls), " ".join(f"{w:.3f}" for w in walls),
+                       int(res.stats.get("num_candidates", 0)), float(cache.get("hit_rate", math.nan)),
+                       res.estimate.iteration_time_s, res.composition.gap, res.composition.status)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    t0 = time.perf_counter()
+    base = single_shape_baseline(p.cluster, profile, p.global_batch_size, space=SearchSpace(),
+                                 time_budget_s=single_shape_budget_s)
+    truncated = "truncated" in base.description
+    row = BenchRow(p.name, p.num_gpus, p.num_types, "single-shape", time.perf_counter() - t0, "",
+                   base.candidates, math.nan, base.iteration_time_s, math.nan,
+                   "TRUNCATED" if truncated else "COMPLETE", base.description)
+    rows.append(row)
+    if on_row:
+        on_row(row)
+    return rows
+
+
+def write_csv(rows: list[BenchRow], path: Path) -> None:
+    """Write rows to ``path`` (header from :class:`BenchRow`), via a temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(BenchRow)])
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+    tmp.replace(path)
+
+
+def plot_rows(rows: list[BenchRow], path: Path) -> None:
+    """Search seconds vs GPUs, log-log, one line per (method, type count) of the sweep points."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[tuple[str, int], list[tuple[int, float, bool]]] = {}
+    for r in rows:
+        series.setdefault((r.method, r.num_types), []).append((r.num_gpus, r.wall_s, r.status == "TRUNCATED"))
+    for (method, k), pts in sorted(series.items()):
+        if method not in ("hpp", "single-shape") and not method.startswith("hpp-no-"):
+            continue
+        pts.sort()
+        style = "-o" if method == "hpp" else ("-s" if method == "single-shape" else ":.")
+        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], style, label=f"{method} ({k} types)",
+                linewidth=2 if method in ("hpp", "single-shape") else 1)
+        for x, y, trunc in pts:
+            if trunc:
+                ax.annotate("truncated", (x, y), fontsize=7, textcoords="offset points", xytext=(2, 4))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("search wall time [s] (median)")
+    ax.set_title("Configuration search overhead (OPT-350)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary_table(rows: list[BenchRow]) -> str:
+    """Per input: HPP seconds, single-shape seconds, the ratio, both plans' predicted times, gap, ablations."""
+    by_point: dict[str, dict[str, BenchRow]] = {}
+    for r in rows:
+        by_point.setdefault(r.point, {})[r.method] = r
+    lines = [f"{'input':<22} {'GPUs':>5} {'HPP s':>7} {'single s':>9} {'ratio':>8} {'HPP iter s':>10} "
+             f"{'single iter s':>13} {'gap':>6}  ablations (s, iter s)"]
+    for point, m in by_point.items():
+        h = m.get("hpp")
+        s = m.get("single-shape")
+        if h is None:
+            continue
+        ratio = (s.wall_s / h.wall_s) if s else math.nan
+        ratio_txt = f"{'>=' if s and s.status == 'TRUNCATED' else ''}{ratio:.1f}x" if s else "-"
+        abl = ", ".join(f"{k[7:]} {v.wall_s:.2f}/{v.iteration_time_s:.3f}" for k, v in m.items() if k.startswith("hpp-no-"))
+        lines.append(f"{point:<22} {h.num_gpus:>5} {h.wall_s:>7.2f} {s.wall_s if s else math.nan:>9.2f} {ratio_txt:>8} "
+                     f"{h.iteration_time_s:>10.3f} {s.iteration_time_s if s else math.nan:>13.3f} {h.gap:>6.1%}  {abl}")
+    return "\n".join(lines)
