@@ -29,7 +29,7 @@ from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.pruning.rules import PruningOptions
-from hpp.scenarios import SCENARIOS, get_scenario, make_cluster
+from hpp.scenarios import get_scenario, make_cluster
 
 __all__ = ["BenchPoint", "BenchRow", "sweep_points", "scenario_points", "measure_point", "write_csv",
            "plot_rows", "summary_table", "TYPE_MIXES", "ABLATIONS"]
@@ -106,16 +106,16 @@ def _median(xs: list[float]) -> float:
 
 
 def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0, ablations: Iterable[str] = ABLATIONS,
-                  single_shape_budget_s: float | None = 60.0, num_workers: int = 0,
-                  on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
-    """Measure HPP, its ablations and the single-shape enumeration on ``p``; rows in that order."""
+                  ablation_repeats: int = 1, single_shape: bool = True, single_shape_budget_s: float | None = 60.0,
+                  num_workers: int = 0, on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
+    """Measure HPP (``repeats`` times, median), its ablations and the single-shape enumeration on ``p``."""
     profile = load_bundled_profile(p.model)
     settings = SolverSettings(max_time_in_seconds=time_limit_s, num_workers=num_workers, random_seed=0)
     rows = []
     variants = [("hpp", PruningOptions())] + [(f"hpp-no-{r}", PruningOptions().without(r)) for r in ablations]
     for method, pruning in variants:
         walls, res = [], None
-        for _ in range(repeats):
+        for _ in range(repeats if method == "hpp" else ablation_repeats):
             res = plan_hpp(p.cluster, profile, p.global_batch_size, pruning=pruning, settings=settings)
             walls.append(res.wall_s)
         assert res is not None
@@ -126,6 +126,8 @@ def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0,
         rows.append(row)
         if on_row:
             on_row(row)
+    if not single_shape:
+        return rows
     t0 = time.perf_counter()
     base = single_shape_baseline(p.cluster, profile, p.global_batch_size, space=SearchSpace(),
                                  time_budget_s=single_shape_budget_s)

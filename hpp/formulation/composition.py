@@ -59,7 +59,7 @@ class SolverSettings:
     random_seed: int = 0
     log_search_progress: bool = False
     max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)
-    patience_s: float | None = 1.0  # stop when no better solution came for this long (None: use the full limit)
+    patience_s: float | None = 0.25  # stop when no better solution came for this long (None: use the full limit)
     formulation: str = "auto"     # "per-copy" (linear), "product" (x_c * k_c), or "auto" (per-copy when small)
 
 

@@ -109,6 +109,7 @@ class StageBalancer:
     rows_computed: int = 0
     rows_reused: int = 0
     _rows: dict = field(default_factory=dict, repr=False)
+    _costs: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_layers(self) -> int:
@@ -117,6 +118,10 @@ class StageBalancer:
     def _stage_costs(self, kind: StageKind, b: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(C, use_full, p2p): per-micro-batch compute of [u, v) on ``kind`` at distance d from the end
         with the cheapest recomputation mode that fits memory (inf if none fits)."""
+        key = (kind, b, d)
+        got = self._costs.get(key) if self.memoise else None
+        if got is not None:
+            return got
         tab = self.cache.table(kind.device_type, kind.tp_degree, b)
         fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
         C = np.where(fits, tab.compute_none_s, np.inf)
@@ -124,7 +129,10 @@ class StageBalancer:
         if self.allow_recompute:
             use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
             C = np.where(use_full, tab.compute_full_s, C)
-        return C, use_full, tab.p2p_s
+        got = (C, use_full, tab.p2p_s)
+        if self.memoise:
+            self._costs[key] = got
+        return got
 
     def _row(self, b: int, suffix: tuple[StageKind, ...], objective: str):
         """DP row over u for ``suffix`` covering [u, L): exact min-max ("bottleneck": best bottleneck
@@ -233,6 +241,6 @@ class StageBalancer:
             opt = max(opt, float(tab.optimizer_s[lo, hi]))
             params.append(float(tab.param_bytes[lo, hi]))
             mems.append(float(tab.memory_bytes(S - i, rec[i])[lo, hi]))
-            layer_params.extend(float(tab.param_bytes[l, l + 1]) for l in range(lo, hi))
+            layer_params.extend(np.diagonal(tab.param_bytes, offset=1)[lo:hi].tolist())
         return Partition(tuple(bounds), tuple(rec), bott, float(phi), opt, tuple(params), tuple(mems),
                          tuple(layer_params))
