@@ -240,3 +240,42 @@ def test_vectorised_dominance_equals_the_named_rule():
     fast = remove_dominated(c)
     assert [id(x) for x in fast] == [id(x) for x in kept]
     assert len(fast) < len(c)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_recomputation_only_grows_the_space(inst):
+    prof, cl, gbs = inst
+    space = SearchSpace(max_stages=3)
+    try:
+        without = plan_hpp(cl, prof, gbs, space=SearchSpace(max_stages=3, allow_recompute=False), settings=FAST)
+    except InfeasibleError:
+        without = None
+    try:
+        with_rec = plan_hpp(cl, prof, gbs, space=space, settings=FAST)
+    except InfeasibleError:
+        assert without is None          # recomputation can only make more shapes fit
+        return
+    if without is not None and without.composition.status == with_rec.composition.status == "OPTIMAL":
+        assert with_rec.composition.objective_s <= without.composition.objective_s * (1 + 1e-9)
+    if without is None:                 # whatever fits now needs recomputation somewhere
+        assert any(s.recompute == "full" for p in with_rec.plan.pipelines for s in p.stages)
+
+
+def test_llama8_needs_recomputation():
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import get_scenario
+    sc = get_scenario("llama8-3types-40")
+    cl, prof = sc.cluster(), load_bundled_profile(sc.model)
+    # without recomputation only deep pipelines whose first stage holds 1-2 layers fit (one pipeline);
+    # with it, many more pipelines fit and the plan is much faster
+    without = plan_hpp(cl, prof, sc.global_batch_size, space=SearchSpace(allow_recompute=False), settings=FAST)
+    res = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(max_time_in_seconds=3, num_workers=1))
+    validate_plan(res.plan, cl, prof)
+    assert any(s.recompute == "full" for p in res.plan.pipelines for s in p.stages)
+    assert estimate_plan(res.plan, cl, prof).fits_memory
+    assert res.estimate.iteration_time_s < without.estimate.iteration_time_s / 1.2
+    # and with fewer stages allowed, nothing fits without recomputation: the shortfall is reported
+    with pytest.raises(InfeasibleError, match=r"does not fit in memory.*falls short by"):
+        plan_hpp(cl, prof, sc.global_batch_size, space=SearchSpace(allow_recompute=False, max_stages=2),
+                 settings=FAST)
