@@ -1,0 +1,56 @@
+"""Regenerate every result of the README, then rewrite its results section from the files.
+
+    python experiments/run_all.py [--quick]
+
+Runs, in order: scenarios.py (speedups on the bundled scenarios), search_overhead.py
+(--quick: the small sweep; the full sweep is `python experiments/search_overhead.py`, ~30 min,
+and its CSV is reused when present), cost_model_validation.py, runtime_validation.py.
+Bounded to about 15 minutes on 2 cores (about 4 with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hpp.evaluation import results_markdown
+
+HERE = Path(__file__).resolve().parent
+README = HERE.parent / "README.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def _run(script: str, argv: list[str]) -> int:
+    spec = importlib.util.spec_from_file_location(script, HERE / f"{script}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    print(f"== {script} {' '.join(argv)}", file=sys.stderr, flush=True)
+    return mod.main(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's results section")
+    args = ap.parse_args(argv)
+    quick = ["--quick"] if args.quick else []
+    rc = _run("scenarios", quick)
+    so_csv = HERE / "results" / "search_overhead.csv"
+    if args.quick or not so_csv.exists():
+        rc |= _run("search_overhead", ["--quick"] if args.quick else [])
+    rc |= _run("cost_model_validation", [])
+    rc |= _run("runtime_validation", quick)
+    if not args.no_readme:
+        text = README.read_text()
+        if START in text and END in text:
+            head, rest = text.split(START, 1)
+            _, tail = rest.split(END, 1)
+            README.write_text(f"{head}{START}\n{results_markdown(HERE / 'results')}\n{END}{tail}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Paper-style evaluation on the bundled scenarios: HPP vs the uniform and single-shape baselines.
+
+:func:`scenario_rows` plans every scenario with HPP (unseeded: the search's own plan),
+runs both baselines on the same input and records predicted iteration times, speedups,
+search seconds, the solver gap and which stages recompute; it also plans each scenario
+with recomputation forbidden (issue: recomputation per stage). :func:`plot_speedups`
+draws the bar chart; :func:`results_markdown` renders the README's results section
+from the CSV files that the experiment scripts write (numbers never typed in).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable
+
+from hpp.baselines import single_shape_baseline, uniform_baseline
+from hpp.errors import InfeasibleError
+from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.composition import SolverSettings
+from hpp.planner import plan_hpp
+from hpp.profiles.bundled import load_bundled_profile
+from hpp.scenarios import get_scenario
+
+__all__ = ["ScenarioRow", "scenario_rows", "write_rows", "read_rows", "plot_speedups", "results_markdown"]
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    """One scenario: predicted iteration times [s], speedups, search seconds, gap, recomputation."""
+
+    scenario: str
+    model: str
+    gpus: int
+    hpp_s: float
+    uniform_s: float
+    single_shape_s: float
+    speedup_vs_uniform: float
+    speedup_vs_single_shape: float
+    hpp_search_s: float
+    single_shape_search_s: float
+    gap: float
+    status: str
+    pipelines: int
+    recompute_stages: int
+    no_recompute_s: float
+    no_recompute_note: str
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+def scenario_rows(names: Iterable[str], *, time_limit_s: float = 5.0, single_shape_budget_s: float = 60.0
+                  ) -> list[ScenarioRow]:
+    """Plan each scenario with HPP and both baselines (same cost model, same input)."""
+    rows = []
+    settings = SolverSettings(max_time_in_seconds=time_limit_s)
+    for name in names:
+        sc = get_scenario(name)
+        cl, prof, gbs = sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size
+        res = plan_hpp(cl, prof, gbs, settings=settings)
+        uni = uniform_baseline(cl, prof, gbs)
+        single = single_shape_baseline(cl, prof, gbs, time_budget_s=single_shape_budget_s)
+        try:
+            nr = plan_hpp(cl, prof, gbs, space=SearchSpace(allow_recompute=False), settings=settings)
+            no_rec, note = nr.estimate.iteration_time_s, ""
+        except InfeasibleError as exc:
+            no_rec, note = math.nan, str(exc).split(";")[0]
+        t = res.estimate.iteration_time_s
+        rows.append(ScenarioRow(
+            name, sc.model, cl.num_devices, t, uni.iteration_time_s, single.iteration_time_s,
+            _ratio(uni.iteration_time_s, t), _ratio(single.iteration_time_s, t), res.wall_s, single.wall_s,
+            res.composition.gap, res.composition.status, res.plan.num_pipelines,
+            sum(s.recompute != "none" for p in res.plan.pipelines for s in p.stages), no_rec, note))
+    return rows
+
+
+def write_rows(rows: list, path: Path) -> None:
+    """Write dataclass rows as CSV (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(rows[0])])
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+    tmp.replace(path)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of a CSV file as dicts ([] when the file does not exist)."""
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def plot_speedups(rows: list[ScenarioRow], path: Path) -> None:
+    """Bar chart: HPP's predicted speedup over uniform and single-shape per scenario."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r.speedup_vs_uniform for r in rows], 0.4, label="vs uniform (Megatron)")
+    ax.bar([x + 0.2 for x in xs], [r.speedup_vs_single_shape for r in rows], 0.4, label="vs single-shape (Metis)")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r.scenario for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("predicted speedup of HPP")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _f(x: str, fmt: str = ".2f") -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return x or "-"
+    return "-" if math.isnan(v) else format(v, fmt)
+
+
+def results_markdown(results: Path) -> str:
+    """The README results section, rendered from the CSV/JSON files under ``results``."""
+    out = ["Regenerate everything with `python experiments/run_all.py` (about 10-15 minutes on 2 cores; "
+           "`--quick` for a smaller run). Each table below is written by that script from these files.", ""]
+    sc = read_rows(results / "scenarios.csv")
+    if sc:
+        out += ["### Predicted speedup on the bundled scenarios (`experiments/scenarios.py`)", "",
+                "| scenario | GPUs | HPP s/iter | uniform | single-shape | HPP vs uniform | HPP vs single-shape "
+                "| HPP search s | single-shape search s | gap | recompute stages | HPP without recompute |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sc:
+            out.append(f"| {r['scenario']} | {r['gpus']} | {_f(r['hpp_s'], '.3f')} | {_f(r['uniform_s'], '.3f')} | "
+                       f"{_f(r['single_shape_s'], '.3f')} | {_f(r['speedup_vs_uniform'])}x | "
+                       f"{_f(r['speedup_vs_single_shape'])}x | {_f(r['hpp_search_s'])} | "
+                       f"{_f(r['single_shape_search_s'])} | {_f(r['gap'], '.1%')} | {r['recompute_stages']} | "
+                       f"{_f(r['no_recompute_s'], '.3f') if r['no_recompute_s'] not in ('', 'nan') else 'does not fit'} |")
+        out += ["", "![speedups](experiments/results/scenarios.png)", ""]
+    so = read_rows(results / "search_overhead.csv")
+    if so:
+        by: dict[str, dict[str, dict[str, str]]] = {}
+        for r in so:
+            by.setdefault(r["point"], {})[r["method"]] = r
+        out += ["### Search overhead (`experiments/search_overhead.py`)", "",
+                "| input | GPUs | HPP s | single-shape s | ratio | HPP s/iter | single-shape s/iter | gap |",
+                "|---|---|---|---|---|---|---|---|"]
+        for point, m in by.items():
+            h, s = m.get("hpp"), m.get("single-shape")
+            if not h:
+                continue
+            ratio = "-"
+            if s:
+                ratio = ("≥" if s["status"] == "TRUNCATED" else "") + _f(str(float(s["wall_s"]) / float(h["wall_s"])),
+                                                                        ".1f") + "x"
+            out.append(f"| {point} | {h['num_gpus']} | {_f(h['wall_s'])} | {_f(s['wall_s']) if s else '-'} | {ratio} | "
+                       f"{_f(h['iteration_time_s'], '.3f')} | {_f(s['iteration_time_s'], '.3f') if s else '-'} | "
+                       f"{_f(h['gap'], '.1%')} |")
+        out += ["", "![search overhead](experiments/results/search_overhead.png)", ""]
+    cm = results / "cost_model_validation.json"
+    if cm.exists():
+        import json
+        mape = json.loads(cm.read_text())["mape_pct"]
+        out += ["### Cost model vs 15 real GH200 runs (`experiments/cost_model_validation.py`)", "",
+                "| cost model | iteration time MAPE | peak memory MAPE |", "|---|---|---|"]
+        out += [f"| {k} | {v['time']:.1f} % | {v['memory']:.1f} % |" for k, v in mape.items()]
+        out += ["", "(for reference, on the same runs: Sailor's simulator 8.9 % / 5.9 %, its ports of the Metis "
+                "and FlashFlex cost models 12.2 % / 50.6 % and 21.8 % / 73.0 %)", "",
+                "![cost model](experiments/results/cost_model_validation.png)", ""]
+    rv = read_rows(results / "runtime_validation.csv")
+    if rv:
+        cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error",
+                            "measured_throughput", "measured_speedup_of_hpp", "predicted_speedup_of_hpp")
+                if c in rv[0]]
+        out += ["### Runtime validation on emulated CPU clusters (`experiments/runtime_validation.py`)", "",
+                "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in rv:
+            out.append("| " + " | ".join(_f(r[c], ".3f") for c in cols) + " |")
+        out += ["", "![runtime](experiments/results/runtime_validation.png)", ""]
+    return "\n".join(out)
