@@ -268,9 +268,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_scenarios)
 
-    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli before parsing
+    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench_cli before parsing
     sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
     sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
+    sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
+    sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
     return ap
 
 
@@ -280,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("run", "profile"):   # runtime commands live in hpp.runtime (torch imported only there)
         from hpp.runtime.cli import main as runtime_main
         return runtime_main(argv)
+    if argv and argv[0] in ("instances", "bench-solvers"):   # the solver-benchmark commands
+        from hpp.bench_cli import main as bench_main
+        return bench_main(argv)
     ap = _parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,

@@ -222,26 +222,25 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             stats["cpsat_candidates"] = len(kept)
         # the time limit covers bound + CP-SAT: CP-SAT gets what is left (at least 0.5 s)
         left = settings.max_time_in_seconds - (time.perf_counter() - t1)
-        comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)), hint=sub_hint, symmetry=pruning.symmetry,
+        comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)),
+                                       hint=sub_hint, symmetry=pruning.symmetry,
                                        incumbent_s=hint_obj if pruning.incumbent_bound else None,
                                        lower_bound_pipe_s=lb)
-        counts, status, obj = comp.counts, comp.status, comp.objective_s
+        counts, obj = comp.counts, comp.objective_s
         if kept is not None:
             counts = {kept[c]: x for c, x in counts.items()}
         if not counts or obj > hint_obj * (1 + 1e-9):
             counts, obj = hint, hint_obj          # the incumbent is a feasible solution of the same model
-        bound = comp.bound_s
-        if kept is not None:
-            # CP-SAT's bound holds for the restricted set only: report the global one
-            status = "FEASIBLE" if status in ("OPTIMAL", "FEASIBLE", "UNKNOWN") else status
-            bound = global_bound
-        elif status == "UNKNOWN":
-            status = "FEASIBLE"
-        if status != "OPTIMAL":
-            bound = max(bound, global_bound) if bound == bound else global_bound
-        gap = 0.0 if status == "OPTIMAL" else (max(0.0, (obj - bound) / obj) if bound == bound else math.nan)
+        # CP-SAT's bound holds for the candidates it saw and for its relaxed sync (one bucket per stage):
+        # the gap is always the exact objective against the best valid bound
+        bound = global_bound if kept is not None or comp.bound_s != comp.bound_s else max(comp.bound_s, global_bound)
+        gap = max(0.0, (obj - bound) / obj) if obj > 0 else 0.0
         if gap <= 1e-6:
             status, gap = "OPTIMAL", 0.0
+        elif comp.status in ("OPTIMAL", "FEASIBLE", "UNKNOWN", "INFEASIBLE"):
+            status = "FEASIBLE"
+        else:
+            status = comp.status
         comp = CompositionResult(counts, status, obj, bound, gap, comp.wall_s, len(problem.candidates))
         say(f"CP-SAT {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
             f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s)")

@@ -42,7 +42,7 @@ from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
            "pipeline_time_for_counts", "greedy_composition", "solve_composition_cpsat", "SolverSettings",
-           "lp_lower_bound_pipe_s", "composition_lower_bound_s", "block_sync_s", "fill_heuristic", "solo_objective_s"]
+           "lp_lower_bound_pipe_s", "composition_lower_bound_s", "build_composition_model", "block_sync_s", "fill_heuristic", "solo_objective_s"]
 
 log = logging.getLogger(__name__)
 
@@ -383,15 +383,16 @@ def _solve_with_patience(solver: cp_model.CpSolver, model: cp_model.CpModel, pat
         watcher.join()
 
 
-def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
+def build_composition_model(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
                             hint: dict[int, int] | None = None, symmetry: bool = True,
-                            incumbent_s: float | None = None,
-                            lower_bound_pipe_s: float | None = None) -> CompositionResult:
-    """Solve the composition with OR-Tools CP-SAT (see the module docstring for the model).
+                            incumbent_s: float | None = None, lower_bound_pipe_s: float | None = None
+                            ) -> tuple[cp_model.CpModel, list]:
+    """The CP-SAT model of the composition (see the module docstring) and its copy variables x_c.
 
-    Never raises on a time limit: returns the best solution found (or the hint) with its gap.
+    Objective in integer microseconds (``US_PER_S``); ``x_<c>`` is the number of copies of
+    candidate c. ``incumbent_s`` adds the cutoff objective <= incumbent; ``lower_bound_pipe_s``
+    the redundant LP bound on the pipeline time; ``hint`` goes in as a solution hint.
     """
-    t0 = time.perf_counter()
     cands = problem.candidates
     G = problem.global_batch_size
     m = cp_model.CpModel()
@@ -476,6 +477,23 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     if hint:
         for c in range(n):
             m.add_hint(x[c], hint.get(c, 0))
+    return m, x
+
+
+def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
+                            hint: dict[int, int] | None = None, symmetry: bool = True,
+                            incumbent_s: float | None = None,
+                            lower_bound_pipe_s: float | None = None) -> CompositionResult:
+    """Solve the composition with OR-Tools CP-SAT (model: :func:`build_composition_model`).
+
+    Never raises on a time limit: returns the best solution found (or the hint) with its gap.
+    CP-SAT prices gradient sync with one bucket per stage, a relaxation of the block-wise sync
+    of :func:`composition_objective_s`: its bound is valid; the returned objective is exact.
+    """
+    t0 = time.perf_counter()
+    n = len(problem.candidates)
+    m, x = build_composition_model(problem, settings=settings, hint=hint, symmetry=symmetry,
+                                   incumbent_s=incumbent_s, lower_bound_pipe_s=lower_bound_pipe_s)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = settings.max_time_in_seconds
     solver.parameters.num_workers = settings.num_workers

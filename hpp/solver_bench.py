@@ -1,0 +1,291 @@
+"""bench-solvers: every solver of :mod:`hpp.solvers` on every instance of a suite, in one run.
+
+Per instance the composition problem is built once (:meth:`Instance.problem`), the heuristic
+runs once (it is also the exact solvers' warm start; its seconds count in theirs), then each
+exact solver runs with the same time limit. Every answer is re-priced with
+:func:`~hpp.formulation.composition.composition_objective_s`.
+
+Time to the best solution: a solver "reaches the best" on an instance when its objective is
+within :func:`hpp.solvers.within_tolerance` of the least objective any solver found there; its
+time to best is then its wall time (the solvers do not report when they found their final
+answer, so this is the time until the answer was available), else infinite. The performance
+profile (Dolan and More 2002) plots, per solver, the share of instances whose time to best is
+within a factor x of the fastest solver's.
+
+Consistency checks (:func:`check_consistency`): exact solvers that both close their model agree on
+its optimum; those that both prove optimality on the judged objective agree on it; no answer is
+below another solver's proven bound; the heuristic never beats a proven optimum (all within the
+tolerance of :mod:`hpp.solvers`).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from hpp.errors import InfeasibleError
+from hpp.instances import Instance
+from hpp.solvers import OPTIMUM_ATOL_S, OPTIMUM_RTOL, SOLVER_NAMES, SolverOptions, SolveResult, solve, within_tolerance
+
+__all__ = ["BenchRow", "run_bench", "check_consistency", "write_csv", "plot_time_to_best",
+           "plot_performance_profile", "summary_table", "DEFAULT_TIME_LIMIT_S"]
+
+log = logging.getLogger(__name__)
+
+#: Default per-solver time limit [s] per suite (quick: the whole suite in < 3 minutes on 2 cores).
+DEFAULT_TIME_LIMIT_S = {"quick": 5.0, "full": 30.0}
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One solver on one instance (a CSV row)."""
+
+    instance: str
+    family: str
+    num_gpus: int
+    num_types: int
+    num_layers: int
+    num_candidates: int
+    build_s: float
+    solver: str
+    status: str
+    proven_optimal: bool
+    objective_s: float
+    model_objective_s: float
+    bound_s: float
+    gap: float
+    wall_s: float
+    hit_time_limit: bool
+    nodes: int
+    time_to_best_s: float
+    reached_best: bool
+    note: str = ""
+    solver_model_objective_s: float = math.nan
+
+
+def _row(inst: Instance, layers: int, ncand: int, build_s: float, r: SolveResult) -> BenchRow:
+    return BenchRow(inst.name, inst.family, inst.num_gpus, inst.num_types, layers, ncand, build_s, r.solver, r.status,
+                    r.proven_optimal, r.objective_s, r.model_objective_s, r.bound_s, r.gap, r.wall_s, r.hit_time_limit,
+                    r.nodes, math.inf, False, r.note, r.solver_model_objective_s)
+
+
+def run_bench(instances: Iterable[Instance], *, solvers: Sequence[str] = SOLVER_NAMES,
+              options: SolverOptions = SolverOptions(), on_row: Callable[[BenchRow], None] | None = None
+              ) -> list[BenchRow]:
+    """Run ``solvers`` on every instance; rows in instance order, solvers in the given order.
+
+    An instance on which no pipeline fits memory gets one row with status ``NO_CANDIDATES``.
+
+    Raises
+    ------
+    HppInputError
+        An instance that fails validation (e.g. names a missing profile), an unknown solver.
+    """
+    rows: list[BenchRow] = []
+    for inst in instances:
+        t0 = time.perf_counter()
+        try:
+            problem, _stats = inst.problem()
+        except InfeasibleError as exc:
+            row = BenchRow(inst.name, inst.family, inst.num_gpus, inst.num_types, 0, 0, time.perf_counter() - t0,
+                           "-", "NO_CANDIDATES", False, math.inf, math.inf, math.nan, math.nan, 0.0, False, -1,
+                           math.inf, False, str(exc))
+            rows.append(row)
+            if on_row:
+                on_row(row)
+            continue
+        build_s = time.perf_counter() - t0
+        layers = inst.load_profile().num_layers
+        ncand = len(problem.candidates)
+        incumbent = solve(problem, "heuristic", options=options)
+        results = [incumbent if s == "heuristic" else
+                   solve(problem, s, options=options, incumbent=incumbent if options.warm_start else None)
+                   for s in solvers]
+        best = min(r.objective_s for r in results)
+        for r in results:
+            row = _row(inst, layers, ncand, build_s, r)
+            reached = math.isfinite(best) and within_tolerance(r.objective_s, best)
+            row = BenchRow(**{**asdict(row), "reached_best": reached, "time_to_best_s": r.wall_s if reached else math.inf})
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def _by_instance(rows: Sequence[BenchRow]) -> dict[str, dict[str, BenchRow]]:
+    out: dict[str, dict[str, BenchRow]] = {}
+    for r in rows:
+        if r.solver != "-":
+            out.setdefault(r.instance, {})[r.solver] = r
+    return out
+
+
+def check_consistency(rows: Sequence[BenchRow]) -> list[str]:
+    """Violations of the agreement rules of the module docstring (empty: all hold)."""
+    bad = []
+    for inst, m in _by_instance(rows).items():
+        exact = [r for r in m.values() if r.status != "HEURISTIC"]
+        for i, a in enumerate(exact):
+            for b in exact[i + 1:]:
+                if a.status == b.status == "OPTIMAL" and "restricted" not in a.note + b.note and not within_tolerance(
+                        a.solver_model_objective_s, b.solver_model_objective_s):
+                    bad.append(f"{inst}: {a.solver} and {b.solver} both close the model but disagree: "
+                               f"{a.solver_model_objective_s:.6f} vs {b.solver_model_objective_s:.6f} s")
+                if a.proven_optimal and b.proven_optimal and not within_tolerance(a.objective_s, b.objective_s):
+                    bad.append(f"{inst}: {a.solver} and {b.solver} both prove optimal but disagree: "
+                               f"{a.objective_s:.6f} vs {b.objective_s:.6f} s")
+        for r in m.values():
+            for e in exact:
+                if e.bound_s == e.bound_s and r.objective_s < e.bound_s - OPTIMUM_ATOL_S - OPTIMUM_RTOL * e.bound_s:
+                    bad.append(f"{inst}: {r.solver}'s objective {r.objective_s:.6f} s is below {e.solver}'s bound "
+                               f"{e.bound_s:.6f} s")
+            if r.solver == "heuristic":
+                for e in exact:
+                    if e.proven_optimal and r.objective_s < e.objective_s and not within_tolerance(r.objective_s,
+                                                                                                   e.objective_s):
+                        bad.append(f"{inst}: the heuristic ({r.objective_s:.6f} s) beats {e.solver}'s proven "
+                                   f"optimum {e.objective_s:.6f} s")
+    return bad
+
+
+def write_csv(rows: Sequence[BenchRow], path: Path) -> None:
+    """Write rows to ``path`` (header from :class:`BenchRow`), via a temporary file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(BenchRow)])
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+    tmp.replace(path)
+
+
+def _median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else math.nan
+
+
+def _solvers(rows: Sequence[BenchRow]) -> list[str]:
+    return list(dict.fromkeys(r.solver for r in rows if r.solver != "-"))
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+_STYLE = {"cp-sat": ("tab:blue", "o"), "milp": ("tab:orange", "s"), "heuristic": ("tab:green", "^")}
+
+
+def plot_time_to_best(rows: Sequence[BenchRow], path: Path, *, time_limit_s: float | None = None) -> None:
+    """Per instance (x), each solver's time to the best solution (log y); hollow x = never reached it."""
+    plt = _plt()
+    insts = list(_by_instance(rows))
+    fig, ax = plt.subplots(figsize=(max(9, 0.6 * len(insts) + 3), 5.5))
+    for k, s in enumerate(_solvers(rows)):
+        color, marker = _STYLE.get(s, (None, "D"))
+        xs, ys, xm, ym = [], [], [], []
+        for i, name in enumerate(insts):
+            r = _by_instance(rows)[name].get(s)
+            if r is None:
+                continue
+            if r.reached_best:
+                xs.append(i + 0.12 * (k - 1)), ys.append(max(r.time_to_best_s, 1e-3))
+            else:
+                xm.append(i + 0.12 * (k - 1)), ym.append(max(r.wall_s, 1e-3))
+        ax.scatter(xs, ys, color=color, marker=marker, label=f"{s}: reached the best", zorder=3)
+        if xm:
+            ax.scatter(xm, ym, color=color, marker="x", label=f"{s}: did not (its wall time)", zorder=3)
+    if time_limit_s:
+        ax.axhline(time_limit_s, color="grey", linestyle=":", linewidth=1, label=f"time limit {time_limit_s:g} s")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(insts)))
+    ax.set_xticklabels(insts, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("time to the best solution [s]")
+    ax.set_title("Time to the best solution per instance (exact solvers: heuristic warm start included)", fontsize=10)
+    ax.grid(True, which="both", axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _ratios(rows: Sequence[BenchRow]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {s: [] for s in _solvers(rows)}
+    for m in _by_instance(rows).values():
+        fastest = min((r.time_to_best_s for r in m.values()), default=math.inf)
+        for s, r in m.items():
+            out[s].append(r.time_to_best_s / max(fastest, 1e-6) if math.isfinite(r.time_to_best_s) else math.inf)
+    return out
+
+
+def plot_performance_profile(rows: Sequence[BenchRow], path: Path) -> None:
+    """Share of instances on which a solver reaches the best solution within x times the fastest solver's time."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ratios = _ratios(rows)
+    finite = [x for v in ratios.values() for x in v if math.isfinite(x)]
+    xmax = max(2.0, max(finite, default=2.0) * 1.5)
+    for s, rs in ratios.items():
+        color, _ = _STYLE.get(s, (None, "D"))
+        pts = sorted(rs)
+        n = len(pts)
+        xs, ys = [1.0], [sum(1 for r in pts if r <= 1.0) / n if n else 0.0]
+        for r in pts:
+            if math.isfinite(r) and r > 1.0:
+                xs.append(r), ys.append(sum(1 for q in pts if q <= r) / n)
+        xs.append(xmax), ys.append(ys[-1])
+        at_limit = [r.gap for r in rows if r.solver == s and r.hit_time_limit]
+        label = s + (" (no bound)" if s == "heuristic" else
+                     f" (gap at the limit: median {_median(at_limit):.1%} over {len(at_limit)})" if at_limit
+                     else " (never hit the limit)")
+        ax.step(xs, ys, where="post", color=color, label=label, linewidth=2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(1.0, xmax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("x: time to the best solution / the fastest solver's")
+    ax.set_ylabel("share of instances")
+    ax.set_title("Performance profile: time to the best solution", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary_table(rows: Sequence[BenchRow]) -> str:
+    """Per solver: instances, proven optimal, model closed, median wall time, median gap, best found, wins."""
+    by = _by_instance(rows)
+    wins: dict[str, dict[str, int]] = {s: {} for s in _solvers(rows)}
+    for name, m in by.items():
+        reached = [r for r in m.values() if r.reached_best]
+        if not reached:
+            continue
+        w = min(reached, key=lambda r: r.time_to_best_s)
+        fam = w.family.split("/")[-1]
+        wins[w.solver][fam] = wins[w.solver].get(fam, 0) + 1
+    lines = [f"{'solver':<10} {'inst':>4} {'proven opt':>10} {'model opt':>9} {'median s':>8} {'median gap':>10} "
+             f"{'gap@limit':>9} {'best found':>10} {'wins':>4}  where it wins (fastest to the best, by family)"]
+    for s in _solvers(rows):
+        rs = [r for r in rows if r.solver == s]
+        at_limit = [r.gap for r in rs if r.hit_time_limit]
+        gap_txt = "-" if s == "heuristic" else f"{_median([r.gap for r in rs]):.2%}"
+        lim_txt = "-" if s == "heuristic" else (f"{_median(at_limit):.2%}" if at_limit else "none hit")
+        where = ", ".join(f"{k} {v}" for k, v in sorted(wins[s].items(), key=lambda kv: -kv[1])) or "-"
+        lines.append(f"{s:<10} {len(rs):>4} {sum(r.proven_optimal for r in rs):>10} "
+                     f"{sum(r.status == 'OPTIMAL' for r in rs):>9} {_median([r.wall_s for r in rs]):>8.2f} "
+                     f"{gap_txt:>10} {lim_txt:>9} {sum(r.reached_best for r in rs):>10} {sum(wins[s].values()):>4}  {where}")
+    lines.append(f"(proven opt: closed its model AND the judged objective is within {OPTIMUM_RTOL:g} relative of its "
+                 f"bound; model opt: closed its own model, whose gradient sync is a relaxation; tolerance "
+                 f"{OPTIMUM_ATOL_S:g} s + {OPTIMUM_RTOL:g} relative)")
+    return "\n".join(lines)
