@@ -225,7 +225,7 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)),
                                        hint=sub_hint, symmetry=pruning.symmetry,
                                        incumbent_s=hint_obj if pruning.incumbent_bound else None,
-                                       lower_bound_pipe_s=lb)
+                                       lower_bound_pipe_s=lb, progress=progress)
         counts, obj = comp.counts, comp.objective_s
         if kept is not None:
             counts = {kept[c]: x for c, x in counts.items()}

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -351,21 +351,26 @@ def _us(x: float) -> int:
 
 
 class _Improvements(cp_model.CpSolverSolutionCallback):
-    """Records when CP-SAT last improved its incumbent."""
+    """Records when CP-SAT last improved its incumbent, and reports each improvement."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self.last = time.perf_counter()
+        self.report = report
 
     def on_solution_callback(self) -> None:
         self.last = time.perf_counter()
+        if self.report is not None:
+            self.report(f"CP-SAT incumbent {self.objective_value / US_PER_S:.4f} s, "
+                        f"bound {self.best_objective_bound / US_PER_S:.4f} s (its model)")
 
 
-def _solve_with_patience(solver: cp_model.CpSolver, model: cp_model.CpModel, patience_s: float | None) -> int:
+def _solve_with_patience(solver: cp_model.CpSolver, model: cp_model.CpModel, patience_s: float | None,
+                         report: Callable[[str], None] | None = None) -> int:
     """``solver.solve(model)``, stopped early once no better solution came for ``patience_s`` seconds."""
+    cb = _Improvements(report)
     if patience_s is None:
-        return solver.solve(model)
-    cb = _Improvements()
+        return solver.solve(model, cb)
     done = threading.Event()
 
     def watch() -> None:
@@ -483,8 +488,11 @@ def build_composition_model(problem: CompositionProblem, *, settings: SolverSett
 def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
                             hint: dict[int, int] | None = None, symmetry: bool = True,
                             incumbent_s: float | None = None,
-                            lower_bound_pipe_s: float | None = None) -> CompositionResult:
+                            lower_bound_pipe_s: float | None = None,
+                            progress: Callable[[str], None] | None = None) -> CompositionResult:
     """Solve the composition with OR-Tools CP-SAT (model: :func:`build_composition_model`).
+
+    ``progress`` receives one line per improved incumbent (the CLI prints them on stderr).
 
     Never raises on a time limit: returns the best solution found (or the hint) with its gap.
     CP-SAT prices gradient sync with one bucket per stage, a relaxation of the block-wise sync
@@ -499,7 +507,7 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     solver.parameters.num_workers = settings.num_workers
     solver.parameters.random_seed = settings.random_seed
     solver.parameters.log_search_progress = settings.log_search_progress
-    status = _solve_with_patience(solver, m, settings.patience_s)
+    status = _solve_with_patience(solver, m, settings.patience_s, progress)
     wall = time.perf_counter() - t0
     name = solver.status_name(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
