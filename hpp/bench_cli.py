@@ -89,10 +89,10 @@ def instances_main(argv: Sequence[str]) -> int:
         if args.json:
             print(json.dumps({"suite": args.suite, "instances": rows}))
             return 0
-        print(f"{'name':<34} {'family':<22} {'model':<22} {'GPUs':>5} {'types':>5} {'G':>6} {'stages':>6} "
+        print(f"{'name':<34} {'family':<22} {'model':<28} {'GPUs':>5} {'types':>5} {'G':>6} {'stages':>6} "
               f"{'tp':>3} mbs")
         for r in rows:
-            print(f"{r['name']:<34} {r['family']:<22} {str(r['model'])[:22]:<22} {r['num_gpus']:>5} "
+            print(f"{r['name']:<34} {r['family']:<22} {str(r['model']):<28} {r['num_gpus']:>5} "
                   f"{r['num_types']:>5} {r['global_batch_size']:>6} {r['max_stages']:>6} {str(r['max_tp'] or '-'):>3} "
                   f"{r['micro_batch_sizes'] or 'all'}")
         return 0

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -53,26 +54,32 @@ def _estimate_json(est) -> dict[str, Any]:
     }
 
 
-def _gib(x: float) -> str:
-    return f"{x / 2**30:.1f}"
+def _mem(x: float, unit: float) -> str:
+    return f"{x / unit:.1f}"
+
+
+def _mem_unit(capacity_bytes: float) -> tuple[float, str]:
+    """GiB for GPU-sized capacities, MiB below 1 GiB (emulated CPU devices)."""
+    return (2**30, "GiB") if capacity_bytes >= 2**30 else (2**20, "MiB")
 
 
 def _print_estimate(est, plan, out=sys.stdout) -> None:
     w = out.write
+    unit, uname = _mem_unit(min(s.capacity_bytes for p in est.pipelines for s in p.stages))
     w(f"{'pipe':>4} {'stage':>5} {'device':>12} {'tp':>2} {'layers':>9} {'rec':>4} {'mb':>3} {'#mb':>4} "
-      f"{'fwd+bwd ms':>10} {'p2p ms':>7} {'bubble s':>8} {'sync s':>7} {'mem GiB':>13}\n")
+      f"{'fwd+bwd ms':>10} {'p2p ms':>7} {'bubble s':>8} {'sync s':>7} {'memory / capacity':>17}\n")
     for i, (p, pe) in enumerate(zip(plan.pipelines, est.pipelines)):
         for j, (s, se) in enumerate(zip(p.stages, pe.stages)):
             w(f"{i:>4} {j:>5} {s.device_type:>12} {s.tp_degree:>2} {f'[{s.layer_start},{s.layer_stop})':>9} "
               f"{s.recompute[:4]:>4} {p.micro_batch_size:>3} {p.num_micro_batches:>4} "
               f"{1e3 * (se.forward_s + se.backward_s):>10.2f} {1e3 * se.p2p_s:>7.2f} {se.bubble_s:>8.3f} "
-              f"{se.grad_sync_s:>7.3f} {_gib(se.memory_bytes):>6}/{_gib(se.capacity_bytes):>6}\n")
+              f"{se.grad_sync_s:>7.3f} {_mem(se.memory_bytes, unit):>6}/{_mem(se.capacity_bytes, unit):>6} {uname}\n")
         w(f"     pipeline {i}: {p.num_samples} samples, {pe.time_s:.3f} s\n")
     w(f"blocks: {len(est.blocks)}; gradient sync block-wise {est.grad_sync_block_s:.3f} s "
       f"(per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
     w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
       f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "
-      f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {_gib(est.peak_memory_bytes)} GiB\n")
+      f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {_mem(est.peak_memory_bytes, unit)} {uname}\n")
     if not est.fits_memory:
         w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
     for msg in est.warnings:
@@ -170,8 +177,10 @@ def cmd_plan(args) -> int:
     print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
     _print_estimate(res.estimate, plan)
+    seen = res.stats.get("cpsat_candidates")
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s, "
-          f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates")
+          f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates"
+          + (f" (CP-SAT saw the best {seen}; the bound covers all)" if seen else ""))
     for k, b in baselines.items():
         if b.feasible:
             print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter ({b.description}); HPP speedup "
@@ -210,7 +219,12 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_scenarios(args) -> int:
-    from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS
+    from hpp.profiles.cluster import cluster_to_dict
+    from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
+
+    if args.cluster:   # the scenario's cluster as a cluster file, to edit or to plan with your own profile
+        print(json.dumps(cluster_to_dict(get_scenario(args.cluster).cluster()), indent=1))
+        return 0
 
     rows = []
     for s in SCENARIOS.values():
@@ -235,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`)")
     p.add_argument("--cluster", type=Path, help="cluster JSON file (instead of --scenario)")
     p.add_argument("--profile", type=Path, help="native profile JSON file (with --cluster)")
-    p.add_argument("--model", help="bundled model profile (with --cluster): OPT-350, GPT-Neo-2.7, LLAMA-3-8")
+    p.add_argument("--model", help="bundled model profile (with --cluster): OPT-350, GPT-Neo-2.7, LLAMA-3-8, gpt-tiny")
     p.add_argument("--gbs", type=int, help="global batch size [samples]")
     p.add_argument("--micro-batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
                    help="comma-separated micro-batch sizes to consider (default: all measured)")
@@ -266,6 +280,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scenarios", help="list the bundled scenarios")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--cluster", metavar="NAME", help="print scenario NAME's cluster as a cluster JSON file")
     s.set_defaults(func=cmd_scenarios)
 
     # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench_cli before parsing
@@ -296,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"hpp {args.command}: interrupted", file=sys.stderr)
+        return 1
+    except BrokenPipeError:   # e.g. `hpp plan | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

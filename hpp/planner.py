@@ -242,8 +242,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         else:
             status = comp.status
         comp = CompositionResult(counts, status, obj, bound, gap, comp.wall_s, len(problem.candidates))
-        say(f"CP-SAT {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
-            f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s)")
+        seen = f"; CP-SAT saw the best {len(kept)} of {len(problem.candidates)} candidates" if kept else ""
+        say(f"search {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
+            f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s{seen})")
     stats["solve_s"] = comp.wall_s
     stats["num_candidates"] = len(problem.candidates)
     plan = build_plan(cluster, model=profile.model, num_layers=profile.num_layers,

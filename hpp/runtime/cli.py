@@ -83,10 +83,10 @@ def run_main(argv: Sequence[str] | None = None) -> int:
                        group_timeout_s=args.group_timeout, run_timeout_s=args.run_timeout,
                        time_scale=args.time_scale, num_threads=args.threads).to_dict()
     except HppInputError as exc:
-        sys.stderr.write(f"hpp run: {exc}\n")
+        sys.stderr.write(f"hpp run: error: {exc}\n")
         return 2
     except RunFailedError as exc:
-        sys.stderr.write(f"hpp run: run failed: {exc}\n")
+        sys.stderr.write(f"hpp run: error: run failed: {exc}\n")
         return 1
     print(json.dumps(rep) if args.json else _human_run(rep))
     return 0
@@ -143,7 +143,7 @@ def profile_main(argv: Sequence[str] | None = None) -> int:
             prof = scale_profile(prof, emulate, base_device_type=args.device_type or args.device)
         write_profile(prof, args.out)
     except HppInputError as exc:
-        sys.stderr.write(f"hpp profile: {exc}\n")
+        sys.stderr.write(f"hpp profile: error: {exc}\n")
         return 2
     summary = {"out": args.out, "model": prof.model, "num_layers": prof.num_layers,
                "entries": [list(k) for k in sorted(prof.entries)],
