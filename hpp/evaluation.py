@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines import single_shape_baseline, uniform_baseline
 from hpp.errors import InfeasibleError
+from hpp.fileio import write_dataclass_csv
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.planner import plan_hpp
@@ -80,14 +81,7 @@ def scenario_rows(names: Iterable[str], *, time_limit_s: float = 5.0, single_sha
 
 def write_rows(rows: list, path: Path) -> None:
     """Write dataclass rows as CSV (temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(rows[0])])
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
-    tmp.replace(path)
+    write_dataclass_csv(rows, path)
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

@@ -38,6 +38,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from hpp.errors import HppInputError
+from hpp.fileio import read_json
 from hpp.formulation.candidates import SearchSpace
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster, Link, Node, cluster_from_dict, cluster_to_dict
@@ -280,15 +281,7 @@ def load_instance(path: str | Path) -> Instance:
         Missing file, invalid JSON, or a field that fails validation (named with the file).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HppInputError(f"cannot read instance file ({exc.strerror})", source=str(p), fix="check the path") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HppInputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=str(p),
-                            fix="fix the JSON syntax") from None
+    data = read_json(p, what="instance file")
     return instance_from_dict(data, source=str(p), base_dir=p.parent)
 
 

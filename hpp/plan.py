@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import read_json
 
 __all__ = ["Stage", "Pipeline", "Plan", "RECOMPUTE_MODES", "SCHEDULES", "PLAN_FORMAT", "PLAN_VERSION",
            "plan_from_dict", "plan_to_dict", "read_plan_json", "write_plan_json", "default_schedule"]
@@ -283,17 +284,7 @@ def read_plan_json(path: str | Path) -> dict[str, Any]:
     ------
     HppInputError
     """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HppInputError(f"cannot read plan file ({exc.strerror})", source=str(p), fix="check the path") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HppInputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=str(p),
-                            fix="fix the JSON syntax") from None
-    return data
+    return read_json(path, what="plan file")
 
 
 def write_plan_json(plan: Plan, path: str | Path) -> None:

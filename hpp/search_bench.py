@@ -12,17 +12,17 @@ The thin script is ``experiments/search_overhead.py``.
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from hpp.baselines import single_shape_baseline
 from hpp.errors import HppInputError
+from hpp.fileio import write_dataclass_csv
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.planner import plan_hpp
@@ -143,14 +143,7 @@ def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0,
 
 def write_csv(rows: list[BenchRow], path: Path) -> None:
     """Write rows to ``path`` (header from :class:`BenchRow`), via a temporary file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(BenchRow)])
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
-    tmp.replace(path)
+    write_dataclass_csv(rows, path, row_type=BenchRow)
 
 
 def plot_rows(rows: list[BenchRow], path: Path) -> None:

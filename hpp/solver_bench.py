@@ -20,16 +20,16 @@ tolerance of :mod:`hpp.solvers`).
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from hpp.errors import InfeasibleError
+from hpp.fileio import write_dataclass_csv
 from hpp.instances import Instance
 from hpp.solvers import OPTIMUM_ATOL_S, OPTIMUM_RTOL, SOLVER_NAMES, SolverOptions, SolveResult, solve, within_tolerance
 
@@ -156,14 +156,7 @@ def check_consistency(rows: Sequence[BenchRow]) -> list[str]:
 
 def write_csv(rows: Sequence[BenchRow], path: Path) -> None:
     """Write rows to ``path`` (header from :class:`BenchRow`), via a temporary file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(BenchRow)])
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
-    tmp.replace(path)
+    write_dataclass_csv(rows, path, row_type=BenchRow)
 
 
 def _median(xs: list[float]) -> float:

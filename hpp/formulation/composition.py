@@ -192,6 +192,23 @@ def composition_objective_s(problem: CompositionProblem, counts: dict[int, int])
     return t_pipe + t_sync + t_opt
 
 
+def _fill_in_order(problem: CompositionProblem, counts: dict[int, int], order: Sequence[int]
+                   ) -> tuple[dict[int, int], list[int]]:
+    """Add copies of each candidate of ``order`` in turn while they fit; (counts, copies added in order)."""
+    counts = dict(counts)
+    added: list[int] = []
+    for c in order:
+        while True:
+            counts[c] = counts.get(c, 0) + 1
+            if not problem.fits(counts):
+                counts[c] -= 1
+                if counts[c] == 0:
+                    del counts[c]
+                break
+            added.append(c)
+    return counts, added
+
+
 def greedy_composition(problem: CompositionProblem) -> tuple[dict[int, int], float]:
     """Fast heuristic (no bound): fill the inventory with the most sample-efficient candidates.
 
@@ -218,17 +235,7 @@ def greedy_composition(problem: CompositionProblem) -> tuple[dict[int, int], flo
                                / cands[i].num_devices)
             else:
                 order = sorted(idx, key=lambda i: -cands[i].micro_batch_size / cands[i].partition.bottleneck_s)
-            counts: dict[int, int] = {}
-            sequence: list[int] = []
-            for i in order:
-                while True:
-                    counts[i] = counts.get(i, 0) + 1
-                    if not problem.fits(counts):
-                        counts[i] -= 1
-                        if counts[i] == 0:
-                            del counts[i]
-                        break
-                    sequence.append(i)
+            _, sequence = _fill_in_order(problem, {}, order)
             if not sequence:
                 continue
             n = len(sequence)
@@ -279,23 +286,11 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
     options = [[None, *sorted(cs, key=solo.__getitem__)[:top_k]] for cs in by_type.values()]
     mixed.sort(key=solo.__getitem__)
 
-    def fill(counts: dict[int, int], order: list[int]) -> dict[int, int]:
-        counts = dict(counts)
-        for c in order:
-            while True:
-                counts[c] = counts.get(c, 0) + 1
-                if not problem.fits(counts):
-                    counts[c] -= 1
-                    if counts[c] == 0:
-                        del counts[c]
-                    break
-        return counts
-
     best: tuple[dict[int, int], float] = ({}, math.inf)
     for combo in itertools.product(*options):
         chosen = [c for c in combo if c is not None]
         counts = {c: problem.max_copies(c) for c in chosen}
-        counts = fill(counts, mixed[:top_k])
+        counts, _ = _fill_in_order(problem, counts, mixed[:top_k])
         obj = composition_objective_s(problem, counts)
         if obj < best[1]:
             best = (counts, obj)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import read_json
 from hpp.profiles.devices import (BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict,
                                   device_type_to_dict)
 
@@ -286,16 +287,7 @@ def load_cluster(path: str | Path) -> Cluster:
         The file is missing, is not JSON, or fails validation (the message names the file and field).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HppInputError(f"cannot read cluster file ({exc.strerror})", source=str(p),
-                            fix="check the path") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HppInputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-                            source=str(p), fix="fix the JSON syntax") from None
+    data = read_json(p, what="cluster file")
     return cluster_from_dict(data, source=str(p))
 
 

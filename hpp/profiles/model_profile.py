@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import read_json
 
 __all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict", "load_profile",
            "save_profile", "estimate_micro_batch", "PROFILE_FORMAT", "PROFILE_VERSION"]
@@ -337,16 +338,7 @@ def load_profile(path: str | Path) -> ModelProfile:
         Missing file, invalid JSON, or validation failure (names the file and the field).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HppInputError(f"cannot read profile file ({exc.strerror})", source=str(p),
-                            fix="check the path") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HppInputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=str(p),
-                            fix="fix the JSON syntax") from None
+    data = read_json(p, what="profile file")
     try:
         return profile_from_dict(data, source=str(p))
     except HppInputError as exc:

@@ -46,7 +46,6 @@ copy of OPT-350's) against the other GPT-Neo-2.7 types (34 layers).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import read_json
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
 from hpp.profiles.model_profile import Key, LayerProfile, ModelProfile
 
@@ -75,43 +75,6 @@ MIB_BYTES = 2 ** 20
 MS_PER_S = 1000.0
 _METIS_NAME = re.compile(r"^mbs(\d+)_tmp(\d+)\.json$")
 PathLike = str | Path
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def read_json(path: PathLike, *, what: str) -> Any:
-    """Read a JSON file, refusing duplicate keys (``json`` would silently keep the last one).
-
-    Raises
-    ------
-    HppInputError
-        The file is missing or unreadable, is not JSON, or repeats a key.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HppInputError(f"cannot read {what} ({exc.strerror})", source=str(p),
-                            fix=f"check the path of the {what}") from None
-    try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates)
-    except json.JSONDecodeError as exc:
-        raise HppInputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-                            source=str(p), fix="fix the JSON syntax") from None
-    except _DuplicateKey as exc:
-        raise HppInputError(f"duplicate key {exc.args[0]!r}", source=str(p), field=str(exc.args[0]),
-                            fix="give each entry once") from None
 
 
 def _as_mapping(value: Any, *, source: str, field: str, fix: str) -> Mapping[str, Any]:
