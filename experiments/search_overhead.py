@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Sequence
 
 from hpp.errors import HppInputError
-from hpp.search_bench import (ABLATIONS, measure_point, plot_rows, scenario_points, summary_table, sweep_points,
-                              write_csv)
+from hpp.search_bench import (ABLATIONS, measure_point, plot_rows, read_csv, scenario_points, summary_table,
+                              sweep_points, write_csv)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -34,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ablate-up-to", type=int, help="run the ablations only up to this many GPUs")
     ap.add_argument("--single-shape-up-to", type=int, help="run the single-shape enumeration only up to this many GPUs")
     ap.add_argument("--out", type=Path, default=RESULTS / "search_overhead.csv")
+    ap.add_argument("--append", action="store_true", help="keep the rows already in --out and skip their inputs")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.quick:
@@ -52,7 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HppInputError as exc:
         print(f"search_overhead: error: {exc}", file=sys.stderr)
         return 2
-    rows = []
+    rows = read_csv(args.out) if args.append else []
+    done = {r.point for r in rows if r.method == "hpp"}
+    points = [p for p in points if p.name not in done]
 
     def keep(row) -> None:
         rows.append(row)

@@ -132,8 +132,8 @@ def _group_splits(n: int, sizes: list[int]) -> list[tuple[int, ...]]:
 
 
 def _single_shape_candidates(cluster: Cluster, profile: ModelProfile, space: SearchSpace
-                             ) -> Iterator[tuple[int, tuple[StageKind, ...], int]]:
-    """Yield (DP degree, replica shape, micro-batch size) in the order Metis/AMP enumerate them."""
+                             ) -> Iterator[tuple[int, tuple[StageKind, ...]]]:
+    """Yield (DP degree, replica shape) in the order Metis/AMP enumerate them (shapes of any length)."""
     inv = cluster.count_by_type()
     kinds = stage_kinds(cluster, profile, space)
     for dp in range(1, min(inv.values()) + 1):
@@ -143,11 +143,7 @@ def _single_shape_candidates(cluster: Cluster, profile: ModelProfile, space: Sea
         splits = {t: _group_splits(per[t], [k.tp_degree for k in kinds[t]]) for t in per}
         for order in itertools.permutations(sorted(per)):
             for choice in itertools.product(*(splits[t] for t in order)):
-                shape = tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)
-                if len(shape) > profile.num_layers:
-                    continue
-                for b in common_micro_batch_sizes(profile, shape, space):
-                    yield dp, shape, b
+                yield dp, tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)
 
 
 def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
@@ -167,20 +163,24 @@ def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_
     # profile tables are read once (as Metis/AMP load their profiles once); every candidate is then
     # stage-balanced anew (no DP memo) and priced with the composition model (its DP replicas, even split)
     cache = StageCostCache(profile, caps, link, config)
-    for dp, shape, b in _single_shape_candidates(cluster, profile, space):
+    for dp, shape in _single_shape_candidates(cluster, profile, space):
+        # the budget is checked for every shape enumerated, also the ones skipped (too many stages)
         if ((max_candidates is not None and n_cands >= max_candidates)
                 or (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s)):
             truncated = True
             break
-        n_cands += 1
-        part = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=False).balance(shape, b)
-        if part is None:
+        if len(shape) > profile.num_layers:
             continue
-        cand = Candidate(shape, b, part, {}, {})
-        t = composition_objective_s(CompositionProblem([cand], cluster, global_batch_size, link), {0: dp})
-        if t < best[0]:
-            best = (t, (dp, shape, part, b), f"DP={dp} x [{' | '.join(f'{k.device_type}x{k.tp_degree}' for k in shape)}]"
-                                            f" b={b}")
+        for b in common_micro_batch_sizes(profile, shape, space):
+            n_cands += 1
+            part = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=False).balance(shape, b)
+            if part is None:
+                continue
+            cand = Candidate(shape, b, part, {}, {})
+            t = composition_objective_s(CompositionProblem([cand], cluster, global_batch_size, link), {0: dp})
+            if t < best[0]:
+                label = " | ".join(f"{k.device_type}x{k.tp_degree}" for k in shape)
+                best = (t, (dp, shape, part, b), f"DP={dp} x [{label}] b={b}")
     plan, t_plan = None, math.inf
     if best[1] is not None:
         dp, shape, part, b = best[1]

@@ -16,7 +16,7 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -32,7 +32,7 @@ from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import get_scenario, make_cluster
 
 __all__ = ["BenchPoint", "BenchRow", "sweep_points", "scenario_points", "measure_point", "write_csv",
-           "plot_rows", "summary_table", "TYPE_MIXES", "ABLATIONS"]
+           "plot_rows", "summary_table", "read_csv", "TYPE_MIXES", "ABLATIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,18 @@ def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0,
     if on_row:
         on_row(row)
     return rows
+
+
+def read_csv(path: Path) -> list[BenchRow]:
+    """Rows written by :func:`write_csv` ([] if the file does not exist)."""
+    import csv
+
+    if not path.exists():
+        return []
+    types = {f.name: f.type for f in fields(BenchRow)}
+    conv = {"int": int, "float": float, "str": str}
+    with path.open() as f:
+        return [BenchRow(**{k: conv[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(f)]
 
 
 def write_csv(rows: list[BenchRow], path: Path) -> None:
