@@ -164,27 +164,33 @@ def plot_rows(rows: list[BenchRow], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     series: dict[tuple[str, int], list[tuple[int, float, bool]]] = {}
     for r in rows:
-        series.setdefault((r.method, r.num_types), []).append((r.num_gpus, r.wall_s, r.status == "TRUNCATED"))
-    for (method, k), pts in sorted(series.items()):
-        if method not in ("hpp", "single-shape") and not method.startswith("hpp-no-"):
-            continue
+        if r.point.startswith(f"{r.num_types}types-"):          # the sweep, not the named scenarios
+            series.setdefault((r.method, r.num_types), []).append((r.num_gpus, r.wall_s, r.status == "TRUNCATED"))
+    colours = {2: "tab:blue", 3: "tab:orange", 4: "tab:green"}
+    for (method, k), pts in sorted(series.items(), key=lambda kv: (kv[0][0] != "hpp", kv[0])):
         pts.sort()
-        style = "-o" if method == "hpp" else ("-s" if method == "single-shape" else ":.")
-        ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], style, label=f"{method} ({k} types)",
-                linewidth=2 if method in ("hpp", "single-shape") else 1)
-        for x, y, trunc in pts:
-            if trunc:
-                ax.annotate("truncated", (x, y), fontsize=7, textcoords="offset points", xytext=(2, 4))
+        xs, ys = [x for x, _, _ in pts], [y for _, y, _ in pts]
+        if method == "hpp":
+            ax.plot(xs, ys, "-o", color=colours.get(k), linewidth=2.2, label=f"HPP ({k} types)")
+        elif method == "single-shape":
+            ax.plot(xs, ys, "--s", color=colours.get(k), linewidth=1.6, label=f"single-shape, Metis-style ({k} types)")
+            for x, y, trunc in pts:
+                if trunc:
+                    ax.annotate("cut", (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
+        else:
+            ax.plot(xs, ys, ":", color=colours.get(k), linewidth=0.8, alpha=0.6,
+                    label=f"ablations ({k} types)" if method == "hpp-no-memoise" else None)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("GPUs")
     ax.set_ylabel("search wall time [s] (median)")
-    ax.set_title("Configuration search overhead (OPT-350)")
+    ax.set_title("Configuration search overhead (OPT-350); dotted: HPP with one rule or the memo off; "
+                 "'cut' = enumeration stopped at its budget", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
