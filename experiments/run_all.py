@@ -26,6 +26,7 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 def _run(script: str, argv: list[str]) -> int:
     spec = importlib.util.spec_from_file_location(script, HERE / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[script] = mod          # dataclasses in the script look their module up
     spec.loader.exec_module(mod)
     print(f"== {script} {' '.join(argv)}", file=sys.stderr, flush=True)
     return mod.main(argv)
@@ -35,14 +36,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's results section")
+    ap.add_argument("--only", type=lambda v: set(v.split(",")),
+                    help="run only these (scenarios,search_overhead,cost_model_validation,runtime_validation; "
+                         "'none' = just rewrite the README from the files)")
     args = ap.parse_args(argv)
     quick = ["--quick"] if args.quick else []
-    rc = _run("scenarios", quick)
     so_csv = HERE / "results" / "search_overhead.csv"
-    if args.quick or not so_csv.exists():
-        rc |= _run("search_overhead", ["--quick"] if args.quick else [])
-    rc |= _run("cost_model_validation", [])
-    rc |= _run("runtime_validation", quick)
+    plan = [("scenarios", quick), ("search_overhead", quick) if args.quick or not so_csv.exists() else None,
+            ("cost_model_validation", []), ("runtime_validation", quick)]
+    rc = 0
+    for step in plan:
+        if step and (args.only is None or step[0] in args.only):
+            rc |= _run(*step)
     if not args.no_readme:
         text = README.read_text()
         if START in text and END in text:

@@ -92,6 +92,7 @@ def _print_estimate(est, plan, out=sys.stdout) -> None:
 def _check_plan_args(args) -> None:
     """Refuse out-of-range numbers before anything is computed (exit 2, naming the flag)."""
     checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--max-stages", args.max_stages, 1),
+              ("--max-types-per-pipeline", args.max_types_per_pipeline, 1),
               ("--workers", args.workers, 0))
     for flag, value, minimum in checks:
         if value is not None and value < minimum:
@@ -141,7 +142,8 @@ def cmd_plan(args) -> int:
 
     cluster, profile, gbs, name = _inputs_from_args(args)
     space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
-                        max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute)
+                        max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
+                        max_types_per_pipeline=args.max_types_per_pipeline)
     settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
@@ -255,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated micro-batch sizes to consider (default: all measured)")
     p.add_argument("--max-tp", type=int, help="largest TP degree")
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline (default 8)")
+    p.add_argument("--max-types-per-pipeline", type=int, default=2,
+                   help="most GPU types in one pipeline (default 2; 3 searches far more shapes)")
     p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit [s] (default 10)")
     p.add_argument("--workers", type=int, default=0, help="CP-SAT workers (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
