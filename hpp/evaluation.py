@@ -122,7 +122,11 @@ def _f(x: str, fmt: str = ".2f") -> str:
         v = float(x)
     except (TypeError, ValueError):
         return x or "-"
-    return "-" if math.isnan(v) else format(v, fmt)
+    if math.isinf(v):
+        return "none found"
+    if math.isnan(v):
+        return "-"
+    return format(v, fmt)
 
 
 def results_markdown(results: Path) -> str:
@@ -143,7 +147,7 @@ def results_markdown(results: Path) -> str:
             out.append(f"| {r['scenario']} | {r['gpus']} | {_f(r['hpp_s'], '.3f')} | {_f(r['hpp_plan_s'], '.3f')} | "
                        f"{_f(r['uniform_s'], '.3f')} | "
                        f"{_f(r['single_shape_s'], '.3f')} | {_f(r['speedup_vs_uniform'])}x | "
-                       f"{_f(r['speedup_vs_single_shape'])}x | {_f(r['hpp_search_s'])} | "
+                       f"{_f(r['speedup_vs_single_shape']).replace('-', 'n/a')} | {_f(r['hpp_search_s'])} | "
                        f"{_f(r['single_shape_search_s'])} | {_f(r['gap'], '.1%')} | {r['recompute_stages']} | "
                        f"{_f(r['no_recompute_s'], '.3f') if r['no_recompute_s'] not in ('', 'nan') else 'does not fit'} |")
         out += ["", "![speedups](experiments/results/scenarios.png)", ""]
@@ -185,6 +189,6 @@ def results_markdown(results: Path) -> str:
         out += ["### Runtime validation on emulated CPU clusters (`experiments/runtime_validation.py`)", "",
                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in rv:
-            out.append("| " + " | ".join(_f(r[c], ".3f") for c in cols) + " |")
+            out.append("| " + " | ".join(_f(r[c], ".0f" if c == "devices_used" else ".3f") for c in cols) + " |")
         out += ["", "![runtime](experiments/results/runtime_validation.png)", ""]
     return "\n".join(out)
