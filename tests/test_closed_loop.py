@@ -68,3 +68,15 @@ def test_cpu_hetero_4_plan_then_run(tmp_path, capsys):
     assert ran["predicted"]["iteration_time_s"] > ran["predicted"]["plan_iteration_time_s"] > 0
     assert ran["measured"]["iteration_time_s"] > 0 and png.stat().st_size > 10_000
     assert all(r["time_scale"] == 2.0 for r in ran["ranks"])
+
+
+def test_emulated_caps_too_small_for_the_model_end_in_a_clear_error(tmp_path, capsys):
+    assert main(["scenarios", "--cluster", "cpu-hetero-4"]) == 0
+    cluster = json.loads(capsys.readouterr().out)
+    for t in cluster["device_types"].values():
+        t["memory_bytes"] = 1_000_000            # 1 MB: not even one layer's weights and Adam states
+    path = tmp_path / "tiny-caps.json"
+    path.write_text(json.dumps(cluster))
+    assert main(["plan", "--cluster", str(path), "--model", "gpt-tiny", "--gbs", "8", "--no-baselines"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gpt-tiny does not fit in memory" in err[0] and "falls short by" in err[0]

@@ -58,3 +58,25 @@ def test_profile_cli_writes_scaled_entries(tmp_path, capsys):
     assert profile_main(["--model", "gpt-tiny", "--micro-batch-sizes", "1", "--repeats", "2", "--warmup", "1",
                          "--emulate", "cpu-3x=3", "--out", str(out)]) == 0
     assert set(load_profile(out).entries) == {("cpu", 1, 1), ("cpu-3x", 1, 1)}
+
+
+def test_out_of_memory_names_the_largest_micro_batch_that_fits(monkeypatch, tmp_path, capsys):
+    """The OOM path, driven without a GPU: micro-batch 4 raises torch's OutOfMemoryError while measuring."""
+    import torch
+
+    import hpp.runtime.profiler as profiler
+
+    real = profiler.measure_layer
+
+    def measure(layer, make_input, **kw):
+        if make_input().shape[0] >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(layer, make_input, **kw)
+
+    monkeypatch.setattr(profiler, "measure_layer", measure)
+    out = tmp_path / "p.json"
+    assert profile_main(["--model", "gpt-tiny", "--micro-batch-sizes", "1,2,4", "--repeats", "1", "--warmup", "0",
+                         "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "micro-batch size 4 runs out of memory" in err and "the largest size that fits is 2" in err
+    assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
