@@ -143,7 +143,7 @@ def _subproblem(problem: CompositionProblem, keep: list[int], hint: dict[int, in
     """The problem restricted to candidates ``keep`` (indices into ``problem``) and the hint re-indexed."""
     remap = {old: new for new, old in enumerate(keep)}
     sub = CompositionProblem([problem.candidates[i] for i in keep], problem.cluster, problem.global_batch_size,
-                             problem.sync_link)
+                             problem.sync_link, solo_cache=problem.solo_cache)
     return sub, {remap[c]: x for c, x in hint.items() if c in remap}
 
 

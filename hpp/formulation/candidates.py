@@ -184,7 +184,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
                     stats["shapes_pruned_memory"] += 1
                     continue
             stats["balanced"] += 1
-            part = balancer.balance(shape, b)
+            part, few = balancer.balance_both(shape, b)
             if part is None:
                 stats["infeasible"] += 1
                 if pruning.memory_infeasible and balancer.suffix_infeasible(shape, b):
@@ -197,8 +197,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
                 groups[(k.device_type, k.tp_degree)] = groups.get((k.device_type, k.tp_degree), 0) + 1
             out.append(Candidate(shape, b, part, devices, groups))
             # the least-fill partition is better when a pipeline gets few micro-batches
-            few = balancer.balance(shape, b, objective="fill")
-            if few is not None and (few.boundaries, few.recompute) != (part.boundaries, part.recompute):
+            if few is not None:
                 out.append(Candidate(shape, b, few, devices, groups))
                 stats["fill_variants"] += 1
     if pruning.dominated:
@@ -212,25 +211,48 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
 def remove_dominated(cands: list[Candidate]) -> list[Candidate]:
     """Drop every candidate dominated by another (rule ``dominated``; ties: keep the first in a stable order).
 
-    Vectorised form of :func:`hpp.pruning.rules.dominates`: a candidate is compared with all kept
-    candidates of its micro-batch size at once (devices and TP groups per key, bottleneck, fill,
-    optimizer step, largest stage gradient, all <=).
+    Vectorised form of :func:`hpp.pruning.rules.dominates`. Candidates are visited by (bottleneck,
+    fill, devices); each is compared at once with every kept candidate of its micro-batch size whose
+    device types are a subset of its own (no other can use no more devices of every type), on
+    TP groups per (type, size) (which fix the devices per type), bottleneck, fill, optimizer step
+    and largest stage gradient, all <=.
     """
     if not cands:
         return []
-    dev_keys = sorted({k for c in cands for k in c.devices})
-    tp_keys = sorted({k for c in cands for k in c.tp_groups})
-    feats = np.array([[c.devices.get(k, 0) for k in dev_keys] + [c.tp_groups.get(k, 0) for k in tp_keys]
-                      + [c.partition.bottleneck_s, c.partition.fill_s, c.partition.optimizer_s,
-                         max(c.partition.stage_param_bytes)] for c in cands], dtype=np.float64)
     order = sorted(range(len(cands)), key=lambda i: (cands[i].partition.bottleneck_s, cands[i].partition.fill_s,
                                                      cands[i].num_devices, i))
-    kept_idx: dict[int, list[int]] = {}
+    # kept candidates per (micro-batch size, device-type set): features over that set's TP keys, preallocated
+    keys_of: dict[frozenset, list] = {}
+    groups: dict[tuple, list] = {}
     kept: list[Candidate] = []
     for i in order:
-        same_b = kept_idx.setdefault(cands[i].micro_batch_size, [])
-        if same_b and np.any(np.all(feats[same_b] <= feats[i], axis=1)):
+        c = cands[i]
+        types = frozenset(c.devices)
+        p = c.partition
+        tail = (p.bottleneck_s, p.fill_s, p.optimizer_s, max(p.stage_param_bytes))
+        dominated = False
+        for r in range(1, len(types) + 1):
+            for sub in itertools.combinations(sorted(types), r):
+                grp = groups.get((c.micro_batch_size, frozenset(sub)))
+                if grp is None or grp[1] == 0:
+                    continue
+                arr, n, keys = grp
+                f = np.array([c.tp_groups.get(k, 0) for k in keys] + list(tail))
+                if np.any(np.all(arr[:n] <= f, axis=1)):
+                    dominated = True
+                    break
+            if dominated:
+                break
+        if dominated:
             continue
-        same_b.append(i)
-        kept.append(cands[i])
+        gkey = (c.micro_batch_size, types)
+        grp = groups.get(gkey)
+        if grp is None:
+            keys = keys_of.setdefault(types, sorted({k for d in cands if frozenset(d.devices) == types
+                                                     for k in d.tp_groups}))
+            grp = groups[gkey] = [np.empty((len(cands), len(keys) + 4)), 0, keys]
+        arr, n, keys = grp
+        arr[n] = [c.tp_groups.get(k, 0) for k in keys] + list(tail)
+        grp[1] = n + 1
+        kept.append(c)
     return kept

@@ -59,7 +59,7 @@ class SolverSettings:
     random_seed: int = 0
     log_search_progress: bool = False
     max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)
-    patience_s: float | None = 0.25  # stop when no better solution came for this long (None: use the full limit)
+    patience_s: float | None = 0.1   # stop when no better solution came for this long (None: use the full limit)
     formulation: str = "auto"     # "per-copy" (linear), "product" (x_c * k_c), or "auto" (per-copy when small)
 
 
@@ -73,6 +73,8 @@ class CompositionProblem:
     sync_link: Link
     _sync_cache: dict = field(default_factory=dict, repr=False)
     _tp_cache: dict = field(default_factory=dict, repr=False)
+    #: solo objective per candidate object (id), shared with sub-problems of the same instance
+    solo_cache: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def inventory(self) -> dict[str, int]:
@@ -253,8 +255,13 @@ def greedy_composition(problem: CompositionProblem) -> tuple[dict[int, int], flo
 
 def solo_objective_s(problem: CompositionProblem, c: int) -> float:
     """Objective of filling the inventory with copies of candidate ``c`` alone [s] (inf if none fit)."""
-    x = problem.max_copies(c)
-    return composition_objective_s(problem, {c: x}) if x > 0 else math.inf
+    key = id(problem.candidates[c])
+    got = problem.solo_cache.get(key)
+    if got is None:
+        x = problem.max_copies(c)
+        got = composition_objective_s(problem, {c: x}) if x > 0 else math.inf
+        problem.solo_cache[key] = got
+    return got
 
 
 def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict[int, int], float]:
@@ -525,14 +532,22 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
 
 
 class _CapacityLP:
-    """LP relaxation of the samples a set of candidates can finish by time T (GLOP, one model reused)."""
+    """LP relaxation of the samples a set of candidates can finish by time T (GLOP, one model reused).
+
+    Columns: candidate c finishes relaxed ``r_c(T) = b_c ((T - phi_c)/tau_c + 1)`` samples per copy
+    for T >= phi_c (0 before). Only the device counts constrain the LP, so a candidate is left
+    out when another with the same device counts has slope ``b/tau``, intercept
+    ``b (1 - phi/tau)`` and fill phi all at least as good (its rate is then >= at every T):
+    this changes no LP value.
+    """
 
     def __init__(self, problem: CompositionProblem, allowed: Sequence[int]) -> None:
         from ortools.linear_solver import pywraplp
 
         self._pywraplp = pywraplp
         self.problem = problem
-        self.cands = [problem.candidates[c] for c in allowed]
+        cands = [problem.candidates[c] for c in allowed]
+        self.cands = _lp_columns(cands)
         self.lp = pywraplp.Solver.CreateSolver("GLOP")
         self.xs = [self.lp.NumVar(0.0, self.lp.infinity(), f"x_{i}") for i in range(len(self.cands))]
         for t, n in problem.inventory.items():
@@ -542,26 +557,58 @@ class _CapacityLP:
                     ct.SetCoefficient(x, float(cand.devices[t]))
         self.obj = self.lp.Objective()
         self.obj.SetMaximization()
+        self.solves = 0
 
-    def capacity(self, T: float) -> float:
-        """max sum_c x_c b_c ((T - phi_c)/tau_c + 1) over fractional copies of the candidates."""
+    def _solve(self, T: float) -> tuple[float, list[float]]:
+        """(capacity(T), the fractional copies x) [samples, copies]."""
         any_rate = False
         for x, cand in zip(self.xs, self.cands):
             p = cand.partition
             rate = cand.micro_batch_size * ((T - p.fill_s) / p.bottleneck_s + 1.0) if T >= p.fill_s else 0.0
             self.obj.SetCoefficient(x, rate)
             any_rate |= rate > 0
+        self.solves += 1
         if not any_rate or self.lp.Solve() != self._pywraplp.Solver.OPTIMAL:
-            return 0.0
-        return self.obj.Value()
+            return 0.0, []
+        return self.obj.Value(), [x.solution_value() for x in self.xs]
 
-    def least_time_s(self, *, iterations: int = 14) -> float:
-        """Least T whose relaxed capacity covers G (a lower bound on T_pipe of any plan of these candidates)."""
+    def capacity(self, T: float) -> float:
+        """max sum_c x_c b_c ((T - phi_c)/tau_c + 1) over fractional copies of the candidates."""
+        return self._solve(T)[0]
+
+    def least_time_s(self, *, iterations: int = 14, rel_tol: float = 1e-7) -> float:
+        """Least T whose relaxed capacity covers G (a lower bound on T_pipe of any plan of these candidates).
+
+        capacity(T) is non-decreasing in T, so any T with capacity(T) < G is a valid lower bound.
+        Newton steps from above: at T_k (capacity >= G) the optimal copies x give a line
+        f(T) = sum x_c r_c(T) <= capacity(T); its root (raised to the largest fill among the
+        copies used, where the line is exact) is a smaller T with capacity >= G. When the steps
+        stop, T (1 - rel_tol) is certified by one more solve (capacity < G); if that fails (the
+        capacity is not convex below some fills), bisection below T as before.
+        """
         if not self.cands:
             return math.inf
         G = self.problem.global_batch_size
-        lo, hi = 0.0, min(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
-                          for c in self.cands)
+        hi = min(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
+                 for c in self.cands)
+        for _ in range(iterations):
+            cap, xs = self._solve(hi)
+            if cap < G or not xs:
+                break
+            slope = sum(x * c.micro_batch_size / c.partition.bottleneck_s for x, c in zip(xs, self.cands) if x > 0)
+            icpt = sum(x * c.micro_batch_size * (1.0 - c.partition.fill_s / c.partition.bottleneck_s)
+                       for x, c in zip(xs, self.cands) if x > 0)
+            if slope <= 0:
+                break
+            floor = max(c.partition.fill_s for x, c in zip(xs, self.cands) if x > 0)
+            nxt = max((G - icpt) / slope, floor)
+            if nxt >= hi * (1.0 - rel_tol):
+                break
+            hi = nxt
+        lo = hi * (1.0 - rel_tol)
+        if self.capacity(lo) < G:
+            return lo
+        lo = 0.0
         for _ in range(iterations):
             mid = 0.5 * (lo + hi)
             if self.capacity(mid) >= G:
@@ -569,6 +616,29 @@ class _CapacityLP:
             else:
                 lo = mid
         return lo
+
+
+def _lp_columns(cands: list) -> list:
+    """The candidates the capacity LP needs (see :class:`_CapacityLP`): per device-count vector, the
+    Pareto front of (slope b/tau high, intercept b (1 - phi/tau) high, fill phi low)."""
+    groups: dict[tuple, list] = {}
+    for c in cands:
+        groups.setdefault(tuple(sorted(c.devices.items())), []).append(c)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.extend(members)
+            continue
+        f = np.array([[-c.micro_batch_size / c.partition.bottleneck_s,
+                       -c.micro_batch_size * (1.0 - c.partition.fill_s / c.partition.bottleneck_s),
+                       c.partition.fill_s] for c in members])
+        order = np.lexsort((f[:, 2], f[:, 1], f[:, 0]))
+        f = f[order]
+        dom = np.all(f[None, :, :] <= f[:, None, :], axis=2)          # dom[i, j]: j as good as i everywhere
+        earlier = np.arange(len(f))[None, :] < np.arange(len(f))[:, None]
+        keep = ~np.any(dom & earlier, axis=1)
+        out.extend(members[k] for k in order[keep])
+    return out
 
 
 def lp_lower_bound_pipe_s(problem: CompositionProblem) -> float:

@@ -31,6 +31,7 @@ a networkx path search for 96 layers x 8 stages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,9 +42,11 @@ __all__ = ["StageKind", "Partition", "StageBalancer"]
 _REL_TIE = 1e-12
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class StageKind:
-    """What a stage is made of before devices are bound: ``tp_degree`` devices of ``device_type``."""
+class StageKind(NamedTuple):
+    """What a stage is made of before devices are bound: ``tp_degree`` devices of ``device_type``.
+
+    A named tuple (immutable, ordered, hashed in C: shapes are dictionary keys of the DP memo).
+    """
 
     device_type: str
     tp_degree: int
@@ -187,6 +190,31 @@ class StageBalancer:
             choices.append((v, use_full[idx, v]))
         return best[0], choices[::-1]
 
+    def balance_both(self, shape: tuple[StageKind, ...], micro_batch_size: int
+                     ) -> tuple[Partition | None, Partition | None]:
+        """(least-bottleneck partition, least-fill partition if it differs else None); (None, None) if infeasible.
+
+        Equal to ``(balance(shape, b), balance(shape, b, objective="fill"))`` with the second
+        dropped when it has the same boundaries, but cheaper: when the least-fill partition
+        already has the least bottleneck it is also the least-bottleneck-then-least-fill one
+        (nothing has a smaller bottleneck, and nothing at all has a smaller fill), so the
+        threshold DP is skipped.
+        """
+        b = micro_batch_size
+        if not shape or len(shape) > self.num_layers:
+            return None, None
+        tau = self._row(b, shape, "bottleneck")[0][0]
+        if not np.isfinite(tau):
+            return None, None
+        few = self.balance(shape, b, objective="fill")
+        if few is not None and few.bottleneck_s <= tau * (1.0 + _REL_TIE):
+            return few, None
+        part = self.balance(shape, b)
+        if few is not None and part is not None and (few.boundaries, few.recompute) == (part.boundaries,
+                                                                                        part.recompute):
+            few = None
+        return part, few
+
     def balance(self, shape: tuple[StageKind, ...], micro_batch_size: int, *,
                 objective: str = "bottleneck") -> Partition | None:
         """Best partition of all L layers over ``shape`` (first stage first), or None if memory-infeasible.
@@ -241,6 +269,6 @@ class StageBalancer:
             opt = max(opt, float(tab.optimizer_s[lo, hi]))
             params.append(float(tab.param_bytes[lo, hi]))
             mems.append(float(tab.memory_bytes(S - i, rec[i])[lo, hi]))
-            layer_params.extend(np.diagonal(tab.param_bytes, offset=1)[lo:hi].tolist())
+            layer_params.extend(tab.layer_param_bytes[lo:hi])
         return Partition(tuple(bounds), tuple(rec), bott, float(phi), opt, tuple(params), tuple(mems),
                          tuple(layer_params))

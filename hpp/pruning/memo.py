@@ -75,6 +75,14 @@ class StageCostTable:
     framework_bytes: int = 0
     _mem_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def layer_param_bytes(self) -> tuple[float, ...]:
+        """(L,) parameter bytes of each single layer [bytes] (the diagonal above the main one; cached)."""
+        got = self._mem_cache.get("layer_params")
+        if got is None:
+            got = self._mem_cache["layer_params"] = tuple(np.diagonal(self.param_bytes, offset=1).tolist())
+        return got
+
     def memory_bytes(self, in_flight: int, recompute: bool) -> np.ndarray:
         """(L+1, L+1) peak memory of a stage holding ``in_flight`` micro-batches [bytes]."""
         key = (in_flight, recompute)
