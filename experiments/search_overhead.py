@@ -31,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="repeats per measurement (median)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="HPP solver time limit [s]")
     ap.add_argument("--single-shape-budget", type=float, help="cap on the single-shape enumeration [s]")
+    ap.add_argument("--single-shape-permute-len", type=int,
+                    help="add Metis's group-order permutations to the single-shape search (Metis uses 4; "
+                         "default: the canonical order)")
     ap.add_argument("--ablate-up-to", type=int, help="run the ablations only up to this many GPUs")
     ap.add_argument("--single-shape-up-to", type=int, help="run the single-shape enumeration only up to this many GPUs")
     ap.add_argument("--out", type=Path, default=RESULTS / "search_overhead.csv")
@@ -46,8 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         types, repeats = args.types or [2, 3, 4], args.repeats or 3
         scen = args.scenarios if args.scenarios is not None else ["opt350-a100x8-v100x8", "opt350-3types-40",
                                                                   "opt350-512", "opt350-1024-4types"]
-        budget, ablate_up_to = args.single_shape_budget or 60.0, args.ablate_up_to or 64
-        single_up_to = args.single_shape_up_to or 128
+        budget, ablate_up_to = args.single_shape_budget or 300.0, args.ablate_up_to or 64
+        single_up_to = args.single_shape_up_to or 64
     try:   # validate every input before measuring anything
         points = list(sweep_points(sizes, types)) + list(scenario_points(scen))
     except HppInputError as exc:
@@ -67,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in points:
             ablations = ABLATIONS if p.num_gpus <= ablate_up_to else ()
             measure_point(p, repeats=repeats, time_limit_s=args.time_limit, ablations=ablations,
-                          single_shape=p.num_gpus <= single_up_to, single_shape_budget_s=budget, on_row=keep)
+                          single_shape=p.num_gpus <= single_up_to, single_shape_budget_s=budget, on_row=keep,
+                          single_shape_permute_len=args.single_shape_permute_len)
     except KeyboardInterrupt:
         print("interrupted: the rows measured so far are in the CSV", file=sys.stderr)
     plot_rows(rows, args.out.with_suffix(".png"))

@@ -32,13 +32,19 @@ from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import get_scenario, make_cluster
 
 __all__ = ["BenchPoint", "BenchRow", "sweep_points", "scenario_points", "measure_point", "write_csv",
-           "plot_rows", "summary_table", "read_csv", "TYPE_MIXES", "ABLATIONS"]
+           "plot_rows", "summary_table", "target_lines", "read_csv", "TYPE_MIXES", "ABLATIONS",
+           "METIS_RANGE_S"]
 
 log = logging.getLogger(__name__)
 
 #: GPU types added one by one for the 2-, 3- and 4-type sweeps.
 TYPE_MIXES = {2: ("A100-40", "V100-16"), 3: ("A100-40", "V100-16", "GH-96"),
               4: ("A100-40", "V100-16", "GH-96", "A100-80")}
+#: Search seconds of the public Metis planner on this kind of machine (2 cores), OPT-350, as issue 4
+#: states them: (GPUs, types) -> (low, high). The single-shape reference is checked against them.
+METIS_RANGE_S = {(16, 2): (1.0, 2.0), (32, 2): (10.0, 20.0), (32, 3): (35.0, 40.0)}
+#: The search-overhead target: HPP at least this many times faster than single-shape at these GPU counts.
+TARGET_RATIO, TARGET_GPUS = 56.0, (32, 64)
 #: Rules switched off one at a time (canonical_order is already off by default: it is not exact).
 ABLATIONS = ("memory_infeasible", "dominated", "incumbent_bound", "symmetry", "memoise")
 
@@ -107,8 +113,13 @@ def _median(xs: list[float]) -> float:
 
 def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0, ablations: Iterable[str] = ABLATIONS,
                   ablation_repeats: int = 1, single_shape: bool = True, single_shape_budget_s: float | None = 60.0,
-                  num_workers: int = 0, on_row: Callable[[BenchRow], None] | None = None) -> list[BenchRow]:
-    """Measure HPP (``repeats`` times, median), its ablations and the single-shape enumeration on ``p``."""
+                  num_workers: int = 0, on_row: Callable[[BenchRow], None] | None = None,
+                  single_shape_permute_len: int | None = None) -> list[BenchRow]:
+    """Measure HPP (``repeats`` times, median), its ablations and the single-shape enumeration on ``p``.
+
+    ``single_shape_permute_len``: Metis's group-order permutations in the single-shape search
+    (None: the canonical order; see :func:`hpp.baselines.single_shape_baseline`).
+    """
     profile = load_bundled_profile(p.model)
     settings = SolverSettings(max_time_in_seconds=time_limit_s, num_workers=num_workers, random_seed=0)
     rows = []
@@ -130,7 +141,7 @@ def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0,
         return rows
     t0 = time.perf_counter()
     base = single_shape_baseline(p.cluster, profile, p.global_batch_size, space=SearchSpace(),
-                                 time_budget_s=single_shape_budget_s)
+                                 time_budget_s=single_shape_budget_s, max_permute_len=single_shape_permute_len)
     truncated = "truncated" in base.description
     row = BenchRow(p.name, p.num_gpus, p.num_types, "single-shape", time.perf_counter() - t0, "",
                    base.candidates, math.nan, base.iteration_time_s, math.nan,
@@ -214,4 +225,39 @@ def summary_table(rows: list[BenchRow]) -> str:
         abl = ", ".join(f"{k[7:]} {v.wall_s:.2f}/{v.iteration_time_s:.3f}" for k, v in m.items() if k.startswith("hpp-no-"))
         lines.append(f"{point:<22} {h.num_gpus:>5} {h.wall_s:>7.2f} {s.wall_s if s else math.nan:>9.2f} {ratio_txt:>8} "
                      f"{h.iteration_time_s:>10.3f} {s.iteration_time_s if s else math.nan:>13.3f} {h.gap:>6.1%}  {abl}")
+    lines.append("")
+    lines.extend(target_lines(rows))
     return "\n".join(lines)
+
+
+def target_lines(rows: list[BenchRow]) -> list[str]:
+    """The two checks of issue 4 in words: is single-shape in Metis's range, is HPP >= 56x faster at 32/64 GPUs."""
+    by_point: dict[str, dict[str, BenchRow]] = {}
+    for r in rows:
+        by_point.setdefault(r.point, {})[r.method] = r
+    out = []
+    for point, m in by_point.items():
+        s = m.get("single-shape")
+        if s is None or not point[0].isdigit():
+            continue
+        rng = METIS_RANGE_S.get((s.num_gpus, s.num_types))
+        if rng is not None:
+            where = "below" if s.wall_s < rng[0] else "above" if s.wall_s > rng[1] else "inside"
+            out.append(f"single-shape fidelity {point}: {s.wall_s:.2f} s vs public Metis {rng[0]:g}-{rng[1]:g} s "
+                       f"({where} its range)")
+    met, total = [], []
+    for point, m in by_point.items():
+        h, s = m.get("hpp"), m.get("single-shape")
+        if h is None or s is None or h.num_gpus not in TARGET_GPUS:
+            continue
+        ratio = s.wall_s / h.wall_s
+        total.append(point)
+        ok = ratio >= TARGET_RATIO and h.iteration_time_s <= s.iteration_time_s * (1 + 1e-9)
+        if ok:
+            met.append(point)
+        out.append(f"target {point}: {'>=' if s.status == 'TRUNCATED' else ''}{ratio:.1f}x "
+                   f"({'met' if ok else 'NOT met'}; HPP plan {h.iteration_time_s:.3f} s vs {s.iteration_time_s:.3f} s)")
+    if total:
+        out.append(f"{TARGET_RATIO:g}x target at {'/'.join(map(str, TARGET_GPUS))} GPUs: met at {len(met)} of "
+                   f"{len(total)} points")
+    return out
