@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="GPU counts of the sweep")
     ap.add_argument("--types", type=lambda s: [int(x) for x in s.split(",")], help="type counts (2,3,4)")
     ap.add_argument("--scenarios", type=lambda s: [x for x in s.split(",") if x], help="bundled scenarios to add")
+    ap.add_argument("--model", default="OPT-350", help="bundled model of the sweep (default OPT-350)")
     ap.add_argument("--repeats", type=int, help="repeats per measurement (median)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="HPP solver time limit [s]")
     ap.add_argument("--single-shape-budget", type=float, help="cap on the single-shape enumeration [s]")
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         budget, ablate_up_to = args.single_shape_budget or 300.0, args.ablate_up_to or 64
         single_up_to = args.single_shape_up_to or 64
     try:   # validate every input before measuring anything
-        points = list(sweep_points(sizes, types)) + list(scenario_points(scen))
+        points = list(sweep_points(sizes, types, model=args.model)) + list(scenario_points(scen))
     except HppInputError as exc:
         print(f"search_overhead: error: {exc}", file=sys.stderr)
         return 2

@@ -170,6 +170,11 @@ def results_markdown(results: Path) -> str:
             out.append(f"| {point} | {h['num_gpus']} | {_f(h['wall_s'])} | {_f(s['wall_s']) if s else '-'} | {ratio} | "
                        f"{_f(h['iteration_time_s'], '.3f')} | {_f(s['iteration_time_s'], '.3f') if s else '-'} | "
                        f"{_f(h['gap'], '.1%')} |")
+        from hpp.search_bench import read_csv, target_lines
+
+        checks = target_lines(read_csv(results / "search_overhead.csv"))
+        if checks:
+            out += ["", "Checks against issue 4's targets (printed by the benchmark too):", "", "```", *checks, "```"]
         out += ["", "![search overhead](experiments/results/search_overhead.png)", ""]
     cm = results / "cost_model_validation.json"
     if cm.exists():

@@ -82,26 +82,56 @@ class BenchRow:
 def sweep_points(sizes: Iterable[int], type_counts: Iterable[int], *, model: str = "OPT-350") -> Iterator[BenchPoint]:
     """Clusters of ``n`` GPUs split evenly over 2, 3 or 4 types (whole nodes of 4), G = max(1024, 4 n).
 
+    Everything is validated before the first point is yielded.
+
     Raises
     ------
     HppInputError
-        A type count without a mix in :data:`TYPE_MIXES`.
+        A type count without a mix in :data:`TYPE_MIXES`, a GPU count < 1, a model without a bundled
+        profile, or a GPU type of a mix that the model's profile lacks.
     """
+    sizes, type_counts = list(sizes), list(type_counts)
+    profile = load_bundled_profile(model)
     for k in type_counts:
         if k not in TYPE_MIXES:
             raise HppInputError(f"no GPU-type mix with {k} types", field="--types", fix=f"use {sorted(TYPE_MIXES)}")
+        _check_profiled(profile.model, profile.device_types, TYPE_MIXES[k], field="--types")
+    for n in sizes:
+        if n < 1:
+            raise HppInputError(f"GPU count {n}", field="--sizes", fix="give positive GPU counts, e.g. 8,16,32")
+    seen: set[str] = set()
+    for k in type_counts:
         for n in sizes:
             per = max(4, (n // k) // 4 * 4)
             gpus = {t: per for t in TYPE_MIXES[k]}
             gpus[TYPE_MIXES[k][0]] += max(0, n - per * k)
             total = sum(gpus.values())
+            if f"{k}types-{total}" in seen:      # two sizes rounding to the same cluster (8 and 16 at 4 types)
+                continue
+            seen.add(f"{k}types-{total}")
             yield BenchPoint(f"{k}types-{total}", total, k, model, max(1024, 4 * total),
                              make_cluster(f"{k}types-{total}", gpus))
 
 
+def _check_profiled(model: str, profiled: Iterable[str], types: Iterable[str], *, field: str) -> None:
+    missing = sorted(set(types) - set(profiled))
+    if missing:
+        raise HppInputError(f"GPU type {missing[0]!r} has no {model} profile", field=field,
+                            fix=f"use GPU types the profile has: {sorted(profiled)}")
+
+
 def scenario_points(names: Iterable[str]) -> Iterator[BenchPoint]:
-    """The bundled scenarios named (validated before anything is measured)."""
+    """The bundled scenarios named (all validated, names and profiles, before the first is yielded).
+
+    Raises
+    ------
+    HppInputError
+        An unknown scenario name, or a GPU type of its cluster that its model's profile lacks.
+    """
     scs = [get_scenario(n) for n in names]
+    for sc in scs:
+        if not sc.device_types:        # emulated types come with their own profile entries
+            _check_profiled(sc.model, load_bundled_profile(sc.model).device_types, dict(sc.gpus), field="--scenarios")
     for sc in scs:
         cl = sc.cluster()
         yield BenchPoint(sc.name, cl.num_devices, len(cl.count_by_type()), sc.model, sc.global_batch_size, cl)

@@ -1,0 +1,101 @@
+"""The search-overhead benchmark: inputs validated before any measurement, rows kept on Ctrl-C, summary lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from hpp.errors import HppInputError
+from hpp import search_bench
+from hpp.search_bench import BenchRow, read_csv, scenario_points, summary_table, sweep_points, target_lines
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "search_overhead.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("search_overhead_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sweep_points_split_gpus_over_types_in_whole_nodes():
+    pts = list(sweep_points([8, 32], [2, 3]))
+    assert [p.name for p in pts] == ["2types-8", "2types-32", "3types-12", "3types-32"]
+    p = pts[3]
+    assert p.cluster.count_by_type() == {"A100-40": 16, "V100-16": 8, "GH-96": 8}
+    assert p.global_batch_size == 1024
+    # 8 and 16 GPUs over 4 types both round to whole nodes of 4 per type: one point, measured once
+    assert [p.name for p in sweep_points([8, 16], [4])] == ["4types-16"]
+
+
+@pytest.mark.parametrize("call, field, words", [
+    (lambda: list(sweep_points([8], [5])), "--types", "no GPU-type mix with 5 types"),
+    (lambda: list(sweep_points([0], [2])), "--sizes", "GPU count 0"),
+    (lambda: list(sweep_points([8], [4], model="LLAMA-3-8")), "--types", "'A100-80' has no LLAMA-3-8 profile"),
+    (lambda: list(sweep_points([8], [2], model="GPT-9")), "model", "no bundled profile for model 'GPT-9'"),
+    (lambda: list(scenario_points(["opt350-a100x8-v100x8", "nope"])), "--scenario", "unknown scenario 'nope'"),
+])
+def test_bad_sweep_inputs_name_the_field_and_the_fix(call, field, words):
+    with pytest.raises(HppInputError) as exc:
+        call()
+    assert words in str(exc.value)
+    assert exc.value.field == field
+    assert exc.value.fix
+
+
+def test_script_stops_before_measuring_anything(monkeypatch, tmp_path, capsys):
+    mod = _script()
+    measured = []
+    monkeypatch.setattr(mod, "measure_point", lambda *a, **k: measured.append(a))
+    out = tmp_path / "so.csv"
+    rc = mod.main(["--sizes", "8", "--types", "2", "--scenarios", "opt350-a100x8-v100x8,no-such", "--out", str(out)])
+    assert rc == 2
+    assert measured == []
+    assert not out.exists()
+    assert "unknown scenario 'no-such'" in capsys.readouterr().err
+    rc = mod.main(["--sizes", "8", "--types", "4", "--model", "LLAMA-3-8", "--scenarios", "", "--out", str(out)])
+    assert rc == 2 and measured == []
+    assert "'A100-80' has no LLAMA-3-8 profile" in capsys.readouterr().err
+
+
+def _row(point, gpus, types, method, wall, it, status="FEASIBLE"):
+    return BenchRow(point, gpus, types, method, wall, f"{wall:.3f}", 10, 0.5, it, 0.1, status)
+
+
+def test_ctrl_c_keeps_the_rows_already_measured(monkeypatch, tmp_path, capsys):
+    mod = _script()
+    calls = []
+
+    def fake_measure(p, *, on_row, **kw):
+        calls.append(p.name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        on_row(_row(p.name, p.num_gpus, p.num_types, "hpp", 0.5, 10.0))
+
+    monkeypatch.setattr(mod, "measure_point", fake_measure)
+    out = tmp_path / "so.csv"
+    rc = mod.main(["--sizes", "8,16,32", "--types", "2", "--scenarios", "", "--out", str(out)])
+    assert rc == 0
+    assert calls == ["2types-8", "2types-16"]
+    rows = read_csv(out)
+    assert [(r.point, r.method) for r in rows] == [("2types-8", "hpp")]
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_summary_states_the_target_and_the_metis_range():
+    rows = [_row("2types-32", 32, 2, "hpp", 0.5, 11.8), _row("2types-32", 32, 2, "single-shape", 3.0, 12.5, "COMPLETE"),
+            _row("3types-64", 64, 3, "hpp", 2.0, 4.4), _row("3types-64", 64, 3, "single-shape", 300.0, 21.0, "TRUNCATED"),
+            _row("3types-32", 32, 3, "hpp", 1.0, 7.6), _row("3types-32", 32, 3, "single-shape", 90.0, 7.0, "COMPLETE")]
+    lines = target_lines(rows)
+    assert "single-shape fidelity 2types-32: 3.00 s vs public Metis 10-20 s (below its range)" in lines
+    assert "target 2types-32: 6.0x (NOT met; HPP plan 11.800 s vs 12.500 s)" in lines
+    assert "target 3types-64: >=150.0x (met; HPP plan 4.400 s vs 21.000 s)" in lines
+    # 90x faster but a slower plan: not met
+    assert "target 3types-32: 90.0x (NOT met; HPP plan 7.600 s vs 7.000 s)" in lines
+    assert lines[-1] == "56x target at 32/64 GPUs: met at 1 of 3 points"
+    assert "3types-64" in summary_table(rows)
+    assert math.isclose(search_bench.TARGET_RATIO, 56.0)
