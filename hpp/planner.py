@@ -20,8 +20,7 @@ from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
 from hpp.formulation.composition import (CompositionProblem, CompositionResult, SolverSettings,
-                                         composition_lower_bound_s, fill_heuristic, greedy_composition,
-                                         lp_lower_bound_pipe_s,
+                                         composition_bounds, fill_heuristic, greedy_composition,
                                          solo_objective_s, solve_composition_cpsat)
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
 from hpp.plan import Plan
@@ -211,9 +210,8 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             stats["pruned_incumbent"] = len(problem.candidates) - len(keep)
             problem, hint = _subproblem(problem, keep, hint)
         t2 = time.perf_counter()
-        lb = lp_lower_bound_pipe_s(problem)
-        global_bound = max(lb + min(c.partition.optimizer_s for c in problem.candidates),
-                           composition_lower_bound_s(problem))
+        lb, comp_lb = composition_bounds(problem)
+        global_bound = max(lb + min(c.partition.optimizer_s for c in problem.candidates), comp_lb)
         stats["bound_s"] = time.perf_counter() - t2
         sub, sub_hint, kept = problem, hint, None
         if len(problem.candidates) > settings.max_candidates:

@@ -42,7 +42,7 @@ from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
            "pipeline_time_for_counts", "greedy_composition", "solve_composition_cpsat", "SolverSettings",
-           "lp_lower_bound_pipe_s", "composition_lower_bound_s", "build_composition_model", "block_sync_s", "fill_heuristic", "solo_objective_s"]
+           "lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds", "build_composition_model", "block_sync_s", "fill_heuristic", "solo_objective_s"]
 
 log = logging.getLogger(__name__)
 
@@ -541,13 +541,13 @@ class _CapacityLP:
     this changes no LP value.
     """
 
-    def __init__(self, problem: CompositionProblem, allowed: Sequence[int]) -> None:
+    def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None) -> None:
         from ortools.linear_solver import pywraplp
 
         self._pywraplp = pywraplp
         self.problem = problem
-        cands = [problem.candidates[c] for c in allowed]
-        self.cands = _lp_columns(cands)
+        # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds)
+        self.cands = columns if columns is not None else _lp_columns([problem.candidates[c] for c in allowed])
         self.lp = pywraplp.Solver.CreateSolver("GLOP")
         self.xs = [self.lp.NumVar(0.0, self.lp.infinity(), f"x_{i}") for i in range(len(self.cands))]
         for t, n in problem.inventory.items():
@@ -618,21 +618,24 @@ class _CapacityLP:
         return lo
 
 
-def _lp_columns(cands: list) -> list:
+def _lp_columns(cands: list, extra: Sequence[float] | None = None) -> list:
     """The candidates the capacity LP needs (see :class:`_CapacityLP`): per device-count vector, the
-    Pareto front of (slope b/tau high, intercept b (1 - phi/tau) high, fill phi low)."""
+    Pareto front of (slope b/tau high, intercept b (1 - phi/tau) high, fill phi low), and of
+    ``extra[i]`` low when given (a candidate then stays whenever its dominator is filtered out by
+    a threshold on ``extra``)."""
     groups: dict[tuple, list] = {}
-    for c in cands:
-        groups.setdefault(tuple(sorted(c.devices.items())), []).append(c)
+    for i, c in enumerate(cands):
+        groups.setdefault(tuple(sorted(c.devices.items())), []).append(i)
     out = []
-    for members in groups.values():
+    for idx in groups.values():
+        members = [cands[i] for i in idx]
         if len(members) == 1:
             out.extend(members)
             continue
         f = np.array([[-c.micro_batch_size / c.partition.bottleneck_s,
                        -c.micro_batch_size * (1.0 - c.partition.fill_s / c.partition.bottleneck_s),
-                       c.partition.fill_s] for c in members])
-        order = np.lexsort((f[:, 2], f[:, 1], f[:, 0]))
+                       c.partition.fill_s] + ([extra[i]] if extra is not None else []) for i, c in zip(idx, members)])
+        order = np.lexsort(tuple(f[:, k] for k in range(f.shape[1] - 1, -1, -1)))
         f = f[order]
         dom = np.all(f[None, :, :] <= f[:, None, :], axis=2)          # dom[i, j]: j as good as i everywhere
         earlier = np.arange(len(f))[None, :] < np.arange(len(f))[:, None]
@@ -655,29 +658,46 @@ def lp_lower_bound_pipe_s(problem: CompositionProblem) -> float:
 def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int = 4) -> float:
     """Lower bound on the composition objective T_pipe + T_sync + T_opt [s], sync included.
 
+    The second value of :func:`composition_bounds` (which see).
+    """
+    return composition_bounds(problem, num_classes=num_classes)[1]
+
+
+def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4) -> tuple[float, float]:
+    """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
+
+    The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
     Sync classes: a plan of h >= 2 pipelines has T_sync >= sync_c(2) for every candidate c it
     uses (sync grows with h). For thresholds 0 = s_0 < s_1 < ... < s_K = inf, a plan whose sync
     lies in [s_i, s_{i+1}) uses only candidates with sync_c(2) < s_{i+1}, so its objective is at
     least s_i + LB_pipe(those candidates) + their least optimizer step. One-pipeline plans
     (no sync) need at least the fastest single copy's time. The bound is the least over the
-    classes (LB_pipe: :class:`_CapacityLP`).
+    classes (LB_pipe: :class:`_CapacityLP`). The LP columns are reduced once for all classes,
+    with sync_c(2) as a fourth Pareto criterion, so that a dropped column's dominator is in
+    every class the column is in.
     """
     cands = problem.candidates
     if not cands:
-        return math.inf
+        return math.inf, math.inf
     G = problem.global_batch_size
     single = min(c.partition.fill_s + (-(-G // c.micro_batch_size) - 1) * c.partition.bottleneck_s
                  + c.partition.optimizer_s for c in cands)
     s2 = [problem.sync_s(c, 2) for c in range(len(cands))]
+    s2_of = {id(c): s for c, s in zip(cands, s2)}
+    columns = _lp_columns(cands, s2)
     levels = sorted(set(s2))
     cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
     thresholds = [0.0, *cuts]
-    best = single
+    best, pipe_all = single, math.inf
     for i, lo in enumerate(thresholds):
         hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
         allowed = [c for c in range(len(cands)) if s2[c] < hi]
         if not allowed:
             continue
         t_opt = min(cands[c].partition.optimizer_s for c in allowed)
-        best = min(best, lo + _CapacityLP(problem, allowed).least_time_s() + t_opt)
-    return best
+        cols = [c for c in columns if s2_of[id(c)] < hi]
+        pipe = _CapacityLP(problem, allowed, columns=cols).least_time_s()
+        if hi == math.inf:
+            pipe_all = pipe
+        best = min(best, lo + pipe + t_opt)
+    return pipe_all, best
