@@ -89,6 +89,16 @@ def _print_estimate(est, plan, out=sys.stdout) -> None:
 # ----------------------------------------------------------------------------- commands
 
 
+def _check_writable(out: Path | None) -> None:
+    """Refuse an ``--out`` whose folder is missing or read-only before any work is done."""
+    if out is None:
+        return
+    parent = Path(out).resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise HppInputError(f"cannot write {out}: folder {parent} does not exist or is not writable",
+                            field="--out", fix="create the folder first or give a writable path")
+
+
 def _check_plan_args(args) -> None:
     """Refuse out-of-range numbers before anything is computed (exit 2, naming the flag)."""
     checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--max-stages", args.max_stages, 1),
@@ -102,6 +112,7 @@ def _check_plan_args(args) -> None:
     if args.micro_batch_sizes is not None and (not args.micro_batch_sizes or min(args.micro_batch_sizes) < 1):
         raise HppInputError(f"--micro-batch-sizes {args.micro_batch_sizes}", field="--micro-batch-sizes",
                             fix="give positive integers, e.g. 1,2,4")
+    _check_writable(getattr(args, "out", None))
     if args.scenario and (args.cluster or args.profile or args.model):
         raise HppInputError("--scenario cannot be combined with --cluster/--profile/--model", field="--scenario",
                             fix="use either a bundled scenario or your own cluster and profile")
@@ -172,8 +183,8 @@ def cmd_plan(args) -> int:
                      "feasible": b.feasible}
                  for k, b in baselines.items()}
     if args.json:
-        out = {"scenario": name, "plan": plan_to_dict(plan), "predicted": _estimate_json(res.estimate),
-               "search": search, "baselines": base_json}
+        out = {"scenario": name, "predicted": _estimate_json(res.estimate), "search": search,
+               "baselines": base_json, "plan": plan_to_dict(plan)}   # the summary first, the long plan last
         print(json.dumps(out, indent=1))
         return 0
     print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
@@ -203,6 +214,7 @@ def cmd_estimate(args) -> int:
     if args.model:
         from hpp.profiles.bundled import load_bundled_profile
         profile = load_bundled_profile(args.model)
+    _check_writable(args.out)
     plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
     est = estimate_plan(plan, cluster, profile)
     if args.out:
@@ -242,6 +254,14 @@ def cmd_scenarios(args) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (argparse type; its error names the flag and the value)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr")
@@ -253,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, help="native profile JSON file (with --cluster)")
     p.add_argument("--model", help="bundled model profile (with --cluster): OPT-350, GPT-Neo-2.7, LLAMA-3-8, gpt-tiny")
     p.add_argument("--gbs", type=int, help="global batch size [samples]")
-    p.add_argument("--micro-batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
+    p.add_argument("--micro-batch-sizes", type=_int_list,
                    help="comma-separated micro-batch sizes to consider (default: all measured)")
     p.add_argument("--max-tp", type=int, help="largest TP degree")
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline (default 8)")

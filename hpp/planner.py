@@ -90,6 +90,7 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     if global_batch_size < 1:
         raise HppInputError(f"global batch size {global_batch_size}", field="--gbs", fix="give a positive integer")
     t0 = time.perf_counter()
+    _check_micro_batch_sizes(cluster, profile, space)
     link = pipeline_link(cluster)
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
     cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise)
@@ -106,6 +107,26 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     return CompositionProblem(cands, cluster, global_batch_size, link), stats
 
 
+def _check_micro_batch_sizes(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> None:
+    """Refuse requested micro-batch sizes that no device type of the cluster was profiled at.
+
+    Raises
+    ------
+    HppInputError
+        Naming, per device type, the sizes its profile has.
+    """
+    if space.micro_batch_sizes is None:
+        return
+    have = {}
+    for dtype, kinds in stage_kinds(cluster, profile, space).items():
+        have[dtype] = sorted({b for k in kinds for b in profile.micro_batch_sizes(k.device_type, k.tp_degree)})
+    if not any(b in sizes for sizes in have.values() for b in space.micro_batch_sizes):
+        listed = "; ".join(f"{t}: {','.join(map(str, sizes))}" for t, sizes in sorted(have.items()))
+        raise HppInputError(f"no GPU type of the cluster is profiled for {profile.model} at micro-batch sizes "
+                            f"{','.join(map(str, space.micro_batch_sizes))} (profiled: {listed})",
+                            field="--micro-batch-sizes", fix="use sizes the profile has, or profile them")
+
+
 def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: StageCostCache,
                              space: SearchSpace) -> str:
     """Say by how much the roomiest homogeneous shape misses memory, and on which stage."""
@@ -113,7 +134,9 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
     L = profile.num_layers
     for dtype, kinds in stage_kinds(cluster, profile, space).items():
         for kind in kinds:
-            for b in profile.micro_batch_sizes(kind.device_type, kind.tp_degree)[:1]:
+            sizes = [b for b in profile.micro_batch_sizes(kind.device_type, kind.tp_degree)
+                     if space.micro_batch_sizes is None or b in space.micro_batch_sizes]
+            for b in sizes[:1]:
                 tab = cache.table(kind.device_type, kind.tp_degree, b)
                 S = max(1, min(space.max_stages, L, sum(n.num_devices // kind.tp_degree for n in cluster.nodes
                                                           if n.device_type == dtype)))
@@ -131,8 +154,9 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
                          f"{over / 2**30:.2f} GiB more than the {tab.capacity_bytes / 2**30:.1f} GiB a device has")
                 if best is None or over < best[0]:
                     best = (over, where)
-    if best is None:
-        return f"no pipeline shape of {profile.model} fits in memory"
+    if best is None or best[0] <= 0:
+        return (f"no pipeline shape of {profile.model} can be built on this cluster with the requested micro-batch "
+                f"sizes, TP degrees and stage limits")
     return f"{profile.model} does not fit in memory on this cluster; the best shape falls short by " \
            f"{best[0] / 2**30:.2f} GiB ({best[1]})"
 
@@ -208,6 +232,8 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         if pruning.incumbent_bound and math.isfinite(hint_obj):
             keep = [i for i, c in enumerate(problem.candidates) if not exceeds_incumbent(c, hint_obj)]
             stats["pruned_incumbent"] = len(problem.candidates) - len(keep)
+            if stats["pruned_incumbent"]:
+                say(f"incumbent bound pruned {stats['pruned_incumbent']} candidates ({len(keep)} left)")
             problem, hint = _subproblem(problem, keep, hint)
         t2 = time.perf_counter()
         lb, comp_lb = composition_bounds(problem)

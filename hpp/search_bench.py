@@ -92,10 +92,16 @@ def sweep_points(sizes: Iterable[int], type_counts: Iterable[int], *, model: str
     """
     sizes, type_counts = list(sizes), list(type_counts)
     profile = load_bundled_profile(model)
+    usable = [j for j, mix in sorted(TYPE_MIXES.items()) if set(mix) <= set(profile.device_types)]
     for k in type_counts:
         if k not in TYPE_MIXES:
             raise HppInputError(f"no GPU-type mix with {k} types", field="--types", fix=f"use {sorted(TYPE_MIXES)}")
-        _check_profiled(profile.model, profile.device_types, TYPE_MIXES[k], field="--types")
+        missing = sorted(set(TYPE_MIXES[k]) - set(profile.device_types))
+        if missing:
+            raise HppInputError(f"the {k}-type mix {list(TYPE_MIXES[k])} includes {missing[0]!r}, which has no "
+                                f"{profile.model} profile", field="--types",
+                                fix=f"use --types {','.join(map(str, usable))} with {profile.model}" if usable
+                                else "use another --model")
     for n in sizes:
         if n < 1:
             raise HppInputError(f"GPU count {n}", field="--sizes", fix="give positive GPU counts, e.g. 8,16,32")
@@ -128,7 +134,12 @@ def scenario_points(names: Iterable[str]) -> Iterator[BenchPoint]:
     HppInputError
         An unknown scenario name, or a GPU type of its cluster that its model's profile lacks.
     """
-    scs = [get_scenario(n) for n in names]
+    scs = []
+    for n in names:
+        try:
+            scs.append(get_scenario(n))
+        except HppInputError as exc:       # the benchmark's flag is --scenarios
+            raise HppInputError(exc.message, field="--scenarios", fix=exc.fix) from None
     for sc in scs:
         if not sc.device_types:        # emulated types come with their own profile entries
             _check_profiled(sc.model, load_bundled_profile(sc.model).device_types, dict(sc.gpus), field="--scenarios")

@@ -93,3 +93,29 @@ def test_plan_flags_out_of_range(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Fix:" in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--micro-batch-sizes", "16", "--no-baselines"],
+     "profiled for OPT-350 at micro-batch sizes 16 (profiled: A100-40: 1,2,4,8; V100-16: 1,2,4,8)"),
+    (["plan", "--micro-batch-sizes", "3,5", "--no-baselines"], "at micro-batch sizes 3,5"),
+    (["plan", "--out", "/nonexistent-folder/x/plan.json"], "cannot write /nonexistent-folder/x/plan.json"),
+    (["estimate", "plan.json", "--out", "/nonexistent-folder/x/p.json"], "cannot write /nonexistent-folder/x/p.json"),
+])
+def test_unprofiled_micro_batch_and_unwritable_out_fail_before_the_search(argv, message, capsys, monkeypatch):
+    import hpp.planner
+    called = []
+    monkeypatch.setattr(hpp.planner, "build_candidates", lambda *a, **k: called.append(1) or ([], {}))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Fix:" in err[0], err
+    assert called == []          # refused before any candidate was built (no negative "shortfall")
+
+
+def test_micro_batch_list_that_is_not_numbers_names_the_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--micro-batch-sizes", "1,x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--micro-batch-sizes: '1,x' is not a comma-separated list of integers" in err
+    assert "lambda" not in err

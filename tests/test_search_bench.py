@@ -35,9 +35,9 @@ def test_sweep_points_split_gpus_over_types_in_whole_nodes():
 @pytest.mark.parametrize("call, field, words", [
     (lambda: list(sweep_points([8], [5])), "--types", "no GPU-type mix with 5 types"),
     (lambda: list(sweep_points([0], [2])), "--sizes", "GPU count 0"),
-    (lambda: list(sweep_points([8], [4], model="LLAMA-3-8")), "--types", "'A100-80' has no LLAMA-3-8 profile"),
+    (lambda: list(sweep_points([8], [4], model="LLAMA-3-8")), "--types", "includes 'A100-80', which has no LLAMA-3-8"),
     (lambda: list(sweep_points([8], [2], model="GPT-9")), "model", "no bundled profile for model 'GPT-9'"),
-    (lambda: list(scenario_points(["opt350-a100x8-v100x8", "nope"])), "--scenario", "unknown scenario 'nope'"),
+    (lambda: list(scenario_points(["opt350-a100x8-v100x8", "nope"])), "--scenarios", "unknown scenario 'nope'"),
 ])
 def test_bad_sweep_inputs_name_the_field_and_the_fix(call, field, words):
     with pytest.raises(HppInputError) as exc:
@@ -59,7 +59,8 @@ def test_script_stops_before_measuring_anything(monkeypatch, tmp_path, capsys):
     assert "unknown scenario 'no-such'" in capsys.readouterr().err
     rc = mod.main(["--sizes", "8", "--types", "4", "--model", "LLAMA-3-8", "--scenarios", "", "--out", str(out)])
     assert rc == 2 and measured == []
-    assert "'A100-80' has no LLAMA-3-8 profile" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "includes 'A100-80', which has no LLAMA-3-8 profile" in err and "use --types 2,3 with LLAMA-3-8" in err
 
 
 def _row(point, gpus, types, method, wall, it, status="FEASIBLE"):
