@@ -178,7 +178,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     for shape in enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers):
         stats["shapes"] += 1
         for b in common_micro_batch_sizes(profile, shape, space):
-            if pruning.memory_infeasible:
+            if pruning.memory_infeasible and dead:
                 # every suffix whose row is empty kills all shapes ending with it
                 if any((b, shape[i:]) in dead for i in range(1, len(shape))):
                     stats["shapes_pruned_memory"] += 1
