@@ -15,19 +15,30 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from hpp.errors import HppInputError
+from hpp.errors import HppInputError, InfeasibleError
 from hpp.search_bench import (ABLATIONS, measure_point, plot_rows, read_csv, scenario_points, summary_table,
                               sweep_points, write_csv)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _name_list(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sweep, 1 repeat, short budgets")
-    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="GPU counts of the sweep")
-    ap.add_argument("--types", type=lambda s: [int(x) for x in s.split(",")], help="type counts (2,3,4)")
-    ap.add_argument("--scenarios", type=lambda s: [x for x in s.split(",") if x], help="bundled scenarios to add")
+    ap.add_argument("--sizes", type=_int_list, help="GPU counts of the sweep, e.g. 8,16,32")
+    ap.add_argument("--types", type=_int_list, help="type counts (2,3,4)")
+    ap.add_argument("--scenarios", type=_name_list, help="bundled scenarios to add (comma-separated; '' for none)")
     ap.add_argument("--model", default="OPT-350", help="bundled model of the sweep (default OPT-350)")
     ap.add_argument("--repeats", type=int, help="repeats per measurement (median)")
     ap.add_argument("--time-limit", type=float, default=5.0, help="HPP solver time limit [s]")
@@ -42,16 +53,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.quick:
-        sizes, types, scen = args.sizes or [8, 16, 32], args.types or [2], args.scenarios or []
-        repeats, budget, ablate_up_to = args.repeats or 1, args.single_shape_budget or 15.0, args.ablate_up_to or 16
-        single_up_to = args.single_shape_up_to or 32
+        defaults = dict(sizes=[8, 16, 32], types=[2], scenarios=[], repeats=1, single_shape_budget=15.0,
+                        ablate_up_to=16, single_shape_up_to=32)
     else:
-        sizes = args.sizes or [8, 16, 32, 64, 128, 256, 512, 1024]
-        types, repeats = args.types or [2, 3, 4], args.repeats or 3
-        scen = args.scenarios if args.scenarios is not None else ["opt350-a100x8-v100x8", "opt350-3types-40",
-                                                                  "opt350-512", "opt350-1024-4types"]
-        budget, ablate_up_to = args.single_shape_budget or 300.0, args.ablate_up_to or 64
-        single_up_to = args.single_shape_up_to or 64
+        defaults = dict(sizes=[8, 16, 32, 64, 128, 256, 512, 1024], types=[2, 3, 4],
+                        scenarios=["opt350-a100x8-v100x8", "opt350-3types-40", "opt350-512", "opt350-1024-4types"],
+                        repeats=3, single_shape_budget=300.0, ablate_up_to=64, single_shape_up_to=64)
+    # a value given on the command line wins, 0 included
+    opt = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
+    sizes, types, scen, repeats = opt["sizes"], opt["types"], opt["scenarios"], opt["repeats"]
+    budget, ablate_up_to, single_up_to = opt["single_shape_budget"], opt["ablate_up_to"], opt["single_shape_up_to"]
+    if repeats < 1 or budget <= 0:
+        print("search_overhead: error: --repeats must be >= 1 and --single-shape-budget > 0", file=sys.stderr)
+        return 2
+    if not args.out.resolve().parent.is_dir():
+        print(f"search_overhead: error: field '--out': folder {args.out.resolve().parent} does not exist. "
+              f"Fix: create it first or give another path", file=sys.stderr)
+        return 2
     try:   # validate every input before measuring anything
         points = list(sweep_points(sizes, types, model=args.model)) + list(scenario_points(scen))
     except HppInputError as exc:
@@ -70,9 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for p in points:
             ablations = ABLATIONS if p.num_gpus <= ablate_up_to else ()
-            measure_point(p, repeats=repeats, time_limit_s=args.time_limit, ablations=ablations,
-                          single_shape=p.num_gpus <= single_up_to, single_shape_budget_s=budget, on_row=keep,
-                          single_shape_permute_len=args.single_shape_permute_len)
+            try:
+                measure_point(p, repeats=repeats, time_limit_s=args.time_limit, ablations=ablations,
+                              single_shape=p.num_gpus <= single_up_to, single_shape_budget_s=budget, on_row=keep,
+                              single_shape_permute_len=args.single_shape_permute_len)
+            except InfeasibleError as exc:      # e.g. the model does not fit this cluster: say so, go on
+                print(f"  {p.name:<22} skipped: no feasible plan ({exc.message})", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         print("interrupted: the rows measured so far are in the CSV", file=sys.stderr)
     plot_rows(rows, args.out.with_suffix(".png"))

@@ -147,7 +147,7 @@ def cmd_plan(args) -> int:
     from hpp.formulation.candidates import SearchSpace
     from hpp.formulation.composition import SolverSettings
     from hpp.plan import plan_to_dict, write_plan_json
-    from hpp.planner import plan_hpp
+    from hpp.planner import check_micro_batch_sizes, plan_hpp
     from hpp.resolve import profile_ref_for
     from hpp.validate import validate_plan
 
@@ -156,6 +156,7 @@ def cmd_plan(args) -> int:
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
                         max_types_per_pipeline=args.max_types_per_pipeline)
     settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed)
+    check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
     baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space,

@@ -30,7 +30,7 @@ from hpp.pruning.memo import StageCostCache
 from hpp.pruning.rules import PruningOptions, exceeds_incumbent
 from hpp.formulation.stage_balance import StageBalancer
 
-__all__ = ["PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "SOLVERS"]
+__all__ = ["PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes", "SOLVERS"]
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +90,14 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     if global_batch_size < 1:
         raise HppInputError(f"global batch size {global_batch_size}", field="--gbs", fix="give a positive integer")
     t0 = time.perf_counter()
-    _check_micro_batch_sizes(cluster, profile, space)
+    left_out = check_micro_batch_sizes(cluster, profile, space)
     link = pipeline_link(cluster)
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
     cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise)
     balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
     cands, stats = build_candidates(cluster, profile, balancer, space, pruning)
     stats["candidates_s"] = time.perf_counter() - t0
+    stats["types_left_out"] = left_out
     stats["cache"] = cache.cache_info()
     stats["dp_rows_computed"] = balancer.rows_computed
     stats["dp_rows_reused"] = balancer.rows_reused
@@ -107,16 +108,23 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     return CompositionProblem(cands, cluster, global_batch_size, link), stats
 
 
-def _check_micro_batch_sizes(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> None:
+def check_micro_batch_sizes(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> list[str]:
     """Refuse requested micro-batch sizes that no device type of the cluster was profiled at.
+
+    Returns
+    -------
+    list of str
+        The device types left out because none of the requested sizes is profiled for them (the
+        planner says so in its progress lines); [] when every type can be used.
 
     Raises
     ------
     HppInputError
-        Naming, per device type, the sizes its profile has.
+        No device type has any requested size (naming, per device type, the sizes its profile has),
+        or a device type without profile.
     """
     if space.micro_batch_sizes is None:
-        return
+        return []
     have = {}
     for dtype, kinds in stage_kinds(cluster, profile, space).items():
         have[dtype] = sorted({b for k in kinds for b in profile.micro_batch_sizes(k.device_type, k.tp_degree)})
@@ -125,6 +133,7 @@ def _check_micro_batch_sizes(cluster: Cluster, profile: ModelProfile, space: Sea
         raise HppInputError(f"no GPU type of the cluster is profiled for {profile.model} at micro-batch sizes "
                             f"{','.join(map(str, space.micro_batch_sizes))} (profiled: {listed})",
                             field="--micro-batch-sizes", fix="use sizes the profile has, or profile them")
+    return sorted(t for t, sizes in have.items() if not any(b in sizes for b in space.micro_batch_sizes))
 
 
 def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: StageCostCache,
@@ -215,6 +224,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     problem, stats = make_problem(cluster, profile, global_batch_size, space=space, pruning=pruning, config=config)
+    if stats.get("types_left_out"):
+        say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
+            f"{', '.join(stats['types_left_out'])}")
     say(f"{len(problem.candidates)} candidate pipelines from {stats['shapes']} shapes "
         f"({stats['candidates_s']:.2f} s)")
     t1 = time.perf_counter()

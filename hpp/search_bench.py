@@ -242,7 +242,8 @@ def plot_rows(rows: list[BenchRow], path: Path) -> None:
     ax.set_title("Configuration search overhead (OPT-350); dotted: HPP with one rule or the memo off; "
                  "'cut' = enumeration stopped at its budget", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

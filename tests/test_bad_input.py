@@ -119,3 +119,19 @@ def test_micro_batch_list_that_is_not_numbers_names_the_flag(capsys):
     err = capsys.readouterr().err
     assert "--micro-batch-sizes: '1,x' is not a comma-separated list of integers" in err
     assert "lambda" not in err
+
+
+def test_types_without_a_requested_micro_batch_size_are_left_out_and_said():
+    from hpp.formulation.candidates import SearchSpace
+    from hpp.planner import plan_hpp
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import make_cluster
+
+    cl = make_cluster("gh-a100", {"GH-96": 4, "A100-40": 4})
+    said = []
+    res = plan_hpp(cl, load_bundled_profile("OPT-350"), 256, space=SearchSpace(micro_batch_sizes=(16,)),
+                   progress=said.append)
+    assert res.stats["types_left_out"] == ["A100-40"]
+    assert said[0] == "left out (no profile at micro-batch sizes 16): A100-40"
+    assert {s.device_type for p in res.plan.pipelines for s in p.stages} == {"GH-96"}
+    assert all(p.micro_batch_size == 16 for p in res.plan.pipelines)

@@ -100,3 +100,32 @@ def test_summary_states_the_target_and_the_metis_range():
     assert lines[-1] == "56x target at 32/64 GPUs: met at 1 of 3 points"
     assert "3types-64" in summary_table(rows)
     assert math.isclose(search_bench.TARGET_RATIO, 56.0)
+
+
+def test_missing_out_folder_and_bad_numbers_stop_before_measuring(monkeypatch, capsys):
+    mod = _script()
+    measured = []
+    monkeypatch.setattr(mod, "measure_point", lambda *a, **k: measured.append(a))
+    assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", "--out", "/nonexistent-hpp/x.csv"]) == 2
+    assert "folder /nonexistent-hpp does not exist" in capsys.readouterr().err
+    assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", "--repeats", "0"]) == 2
+    assert measured == []
+    with pytest.raises(SystemExit):
+        mod.main(["--sizes", "1,x"])
+    assert "'1,x' is not a comma-separated list of integers" in capsys.readouterr().err
+
+
+def test_an_infeasible_point_is_skipped_with_its_reason(monkeypatch, tmp_path, capsys):
+    from hpp.errors import InfeasibleError
+    mod = _script()
+
+    def fake_measure(p, *, on_row, **kw):
+        if p.name == "2types-8":
+            raise InfeasibleError("LLAMA-3-8 does not fit in memory on this cluster", field="cluster", fix="more memory")
+        on_row(_row(p.name, p.num_gpus, p.num_types, "hpp", 0.5, 10.0))
+
+    monkeypatch.setattr(mod, "measure_point", fake_measure)
+    out = tmp_path / "so.csv"
+    assert mod.main(["--sizes", "8,16", "--types", "2", "--scenarios", "", "--out", str(out)]) == 0
+    assert "2types-8               skipped: no feasible plan (LLAMA-3-8 does not fit" in capsys.readouterr().err
+    assert [r.point for r in read_csv(out)] == ["2types-16"]
