@@ -250,11 +250,17 @@ def plot_rows(rows: list[BenchRow], path: Path) -> None:
     plt.close(fig)
 
 
-def summary_table(rows: list[BenchRow]) -> str:
-    """Per input: HPP seconds, single-shape seconds, the ratio, both plans' predicted times, gap, ablations."""
+def _by_point(rows: Iterable[BenchRow]) -> dict[str, dict[str, BenchRow]]:
+    """point -> method -> row (the last row wins), in the order the points were measured."""
     by_point: dict[str, dict[str, BenchRow]] = {}
     for r in rows:
         by_point.setdefault(r.point, {})[r.method] = r
+    return by_point
+
+
+def summary_table(rows: list[BenchRow]) -> str:
+    """Per input: HPP seconds, single-shape seconds, the ratio, both plans' predicted times, gap, ablations."""
+    by_point = _by_point(rows)
     lines = [f"{'input':<22} {'GPUs':>5} {'HPP s':>7} {'single s':>9} {'ratio':>8} {'HPP iter s':>10} "
              f"{'single iter s':>13} {'gap':>6}  ablations (s, iter s)"]
     for point, m in by_point.items():
@@ -274,9 +280,7 @@ def summary_table(rows: list[BenchRow]) -> str:
 
 def target_lines(rows: list[BenchRow]) -> list[str]:
     """The two checks of issue 4 in words: is single-shape in Metis's range, is HPP >= 56x faster at 32/64 GPUs."""
-    by_point: dict[str, dict[str, BenchRow]] = {}
-    for r in rows:
-        by_point.setdefault(r.point, {})[r.method] = r
+    by_point = _by_point(rows)
     out = []
     for point, m in by_point.items():
         s = m.get("single-shape")

@@ -222,7 +222,9 @@ def remove_dominated(cands: list[Candidate]) -> list[Candidate]:
     order = sorted(range(len(cands)), key=lambda i: (cands[i].partition.bottleneck_s, cands[i].partition.fill_s,
                                                      cands[i].num_devices, i))
     # kept candidates per (micro-batch size, device-type set): features over that set's TP keys, preallocated
-    keys_of: dict[frozenset, list] = {}
+    keys_of: dict[frozenset, set] = {}         # TP-group keys per device-type set, in one pass
+    for c in cands:
+        keys_of.setdefault(frozenset(c.devices), set()).update(c.tp_groups)
     groups: dict[tuple, list] = {}
     kept: list[Candidate] = []
     for i in order:
@@ -248,8 +250,7 @@ def remove_dominated(cands: list[Candidate]) -> list[Candidate]:
         gkey = (c.micro_batch_size, types)
         grp = groups.get(gkey)
         if grp is None:
-            keys = keys_of.setdefault(types, sorted({k for d in cands if frozenset(d.devices) == types
-                                                     for k in d.tp_groups}))
+            keys = sorted(keys_of[types])
             grp = groups[gkey] = [np.empty((len(cands), len(keys) + 4)), 0, keys]
         arr, n, keys = grp
         arr[n] = [c.tp_groups.get(k, 0) for k in keys] + list(tail)
