@@ -1,4 +1,4 @@
-"""Search overhead: HPP vs its ablations vs the Metis-style single-shape enumeration, in one run.
+"""Search overhead: HPP vs its ablations vs Metis's search (ported) and the single-shape enumeration, in one run.
 
     python experiments/search_overhead.py --quick          # < 2 minutes on 2 cores
     python experiments/search_overhead.py                  # the full sweep (8 .. 1024 GPUs, 2-4 types)
@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--single-shape-permute-len", type=int,
                     help="add Metis's group-order permutations to the single-shape search (Metis uses 4; "
                          "default: the canonical order)")
+    ap.add_argument("--metis-budget", type=float, help="cap on Metis's search (ported) [s]")
+    ap.add_argument("--metis-up-to", type=int, help="run Metis's search only up to this many GPUs")
     ap.add_argument("--ablate-up-to", type=int, help="run the ablations only up to this many GPUs")
     ap.add_argument("--single-shape-up-to", type=int, help="run the single-shape enumeration only up to this many GPUs")
     ap.add_argument("--out", type=Path, default=RESULTS / "search_overhead.csv")
@@ -54,17 +56,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     if args.quick:
         defaults = dict(sizes=[8, 16, 32], types=[2], scenarios=[], repeats=1, single_shape_budget=15.0,
-                        ablate_up_to=16, single_shape_up_to=32)
+                        ablate_up_to=16, single_shape_up_to=32, metis_budget=30.0, metis_up_to=32)
     else:
         defaults = dict(sizes=[8, 16, 32, 64, 128, 256, 512, 1024], types=[2, 3, 4],
                         scenarios=["opt350-a100x8-v100x8", "opt350-3types-40", "opt350-512", "opt350-1024-4types"],
-                        repeats=3, single_shape_budget=300.0, ablate_up_to=64, single_shape_up_to=64)
+                        repeats=3, single_shape_budget=120.0, ablate_up_to=64, single_shape_up_to=64,
+                        metis_budget=300.0, metis_up_to=64)
     # a value given on the command line wins, 0 included
     opt = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
     sizes, types, scen, repeats = opt["sizes"], opt["types"], opt["scenarios"], opt["repeats"]
     budget, ablate_up_to, single_up_to = opt["single_shape_budget"], opt["ablate_up_to"], opt["single_shape_up_to"]
-    if repeats < 1 or budget <= 0:
-        print("search_overhead: error: --repeats must be >= 1 and --single-shape-budget > 0", file=sys.stderr)
+    metis_budget, metis_up_to = opt["metis_budget"], opt["metis_up_to"]
+    if repeats < 1 or budget <= 0 or metis_budget <= 0:
+        print("search_overhead: error: --repeats must be >= 1, --single-shape-budget and --metis-budget > 0",
+              file=sys.stderr)
         return 2
     if not args.out.resolve().parent.is_dir():
         print(f"search_overhead: error: field '--out': folder {args.out.resolve().parent} does not exist. "
@@ -91,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 measure_point(p, repeats=repeats, time_limit_s=args.time_limit, ablations=ablations,
                               single_shape=p.num_gpus <= single_up_to, single_shape_budget_s=budget, on_row=keep,
-                              single_shape_permute_len=args.single_shape_permute_len)
+                              single_shape_permute_len=args.single_shape_permute_len,
+                              metis=p.num_gpus <= metis_up_to, metis_budget_s=metis_budget)
             except InfeasibleError as exc:      # e.g. the model does not fit this cluster: say so, go on
                 print(f"  {p.name:<22} skipped: no feasible plan ({exc.message})", file=sys.stderr, flush=True)
     except KeyboardInterrupt:

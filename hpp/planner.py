@@ -73,8 +73,12 @@ def pipeline_link(cluster: Cluster) -> Link:
 
 def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                  space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
-                 config: CostModelConfig = CostModelConfig()) -> tuple[CompositionProblem, dict[str, Any]]:
+                 config: CostModelConfig = CostModelConfig(), workers: int = 1
+                 ) -> tuple[CompositionProblem, dict[str, Any]]:
     """Build the candidates (stage balance + pruning) of an instance.
+
+    ``workers``: processes for the stage balance (0: one per usable core; see
+    :func:`~hpp.formulation.candidates.build_candidates`; the candidates are the same for any value).
 
     Returns
     -------
@@ -95,7 +99,7 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
     cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise)
     balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
-    cands, stats = build_candidates(cluster, profile, balancer, space, pruning)
+    cands, stats = build_candidates(cluster, profile, balancer, space, pruning, workers=workers)
     stats["candidates_s"] = time.perf_counter() - t0
     stats["types_left_out"] = left_out
     stats["cache"] = cache.cache_info()
@@ -223,7 +227,8 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         raise HppInputError(f"unknown solver {solver!r}", field="--solver", fix=f"use one of {list(SOLVERS)}")
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
-    problem, stats = make_problem(cluster, profile, global_batch_size, space=space, pruning=pruning, config=config)
+    problem, stats = make_problem(cluster, profile, global_batch_size, space=space, pruning=pruning, config=config,
+                                  workers=settings.num_workers)
     if stats.get("types_left_out"):
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
             f"{', '.join(stats['types_left_out'])}")

@@ -16,6 +16,8 @@ from hpp.planner import make_problem, plan_hpp, pipeline_link
 from hpp.formulation.cost_model import estimate_plan
 from hpp.pruning.memo import StageCostCache
 from hpp.pruning.rules import PruningOptions
+from hpp.profiles.bundled import load_bundled_profile
+from hpp.scenarios import get_scenario
 from hpp.validate import validate_plan
 from tests.synthetic import toy_cluster, toy_profile
 
@@ -279,3 +281,42 @@ def test_llama8_needs_recomputation():
     with pytest.raises(InfeasibleError, match=r"does not fit in memory.*falls short by"):
         plan_hpp(cl, prof, sc.global_batch_size, space=SearchSpace(allow_recompute=False, max_stages=2),
                  settings=FAST)
+
+
+# --- candidates built in forked workers equal one process's -------------------------------------------
+
+def _cand_keys(problem):
+    return [(c.shape, c.micro_batch_size, c.partition, c.devices, c.tp_groups) for c in problem.candidates]
+
+
+@pytest.mark.parametrize("rule_off", [None, "dominated", "memory_infeasible"])
+def test_candidates_from_workers_equal_one_process(monkeypatch, rule_off):
+    from hpp.formulation import candidates as cmod
+    monkeypatch.setattr(cmod, "PARALLEL_MIN_PAIRS", 0)
+    sc = get_scenario("opt350-a100x8-v100x8")
+    prof = load_bundled_profile(sc.model)
+    pruning = PruningOptions() if rule_off is None else PruningOptions().without(rule_off)
+    one, s1 = make_problem(sc.cluster(), prof, sc.global_batch_size, pruning=pruning, workers=1)
+    two, s2 = make_problem(sc.cluster(), prof, sc.global_batch_size, pruning=pruning, workers=2)
+    assert s1["workers"] == 1 and s2["workers"] == 2
+    assert _cand_keys(one) == _cand_keys(two)
+    for k in ("shapes", "balanced", "infeasible", "dominated", "fill_variants", "shapes_pruned_memory",
+              "dp_rows_computed", "dp_rows_reused"):
+        assert s1[k] == s2[k], k
+    assert s1["cache"]["misses"] == s2["cache"]["misses"]
+
+
+def test_an_error_in_a_worker_reaches_the_caller(monkeypatch):
+    from hpp.formulation import candidates as cmod
+    monkeypatch.setattr(cmod, "PARALLEL_MIN_PAIRS", 0)
+    real = cmod._balance_shapes
+
+    def failing(shapes, sizes, balancer, pruning, keep_b):
+        if keep_b is not None and 1 not in keep_b:
+            raise HppInputError("profile entry missing", field="profile", fix="profile it")
+        return real(shapes, sizes, balancer, pruning, keep_b)
+
+    monkeypatch.setattr(cmod, "_balance_shapes", failing)
+    sc = get_scenario("opt350-a100x8-v100x8")
+    with pytest.raises(HppInputError, match="profile entry missing"):
+        make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=2)

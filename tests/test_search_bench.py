@@ -89,16 +89,23 @@ def test_ctrl_c_keeps_the_rows_already_measured(monkeypatch, tmp_path, capsys):
 
 def test_summary_states_the_target_and_the_metis_range():
     rows = [_row("2types-32", 32, 2, "hpp", 0.5, 11.8), _row("2types-32", 32, 2, "single-shape", 3.0, 12.5, "COMPLETE"),
+            _row("2types-32", 32, 2, "metis", 15.0, 12.5, "COMPLETE"),
             _row("3types-64", 64, 3, "hpp", 2.0, 4.4), _row("3types-64", 64, 3, "single-shape", 300.0, 21.0, "TRUNCATED"),
-            _row("3types-32", 32, 3, "hpp", 1.0, 7.6), _row("3types-32", 32, 3, "single-shape", 90.0, 7.0, "COMPLETE")]
+            _row("3types-64", 64, 3, "metis", 300.0, 6.0, "TRUNCATED"),
+            _row("3types-32", 32, 3, "hpp", 1.0, 7.6), _row("3types-32", 32, 3, "single-shape", 90.0, 7.0, "COMPLETE"),
+            _row("3types-32", 32, 3, "metis", 90.0, 7.0, "COMPLETE")]
     lines = target_lines(rows)
     assert "single-shape fidelity 2types-32: 3.00 s vs public Metis 10-20 s (below its range)" in lines
-    assert "target 2types-32: 6.0x (NOT met; HPP plan 11.800 s vs 12.500 s)" in lines
-    assert "target 3types-64: >=150.0x (met; HPP plan 4.400 s vs 21.000 s)" in lines
+    assert "metis fidelity 2types-32: 15.00 s vs public Metis 10-20 s (inside its range)" in lines
+    assert "metis fidelity 3types-32: 90.00 s vs public Metis 35-40 s (above its range)" in lines
+    assert "target 2types-32: 30.0x vs metis (NOT met; HPP plan 11.800 s vs 12.500 s)" in lines
+    assert "target 3types-64: >=150.0x vs metis (met; HPP plan 4.400 s vs 6.000 s)" in lines
     # 90x faster but a slower plan: not met
-    assert "target 3types-32: 90.0x (NOT met; HPP plan 7.600 s vs 7.000 s)" in lines
-    assert lines[-1] == "56x target at 32/64 GPUs: met at 1 of 3 points"
-    assert "3types-64" in summary_table(rows)
+    assert "target 3types-32: 90.0x vs metis (NOT met; HPP plan 7.600 s vs 7.000 s)" in lines
+    assert "56x target vs metis at 32/64 GPUs: met at 1 of 3 points (3types-64)" in lines
+    assert lines[-1] == "56x target vs single-shape at 32/64 GPUs: met at 1 of 3 points (3types-64)"
+    table = summary_table(rows)
+    assert "3types-64" in table and ">=150.0x" in table and "30.0x" in table and "6.0x" in table
     assert math.isclose(search_bench.TARGET_RATIO, 56.0)
 
 
@@ -129,3 +136,17 @@ def test_an_infeasible_point_is_skipped_with_its_reason(monkeypatch, tmp_path, c
     assert mod.main(["--sizes", "8,16", "--types", "2", "--scenarios", "", "--out", str(out)]) == 0
     assert "2types-8               skipped: no feasible plan (LLAMA-3-8 does not fit" in capsys.readouterr().err
     assert [r.point for r in read_csv(out)] == ["2types-16"]
+
+
+def test_measure_point_runs_every_method_on_one_input():
+    from hpp.search_bench import measure_point
+    p = next(iter(sweep_points([8], [2])))
+    rows = measure_point(p, repeats=1, ablations=("memoise",), single_shape_budget_s=30.0, metis_budget_s=30.0)
+    by = {r.method: r for r in rows}
+    assert list(by) == ["hpp", "hpp-no-memoise", "metis", "single-shape"]
+    ref = by["metis"]
+    assert ref.status == "COMPLETE" and ref.candidates > 0 and "inter-stage plans" in ref.note
+    assert math.isfinite(ref.iteration_time_s)
+    # HPP's plan is never slower than the references' on this input, with or without the memo
+    assert by["hpp"].iteration_time_s <= min(ref.iteration_time_s, by["single-shape"].iteration_time_s) * (1 + 1e-9)
+    assert by["hpp-no-memoise"].iteration_time_s == pytest.approx(by["hpp"].iteration_time_s)

@@ -27,7 +27,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.rules import PruningOptions
 
 __all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates",
-           "remove_dominated", "tp_capacity", "common_micro_batch_sizes"]
+           "remove_dominated", "tp_capacity", "common_micro_batch_sizes", "usable_cores", "PARALLEL_MIN_PAIRS"]
 
 log = logging.getLogger(__name__)
 
@@ -157,30 +157,25 @@ def common_micro_batch_sizes(profile: ModelProfile, shape: tuple[StageKind, ...]
     return sizes
 
 
-def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBalancer, space: SearchSpace,
-                     pruning: PruningOptions) -> tuple[list[Candidate], dict[str, int]]:
-    """Stage-balance every shape of the space at every common measured micro-batch size.
+def _balance_shapes(shapes: list[tuple[StageKind, ...]], sizes: list[list[int]], balancer: StageBalancer,
+                    pruning: PruningOptions, keep_b: frozenset | None
+                    ) -> tuple[list[tuple[int, int, Candidate]], dict[str, int]]:
+    """Stage-balance ``shapes[i]`` at each size of ``sizes[i]`` (only those in ``keep_b`` if given).
 
-    Each (shape, micro-batch size) gives its least-bottleneck partition and, when different,
-    its least-fill partition (the better one for pipelines with few micro-batches).
-
-    Returns
-    -------
-    (candidates, stats)
-        Feasible candidates (dominated ones removed if the rule is on) and counters:
-        shapes, shapes_pruned_memory, infeasible, dominated.
+    Returns ((shape index, variant, candidate) in enumeration order, counters). The dead-suffix
+    set of the ``memory_infeasible`` rule is keyed by micro-batch size, so any split of the sizes
+    over workers prunes exactly what one pass would.
     """
-    kinds = stage_kinds(cluster, profile, space)
-    stats = {"shapes": 0, "shapes_pruned_memory": 0, "balanced": 0, "infeasible": 0, "dominated": 0,
-             "fill_variants": 0}
-    out: list[Candidate] = []
+    stats = {"shapes_pruned_memory": 0, "balanced": 0, "infeasible": 0, "fill_variants": 0}
+    out: list[tuple[int, int, Candidate]] = []
     dead: set = set()
-    for shape in enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers):
-        stats["shapes"] += 1
-        for b in common_micro_batch_sizes(profile, shape, space):
+    for i, shape in enumerate(shapes):
+        for b in sizes[i]:
+            if keep_b is not None and b not in keep_b:
+                continue
             if pruning.memory_infeasible and dead:
                 # every suffix whose row is empty kills all shapes ending with it
-                if any((b, shape[i:]) in dead for i in range(1, len(shape))):
+                if any((b, shape[j:]) in dead for j in range(1, len(shape))):
                     stats["shapes_pruned_memory"] += 1
                     continue
             stats["balanced"] += 1
@@ -190,20 +185,191 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
                 if pruning.memory_infeasible and balancer.suffix_infeasible(shape, b):
                     dead.add((b, shape))
                 continue
-            devices: dict[str, int] = {}
-            groups: dict[tuple[str, int], int] = {}
-            for k in shape:
-                devices[k.device_type] = devices.get(k.device_type, 0) + k.tp_degree
-                groups[(k.device_type, k.tp_degree)] = groups.get((k.device_type, k.tp_degree), 0) + 1
-            out.append(Candidate(shape, b, part, devices, groups))
+            devices, groups = _usage(shape)
+            out.append((i, 0, Candidate(shape, b, part, devices, groups)))
             # the least-fill partition is better when a pipeline gets few micro-batches
             if few is not None:
-                out.append(Candidate(shape, b, few, devices, groups))
+                out.append((i, 1, Candidate(shape, b, few, devices, groups)))
                 stats["fill_variants"] += 1
+    return out, stats
+
+
+def _usage(shape: tuple[StageKind, ...]) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
+    """(devices per type, TP groups per (type, TP degree)) of one copy of ``shape``."""
+    devices: dict[str, int] = {}
+    groups: dict[tuple[str, int], int] = {}
+    for k in shape:
+        devices[k.device_type] = devices.get(k.device_type, 0) + k.tp_degree
+        groups[(k.device_type, k.tp_degree)] = groups.get((k.device_type, k.tp_degree), 0) + 1
+    return devices, groups
+
+
+_PARTITION_FIELDS = tuple(Partition.__slots__)
+
+
+def _pack(out: list[tuple[int, int, Candidate]]) -> list[tuple]:
+    """Candidates as plain tuples for the pipe: (shape index, variant, size, partition fields); the
+    shape and its device counts are rebuilt from the index (pickling them costs more than the DP)."""
+    return [(i, v, c.micro_batch_size, tuple(getattr(c.partition, f) for f in _PARTITION_FIELDS)) for i, v, c in out]
+
+
+def _unpack(packed: list[tuple], shapes: list[tuple[StageKind, ...]]) -> list[tuple[int, int, Candidate]]:
+    usage: dict[int, tuple] = {}
+    out = []
+    for i, v, b, fields in packed:
+        if i not in usage:
+            usage[i] = _usage(shapes[i])
+        out.append((i, v, Candidate(shapes[i], b, Partition(*fields), *usage[i])))
+    return out
+
+
+def _split_sizes(sizes: list[list[int]], workers: int) -> list[frozenset]:
+    """Micro-batch sizes in ``workers`` groups of about equal (shape, size) counts (largest count first)."""
+    count: dict[int, int] = {}
+    for row in sizes:
+        for b in row:
+            count[b] = count.get(b, 0) + 1
+    bins: list[tuple[int, set]] = [(0, set()) for _ in range(min(workers, len(count)))]
+    for b in sorted(count, key=lambda x: (-count[x], x)):
+        j = min(range(len(bins)), key=lambda k: bins[k][0])
+        bins[j] = (bins[j][0] + count[b], bins[j][1] | {b})
+    return [frozenset(s) for _, s in bins if s]
+
+
+def _share(shapes, sizes, balancer, pruning, keep_b):
+    """One worker's share: its sizes balanced, then (rule on) its dominated candidates removed.
+
+    Dominance compares candidates of the same micro-batch size only, so removing it per share of
+    the sizes drops exactly the candidates that one pass over all of them drops.
+    """
+    out, stats = _balance_shapes(shapes, sizes, balancer, pruning, keep_b)
+    stats["dominated"] = 0
     if pruning.dominated:
-        before = len(out)
-        out = remove_dominated(out)
-        stats["dominated"] = before - len(out)
+        kept = {id(c) for c in remove_dominated([c for _, _, c in out])}
+        stats["dominated"] = len(out) - len(kept)
+        out = [t for t in out if id(t[2]) in kept]
+    return out, stats
+
+
+def _worker_main(conn, shapes, sizes, balancer, pruning, keep_b) -> None:     # pragma: no cover (child process)
+    try:
+        r0, u0, h0, m0 = balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses
+        out, stats = _share(shapes, sizes, balancer, pruning, keep_b)
+        counters = (balancer.rows_computed - r0, balancer.rows_reused - u0, balancer.cache.hits - h0,
+                    balancer.cache.misses - m0)
+        conn.send(("ok", _pack(out), stats, counters))
+    except BaseException as exc:       # noqa: BLE001 - sent to the parent, which re-raises it
+        conn.send(("error", exc, None, None))
+    finally:
+        conn.close()
+
+
+def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset]):
+    """Fork one child per group but the first (the parent runs that one); the shares merged in the
+    order one process gives (:func:`remove_dominated`'s order with the rule on, else enumeration order)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    children = []
+    for keep_b in groups[1:]:
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_worker_main, args=(send, shapes, sizes, balancer, pruning, keep_b), daemon=True)
+        proc.start()
+        send.close()
+        children.append((proc, recv, keep_b))
+    try:
+        out, stats = _share(shapes, sizes, balancer, pruning, groups[0])
+    except BaseException:
+        for proc, _, _ in children:      # nobody will read their results
+            proc.terminate()
+            proc.join()
+        raise
+    for proc, recv, keep_b in children:
+        try:
+            kind, got, got_stats, counters = recv.recv()
+        except EOFError:                     # the child died: do its share here
+            kind, got = "lost", None
+        proc.join()
+        if kind == "error":
+            raise got
+        if kind == "lost":
+            got, got_stats = _share(shapes, sizes, balancer, pruning, keep_b)
+        else:
+            got = _unpack(got, shapes)
+            balancer.rows_computed += counters[0]
+            balancer.rows_reused += counters[1]
+            balancer.cache.hits += counters[2]
+            balancer.cache.misses += counters[3]
+        out.extend(got)
+        for k, v in got_stats.items():
+            stats[k] += v
+    # enumeration order: shape, then micro-batch size (ascending), then variant
+    def tag(t):
+        return t[0], t[2].micro_batch_size, t[1]
+
+    if pruning.dominated:       # remove_dominated's visiting order, ties by enumeration order
+        out.sort(key=lambda t: (t[2].partition.bottleneck_s, t[2].partition.fill_s, t[2].num_devices, tag(t)))
+    else:
+        out.sort(key=tag)
+    return out, stats
+
+
+#: (shape, micro-batch size) pairs below which the candidates are built in one process (a fork costs ~10 ms).
+PARALLEL_MIN_PAIRS = 1000
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:        # pragma: no cover (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBalancer, space: SearchSpace,
+                     pruning: PruningOptions, *, workers: int = 1) -> tuple[list[Candidate], dict[str, int]]:
+    """Stage-balance every shape of the space at every common measured micro-batch size.
+
+    Each (shape, micro-batch size) gives its least-bottleneck partition and, when different,
+    its least-fill partition (the better one for pipelines with few micro-batches).
+
+    Parameters
+    ----------
+    workers : int
+        Processes to use (1: this one; 0: one per usable core). With more than one, on a platform
+        with ``fork`` and at least :data:`PARALLEL_MIN_PAIRS` (shape, size) pairs, the micro-batch
+        sizes are split over forked workers (the DP memo is keyed by size, so nothing is shared or
+        lost) and the candidates come back in the same order as from one process: the result is
+        identical (tested).
+
+    Returns
+    -------
+    (candidates, stats)
+        Feasible candidates (dominated ones removed if the rule is on) and counters:
+        shapes, shapes_pruned_memory, infeasible, dominated, workers.
+    """
+    import multiprocessing
+
+    kinds = stage_kinds(cluster, profile, space)
+    shapes = list(enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers))
+    sizes = [common_micro_batch_sizes(profile, shape, space) for shape in shapes]
+    n = usable_cores() if workers == 0 else max(1, workers)
+    groups = _split_sizes(sizes, n) if n > 1 else []
+    if (len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS
+            and "fork" in multiprocessing.get_all_start_methods()):
+        tagged, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups)
+        stats = {"shapes": len(shapes), **part_stats, "workers": len(groups)}
+        out = [c for _, _, c in tagged]
+    else:
+        tagged, part_stats = _balance_shapes(shapes, sizes, balancer, pruning, None)
+        stats = {"shapes": len(shapes), **part_stats, "dominated": 0, "workers": 1}
+        out = [c for _, _, c in tagged]
+        if pruning.dominated:
+            before = len(out)
+            out = remove_dominated(out)
+            stats["dominated"] = before - len(out)
     log.debug("candidates: %s", stats)
     return out, stats
 

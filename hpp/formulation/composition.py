@@ -55,7 +55,7 @@ class SolverSettings:
     """CP-SAT parameters, explicit (STYLE.md rule 5)."""
 
     max_time_in_seconds: float = 10.0
-    num_workers: int = 0          # 0 = one per core
+    num_workers: int = 0          # CP-SAT workers and candidate processes; 0 = one per usable core
     random_seed: int = 0
     log_search_progress: bool = False
     max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)

@@ -1,0 +1,399 @@
+"""Metis's search on HPP's cost model: an in-toolkit port of the public Metis planner's enumeration.
+
+Metis (Um et al., "Metis: Fast Automatic Distributed Training on Heterogeneous GPUs", USENIX
+ATC'24; code SamsungLabs/Metis: ``cost_het_cluster.py``, ``search_space/plan.py``,
+``search_space/device_group.py``, ``model/load_balancer.py``) plans ONE pipeline over all devices,
+each stage a device group with its own data- and tensor-parallel degrees. Its search, outermost
+first, restated from that code (none of it copied):
+
+1. node sequence: every order of the GPU types; the devices are laid out type after type;
+2. number of stages S = 1 .. min(N, L);
+3. device groups: every non-decreasing sequence of S power-of-two group sizes [devices] summing to
+   N, with every size at least ``variance`` x max(N // S, S // N) ("Key idea 1"; ``variance`` is 1
+   in Metis's README example, and its command line parses it as an integer), each in every order that Metis's ``permute`` gives for ``max_permute_len`` ("Key idea 2", 4 in
+   its scripts; :func:`hpp.baselines._group_orders`, checked against a transcription of Metis's
+   ``permute``);
+4. number of micro-batches m: every divisor of the global batch size, largest first;
+5. intra-stage strategies (dp_s, tp_s) with dp_s x tp_s = g_s: from pure data parallelism, one
+   step at a time, the stage with the least memory headroom (1 / dp_s before any partition fitted)
+   that still has dp_s > 1 turns half of it into tensor parallelism. A strategy is valid when every
+   stage's per-replica micro-batch b_s = G / (m dp_s) is a whole, profiled size of its GPU type at
+   TP tp_s. Each valid strategy is layer-partitioned; the walk stops after a partition that fits
+   memory at the first attempt (Metis's ``num_repartition == 1``).
+
+Costing is HPP's cost model, not Metis's estimator. Stage s holds layers [u, v) on dp_s replicas of
+tp_s devices, each running micro-batches of b_s samples: its time per micro-batch is the stage-cost
+table entry (:class:`~hpp.pruning.memo.StageCostTable`) of (GPU type, tp_s, b_s), its memory the
+table's with min(m, S - s) micro-batches in flight (1F1B). A group that straddles two GPU types
+runs at its slowest type's speed and must fit every type's memory (an even data split inside the
+stage; Metis splits by speed). Iteration time = 1F1B over m micro-batches
+(:func:`~hpp.formulation.cost_model.pipeline_time_1f1b_s`) + the slowest stage's ring all-reduce of
+its gradient among its dp_s replicas + the slowest optimizer step. With dp_s = d on every stage and
+one GPU type per stage this equals :func:`~hpp.formulation.composition.composition_objective_s` of d
+copies of the pipeline (tested). Plans whose stages differ in dp_s are outside HPP's plan format
+(every HPP pipeline is a full replica), so the result is a priced configuration, not a
+:class:`~hpp.plan.Plan`.
+
+Layer partition: Metis assigns layers in proportion to stage speed and then moves layers off stages
+that run out of memory (up to 3 attempts). Here: the least-bottleneck partition with the least fill
+(the stage-balance objective of :mod:`hpp.formulation.stage_balance`) by a DP over the stage-cost
+tables, first ignoring memory (Metis's first attempt) and, if that does not fit, within memory
+(its repartitions). Every partition is computed anew (no memo), as Metis does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from hpp.baselines import _group_orders
+from hpp.errors import HppInputError
+from hpp.formulation.candidates import SearchSpace, stage_kinds
+from hpp.formulation.cost_model import CostModelConfig, ring_allreduce_s
+from hpp.planner import pipeline_link
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.model_profile import ModelProfile
+from hpp.pruning.memo import StageCostCache
+
+__all__ = ["MetisConfig", "MetisResult", "metis_device_groups", "metis_search", "price_metis_config"]
+
+#: Metis's settings in its README example (``SCALE_VARIANCE=1 MAX_PERMUTE_LEN=4``; ``arguments.py`` parses the
+#: variance as an int, so the generator's own default of 0.5 is not reachable from its command line).
+METIS_VARIANCE, METIS_MAX_PERMUTE_LEN = 1.0, 4
+
+
+@dataclass(frozen=True)
+class MetisConfig:
+    """One priced Metis configuration.
+
+    Attributes
+    ----------
+    node_sequence : tuple[str, ...]
+        GPU types in pipeline order (the devices are laid out type after type).
+    device_groups : tuple[int, ...]
+        (S,) devices per stage, summing to the cluster's N.
+    strategies : tuple[tuple[int, int], ...]
+        (S,) (dp_s, tp_s) per stage, dp_s x tp_s = device_groups[s].
+    num_micro_batches : int
+        m; every stage runs m micro-batches of G / m samples, split over its dp_s replicas.
+    boundaries : tuple[int, ...]
+        (0, ..., L), length S + 1: stage s holds layers [boundaries[s], boundaries[s+1]).
+    recompute : tuple[bool, ...]
+        (S,) full activation recomputation per stage.
+    iteration_time_s : float
+        T_pipe + T_sync + T_opt [s].
+    """
+
+    node_sequence: tuple[str, ...]
+    device_groups: tuple[int, ...]
+    strategies: tuple[tuple[int, int], ...]
+    num_micro_batches: int
+    boundaries: tuple[int, ...]
+    recompute: tuple[bool, ...]
+    iteration_time_s: float
+
+    def describe(self) -> str:
+        """One line: the stages (types, dp x tp, layers) and m."""
+        parts = [f"{g}:{dp}x{tp}[{lo},{hi})" for g, (dp, tp), lo, hi in
+                 zip(self.device_groups, self.strategies, self.boundaries, self.boundaries[1:])]
+        return f"{'>'.join(self.node_sequence)} | " + " | ".join(parts) + f" | m={self.num_micro_batches}"
+
+
+@dataclass
+class MetisResult:
+    """Outcome of :func:`metis_search`.
+
+    Attributes
+    ----------
+    best : MetisConfig or None
+        The fastest configuration priced (None if nothing fitted).
+    wall_s : float
+        Search wall time [s].
+    inter_stage_plans : int
+        (node sequence, device groups, m) triples enumerated.
+    candidates : int
+        Strategies layer-partitioned (Metis's cost evaluations).
+    truncated : bool
+        The time budget or ``max_candidates`` stopped the search early.
+    """
+
+    best: MetisConfig | None
+    wall_s: float
+    inter_stage_plans: int
+    candidates: int
+    truncated: bool
+    description: str = ""
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.best.iteration_time_s if self.best else math.inf
+
+
+def _group_sizes(n: int) -> list[int]:
+    out, s = [], 1
+    while s <= n:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def _non_decreasing_sums(num_stages: int, total: int, sizes: list[int]) -> Iterator[tuple[int, ...]]:
+    """Non-decreasing sequences of ``num_stages`` values from ``sizes`` (ascending) summing to ``total``."""
+    def rec(left: int, stages: int, lo: int, acc: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        if stages == 0:
+            if left == 0:
+                yield acc
+            return
+        if sizes[-1] * stages < left or sizes[lo] * stages > left:
+            return
+        for i in range(lo, len(sizes)):
+            if sizes[i] * stages > left:
+                break
+            yield from rec(left - sizes[i], stages - 1, i, acc + (sizes[i],))
+
+    if sizes:
+        yield from rec(total, num_stages, 0, ())
+
+
+def metis_device_groups(num_devices: int, num_stages: int, *, variance: float = METIS_VARIANCE,
+                        max_permute_len: int = METIS_MAX_PERMUTE_LEN) -> list[tuple[int, ...]]:
+    """Device-group sequences [devices per stage] that Metis tries for ``num_stages`` stages.
+
+    Power-of-two sizes of at least ``variance`` x max(N // S, S // N) ("Key idea 1"), every
+    non-decreasing sequence summing to N, each in Metis's permuted orders ("Key idea 2").
+
+    Examples
+    --------
+    >>> metis_device_groups(8, 2)
+    [(4, 4)]
+    >>> metis_device_groups(8, 3)
+    [(4, 2, 2), (2, 4, 2), (2, 2, 4)]
+    """
+    floor = max(num_devices // num_stages, num_stages // num_devices) * variance
+    sizes = [s for s in _group_sizes(num_devices) if s >= floor]
+    return [order for seq in _non_decreasing_sums(num_stages, num_devices, sizes)
+            for order in _group_orders(seq, max_permute_len)]
+
+
+def _divisors_desc(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+@dataclass
+class _Pricer:
+    """Stage tables and the layer-partition DP of one (cluster, profile) (helper of :func:`metis_search`)."""
+
+    cluster: Cluster
+    profile: ModelProfile
+    global_batch_size: int
+    space: SearchSpace
+    config: CostModelConfig
+    tps: dict[str, set[int]] = field(init=False)
+    cache: StageCostCache = field(init=False)
+    link: object = field(init=False)
+    _valid: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tps = {t: {k.tp_degree for k in ks} for t, ks in stage_kinds(self.cluster, self.profile, self.space).items()}
+        caps = {t: d.memory_bytes for t, d in self.cluster.device_types.items()}
+        self.link = pipeline_link(self.cluster)
+        self.cache = StageCostCache(self.profile, caps, self.link, self.config)
+
+    def valid(self, types: tuple[str, ...], tp: int, b: int) -> bool:
+        """A stage of ``types`` at TP ``tp`` and micro-batch ``b`` is allowed and profiled."""
+        key = (types, tp, b)
+        got = self._valid.get(key)
+        if got is None:
+            sizes = self.space.micro_batch_sizes
+            got = self._valid[key] = all(tp in self.tps[t] and b in self.profile.micro_batch_sizes(t, tp)
+                                         for t in types) and (sizes is None or b in sizes)
+        return got
+
+    def stage(self, types: tuple[str, ...], tp: int, b: int, in_flight: int, memory: bool):
+        """(C, use_full, p2p, tables): per-micro-batch time of [u, v) (inf where it does not fit if ``memory``)."""
+        tabs = [self.cache.table(t, tp, b) for t in types]
+        C, full = None, None
+        for tab in tabs:
+            if memory:
+                fits = tab.memory_bytes(in_flight, False) <= tab.capacity_bytes
+                c = np.where(fits, tab.compute_none_s, np.inf)
+                f = np.zeros_like(fits)
+                if self.space.allow_recompute:
+                    f = ~fits & (tab.memory_bytes(in_flight, True) <= tab.capacity_bytes)
+                    c = np.where(f, tab.compute_full_s, c)
+            else:
+                c, f = tab.compute_none_s, np.zeros(tab.compute_none_s.shape, dtype=bool)
+            C = c if C is None else np.maximum(C, c)
+            full = f if full is None else (full | f)
+        p2p = tabs[0].p2p_s if len(tabs) == 1 else np.max([t.p2p_s for t in tabs], axis=0)
+        return C, full, p2p, tabs
+
+    def partition(self, stages: list) -> tuple[list[int], float, float] | None:
+        """Least-bottleneck, then least-fill boundaries over the stages' (C, _, p2p, _); None if none fits."""
+        L = self.profile.num_layers
+        f = np.full(L + 1, np.inf)
+        f[L] = 0.0
+        for C, _, _, _ in reversed(stages):
+            f = np.maximum(C, f[None, :]).min(axis=1)
+        tau = float(f[0])
+        if not math.isfinite(tau):
+            return None
+        lim = tau * (1 + 1e-12)
+        g = np.full(L + 1, np.inf)
+        g[L] = 0.0
+        choice = []
+        for C, _, p2p, _ in reversed(stages):
+            W = np.where(C <= lim, C + 2.0 * p2p[None, :], np.inf) + g[None, :]
+            arg = W.argmin(axis=1)
+            g = W[np.arange(L + 1), arg]
+            choice.append(arg)
+        choice.reverse()
+        bounds = [0]
+        for arg in choice:
+            bounds.append(int(arg[bounds[-1]]))
+        return bounds, tau, float(g[0])
+
+
+def price_metis_config(pricer: _Pricer, types_of_stage: list[tuple[str, ...]], strategies, m: int, bounds,
+                       stages) -> tuple[float, tuple[bool, ...], list[float]]:
+    """(iteration time [s], recompute per stage, memory headroom per stage [bytes]) of a partitioned strategy.
+
+    T_pipe = fill + (m - 1) tau, T_sync = max_s ring all-reduce of stage s's gradient among dp_s replicas
+    over the pipeline link, T_opt = the slowest stage's optimizer step (see the module docstring).
+    """
+    S = len(stages)
+    fill, tau, sync, opt, recompute, headroom = 0.0, 0.0, 0.0, 0.0, [], []
+    for s, ((C, full, p2p, tabs), (dp, _)) in enumerate(zip(stages, strategies)):
+        lo, hi = bounds[s], bounds[s + 1]
+        d = float(C[lo, hi])
+        tau = max(tau, d)
+        fill += d + 2.0 * float(p2p[hi])
+        rec = bool(full[lo, hi])
+        recompute.append(rec)
+        k = min(m, S - s)
+        headroom.append(min(t.capacity_bytes - float(t.memory_bytes(k, rec)[lo, hi]) for t in tabs))
+        sync = max(sync, ring_allreduce_s(float(tabs[0].param_bytes[lo, hi]), dp, pricer.link))
+        opt = max(opt, max(float(t.optimizer_s[lo, hi]) for t in tabs))
+    return fill + (m - 1) * tau + sync + opt, tuple(recompute), headroom
+
+
+def _next_strategy(strategies: list[tuple[int, int]], memory_state: list[float] | None) -> list[tuple[int, int]] | None:
+    """Metis's step: the stage with the least headroom (1 / dp_s without one) and dp_s > 1 halves dp_s."""
+    state = memory_state if memory_state else [1.0 / dp for dp, _ in strategies]
+    for s in sorted(range(len(strategies)), key=lambda i: state[i]):
+        dp, tp = strategies[s]
+        if dp != 1:
+            out = list(strategies)
+            out[s] = (dp // 2, tp * 2)
+            return out
+    return None
+
+
+def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+                 space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
+                 variance: float = METIS_VARIANCE, max_permute_len: int = METIS_MAX_PERMUTE_LEN,
+                 time_budget_s: float | None = None, max_candidates: int | None = None) -> MetisResult:
+    """Run Metis's search (see the module docstring) on HPP's cost model; the fastest configuration found.
+
+    Parameters
+    ----------
+    cluster, profile, global_batch_size
+        The input [global_batch_size in samples].
+    space : SearchSpace
+        TP degrees, micro-batch sizes and recomputation allowed.
+    variance, max_permute_len : float, int
+        Metis's "Key idea 1" and "Key idea 2" settings (1 and 4, as in its README example).
+    time_budget_s : float, optional
+        Stop once the search has run this long [s] (checked per inter-stage plan); the result is
+        then marked truncated and is the best configuration priced so far.
+    max_candidates : int, optional
+        Stop after this many strategies were layer-partitioned.
+
+    Returns
+    -------
+    MetisResult
+
+    Raises
+    ------
+    HppInputError
+        ``variance`` <= 0 or ``max_permute_len`` < 1; a GPU type without a profile (from
+        :func:`~hpp.formulation.candidates.stage_kinds`).
+    """
+    if variance <= 0:
+        raise HppInputError(f"variance={variance}", field="variance", fix="give a positive value (Metis's README uses 1)")
+    if max_permute_len < 1:
+        raise HppInputError(f"max_permute_len={max_permute_len}", field="max_permute_len",
+                            fix="give a positive integer (Metis uses 4)")
+    t0 = time.perf_counter()
+    pricer = _Pricer(cluster, profile, global_batch_size, space, config)
+    inv = cluster.count_by_type()
+    N, L, G = sum(inv.values()), profile.num_layers, global_batch_size
+    best: MetisConfig | None = None
+    n_inter = n_cands = 0
+    truncated = False
+    groups_by_s = {}
+    for S in range(1, min(N, L) + 1):
+        groups = metis_device_groups(N, S, variance=variance, max_permute_len=max_permute_len)
+        if groups:
+            groups_by_s[S] = groups
+    ms = _divisors_desc(G)
+    for ns in itertools.permutations(sorted(inv)):
+        layout = [t for t in ns for _ in range(inv[t])]
+        for S, groups in groups_by_s.items():
+            for dg in groups:
+                offs = [0, *itertools.accumulate(dg)]
+                types_of_stage = [tuple(dict.fromkeys(layout[offs[s]:offs[s + 1]])) for s in range(S)]
+                for m in ms:
+                    if (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s) or (
+                            max_candidates is not None and n_cands >= max_candidates):
+                        truncated = True
+                        break
+                    n_inter += 1
+                    strategies: list[tuple[int, int]] | None = [(g, 1) for g in dg]
+                    memory_state: list[float] | None = None
+                    while strategies is not None:
+                        per_mb = G // m
+                        bs = [per_mb // dp if per_mb % dp == 0 else 0 for dp, _ in strategies]
+                        if all(b >= 1 and pricer.valid(ts, tp, b) for b, ts, (_, tp) in
+                               zip(bs, types_of_stage, strategies)):
+                            n_cands += 1
+                            first = [pricer.stage(ts, tp, b, min(m, S - s), memory=False) for s, (b, ts, (_, tp))
+                                     in enumerate(zip(bs, types_of_stage, strategies))]
+                            part = pricer.partition(first)
+                            fits_first = False
+                            stages = first
+                            if part is not None:
+                                t_it, rec, head = price_metis_config(pricer, types_of_stage, strategies, m, part[0], first)
+                                fits_first = min(head) >= 0
+                            if not fits_first:
+                                stages = [pricer.stage(ts, tp, b, min(m, S - s), memory=True) for s, (b, ts, (_, tp))
+                                          in enumerate(zip(bs, types_of_stage, strategies))]
+                                part = pricer.partition(stages)
+                            if part is None:
+                                memory_state = None
+                            else:
+                                if not fits_first:
+                                    t_it, rec, head = price_metis_config(pricer, types_of_stage, strategies, m, part[0],
+                                                                         stages)
+                                memory_state = head
+                                if best is None or t_it < best.iteration_time_s:
+                                    best = MetisConfig(ns, tuple(dg), tuple(strategies), m, tuple(part[0]), rec, t_it)
+                                if fits_first:
+                                    break
+                        strategies = _next_strategy(strategies, memory_state)
+                if truncated:
+                    break
+            if truncated:
+                break
+        if truncated:
+            break
+    wall = time.perf_counter() - t0
+    desc = best.describe() if best else "no configuration fits"
+    if truncated:
+        desc += f" (search truncated after {n_cands} candidates, {wall:.0f} s)"
+    return MetisResult(best, wall, n_inter, n_cands, truncated, desc)
