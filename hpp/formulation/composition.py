@@ -59,7 +59,9 @@ class SolverSettings:
     random_seed: int = 0
     log_search_progress: bool = False
     max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)
-    patience_s: float | None = 0.1   # stop when no better solution came for this long (None: use the full limit)
+    # stop when no better solution came for this long (None: use the full limit); 0.05 s gives the same plans
+    # as 0.1 and 0.03 s on the 14 sweep inputs of 8-128 GPUs x 2-4 types (measured)
+    patience_s: float | None = 0.05
     formulation: str = "auto"     # "per-copy" (linear), "product" (x_c * k_c), or "auto" (per-copy when small)
 
 
