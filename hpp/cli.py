@@ -281,7 +281,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-types-per-pipeline", type=int, default=2,
                    help="most GPU types in one pipeline (default 2; 3 searches far more shapes)")
     p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit [s] (default 10)")
-    p.add_argument("--workers", type=int, default=0, help="CP-SAT workers (0 = one per core)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"])
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
