@@ -34,6 +34,22 @@ copies of the pipeline (tested). Plans whose stages differ in dp_s are outside H
 (every HPP pipeline is a full replica), so the result is a priced configuration, not a
 :class:`~hpp.plan.Plan`.
 
+Inputs as Metis takes them: one global cap on the TP degree and one on the micro-batch size
+(``MAX_PROFILED_TP``, ``MAX_PROFILED_BATCH_SIZE``), by default the largest values that every GPU type
+of the cluster has profiled (Metis looks its profile up by these keys for any type and stops with a
+KeyError on a missing one); no activation recomputation (Metis has none; ``allow_recompute=True``
+adds it, one mode for a whole stage). Where the port differs from Metis's code, on purpose:
+
+- Metis cannot run a device count that is not a power of two (its generator reads the single-stage
+  group list, which is then empty); the port starts at the first stage count with groups.
+- For every node sequence after the first, Metis's generator skips one stage and visits S = 2 twice,
+  the first time priced as one stage; the port visits S = 1, 2, ... for every node sequence (the same
+  number of inter-stage plans, none mispriced).
+- A strategy must split the micro-batch exactly (Metis floors G / (m dp_s) and drops the rest); the
+  same for the power-of-two global batches of the benchmark.
+- TP groups are not checked against node boundaries (as in Metis); a TP degree must fit a node.
+- ``candidates`` counts partition attempts, including those where nothing fits.
+
 Layer partition: Metis assigns layers in proportion to stage speed and then moves layers off stages
 that run out of memory (up to 3 attempts). Here: the least-bottleneck partition with the least fill
 (the stage-balance objective of :mod:`hpp.formulation.stage_balance`) by a DP over the stage-cost
@@ -193,6 +209,8 @@ class _Pricer:
     global_batch_size: int
     space: SearchSpace
     config: CostModelConfig
+    max_tp: int = 0
+    max_micro_batch_size: int = 0
     tps: dict[str, set[int]] = field(init=False)
     cache: StageCostCache = field(init=False)
     link: object = field(init=False)
@@ -210,26 +228,25 @@ class _Pricer:
         got = self._valid.get(key)
         if got is None:
             sizes = self.space.micro_batch_sizes
-            got = self._valid[key] = all(tp in self.tps[t] and b in self.profile.micro_batch_sizes(t, tp)
-                                         for t in types) and (sizes is None or b in sizes)
+            got = self._valid[key] = (tp <= self.max_tp and b <= self.max_micro_batch_size
+                                      and all(tp in self.tps[t] and b in self.profile.micro_batch_sizes(t, tp)
+                                              for t in types) and (sizes is None or b in sizes))
         return got
 
     def stage(self, types: tuple[str, ...], tp: int, b: int, in_flight: int, memory: bool):
         """(C, use_full, p2p, tables): per-micro-batch time of [u, v) (inf where it does not fit if ``memory``)."""
         tabs = [self.cache.table(t, tp, b) for t in types]
-        C, full = None, None
-        for tab in tabs:
-            if memory:
-                fits = tab.memory_bytes(in_flight, False) <= tab.capacity_bytes
-                c = np.where(fits, tab.compute_none_s, np.inf)
-                f = np.zeros_like(fits)
-                if self.space.allow_recompute:
-                    f = ~fits & (tab.memory_bytes(in_flight, True) <= tab.capacity_bytes)
-                    c = np.where(f, tab.compute_full_s, c)
-            else:
-                c, f = tab.compute_none_s, np.zeros(tab.compute_none_s.shape, dtype=bool)
-            C = c if C is None else np.maximum(C, c)
-            full = f if full is None else (full | f)
+        none = tabs[0].compute_none_s if len(tabs) == 1 else np.max([t.compute_none_s for t in tabs], axis=0)
+        full = np.zeros(none.shape, dtype=bool)
+        if not memory:
+            C = none
+        else:      # one mode for the whole stage: without recomputation if every type fits so, else full
+            fits = np.logical_and.reduce([t.memory_bytes(in_flight, False) <= t.capacity_bytes for t in tabs])
+            C = np.where(fits, none, np.inf)
+            if self.space.allow_recompute:
+                full = ~fits & np.logical_and.reduce([t.memory_bytes(in_flight, True) <= t.capacity_bytes
+                                                      for t in tabs])
+                C = np.where(full, np.max([t.compute_full_s for t in tabs], axis=0), C)
         p2p = tabs[0].p2p_s if len(tabs) == 1 else np.max([t.p2p_s for t in tabs], axis=0)
         return C, full, p2p, tabs
 
@@ -295,8 +312,9 @@ def _next_strategy(strategies: list[tuple[int, int]], memory_state: list[float] 
 
 
 def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
-                 space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
-                 variance: float = METIS_VARIANCE, max_permute_len: int = METIS_MAX_PERMUTE_LEN,
+                 space: SearchSpace = SearchSpace(allow_recompute=False),
+                 config: CostModelConfig = CostModelConfig(), variance: float = METIS_VARIANCE, max_permute_len: int = METIS_MAX_PERMUTE_LEN,
+                 max_tp: int | None = None, max_micro_batch_size: int | None = None,
                  time_budget_s: float | None = None, max_candidates: int | None = None) -> MetisResult:
     """Run Metis's search (see the module docstring) on HPP's cost model; the fastest configuration found.
 
@@ -305,14 +323,19 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     cluster, profile, global_batch_size
         The input [global_batch_size in samples].
     space : SearchSpace
-        TP degrees, micro-batch sizes and recomputation allowed.
+        TP degrees and micro-batch sizes allowed; recomputation only if ``allow_recompute`` (default
+        here: off, as in Metis).
+    max_tp, max_micro_batch_size : int, optional
+        Metis's ``MAX_PROFILED_TP`` and ``MAX_PROFILED_BATCH_SIZE``; default: the largest TP degree
+        that every GPU type of the cluster has profiled, and the largest micro-batch size that every
+        GPU type has profiled at every TP degree up to ``max_tp``.
     variance, max_permute_len : float, int
         Metis's "Key idea 1" and "Key idea 2" settings (1 and 4, as in its README example).
     time_budget_s : float, optional
         Stop once the search has run this long [s] (checked per inter-stage plan); the result is
         then marked truncated and is the best configuration priced so far.
     max_candidates : int, optional
-        Stop after this many strategies were layer-partitioned.
+        Stop after this many partition attempts.
 
     Returns
     -------
@@ -330,7 +353,13 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
         raise HppInputError(f"max_permute_len={max_permute_len}", field="max_permute_len",
                             fix="give a positive integer (Metis uses 4)")
     t0 = time.perf_counter()
-    pricer = _Pricer(cluster, profile, global_batch_size, space, config)
+    kinds = stage_kinds(cluster, profile, space)
+    if max_tp is None:
+        max_tp = min(max(k.tp_degree for k in ks) for ks in kinds.values())
+    if max_micro_batch_size is None:
+        max_micro_batch_size = min(max(profile.micro_batch_sizes(k.device_type, k.tp_degree))
+                                   for ks in kinds.values() for k in ks if k.tp_degree <= max_tp)
+    pricer = _Pricer(cluster, profile, global_batch_size, space, config, max_tp, max_micro_batch_size)
     inv = cluster.count_by_type()
     N, L, G = sum(inv.values()), profile.num_layers, global_batch_size
     best: MetisConfig | None = None
@@ -361,6 +390,9 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                         bs = [per_mb // dp if per_mb % dp == 0 else 0 for dp, _ in strategies]
                         if all(b >= 1 and pricer.valid(ts, tp, b) for b, ts, (_, tp) in
                                zip(bs, types_of_stage, strategies)):
+                            if max_candidates is not None and n_cands >= max_candidates:
+                                truncated = True
+                                break
                             n_cands += 1
                             first = [pricer.stage(ts, tp, b, min(m, S - s), memory=False) for s, (b, ts, (_, tp))
                                      in enumerate(zip(bs, types_of_stage, strategies))]
@@ -386,6 +418,8 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                                 if fits_first:
                                     break
                         strategies = _next_strategy(strategies, memory_state)
+                    if truncated:
+                        break
                 if truncated:
                     break
             if truncated:

@@ -144,9 +144,14 @@ def test_search_finds_a_fitting_configuration_and_counts_its_work(opt350):
     assert sum(b.device_groups) == 8 and all(dp * tp == g for (dp, tp), g in zip(b.strategies, b.device_groups))
     assert b.boundaries[0] == 0 and b.boundaries[-1] == opt350.num_layers
     assert list(b.boundaries) == sorted(set(b.boundaries))                 # every stage holds >= 1 layer
-    # 2 node sequences x (S = 1: (8); S = 2: (4,4); S = 3: 3 orders; S = 4: 13 orders; ...) x 7 divisors of 64
-    assert res.inter_stage_plans == 2 * sum(len(metis_device_groups(8, s)) for s in range(1, 9)) * 7
-    assert 0 < res.candidates <= res.inter_stage_plans * 8
+    # 2 node sequences x 7 divisors of 64 x device groups: S = 1: (8); 2: (4,4); 3: (2,2,4) in 3 orders;
+    # 4: (2,2,2,2); 5-8 stages: sizes >= 1, power-of-two sequences summing to 8, in Metis's orders
+    per_s = [len(metis_device_groups(8, s)) for s in range(1, 9)]
+    assert per_s[:4] == [1, 1, 3, 1]
+    assert res.inter_stage_plans == 2 * 7 * sum(per_s) == 336
+    assert 0 < res.candidates <= res.inter_stage_plans * 3       # at most log2(8) + 1 strategies per plan
+    # Metis's caps from the profile: TP 4 (A100-40 has 1, 2, 4), micro-batch 4 (V100-16 at TP 1 has 1, 2, 4)
+    assert all(tp <= 4 for _, tp in b.strategies) and not any(b.recompute)
     assert math.isfinite(res.iteration_time_s) and res.wall_s > 0
 
 
@@ -161,8 +166,29 @@ def test_hpp_is_never_slower_than_metis_on_small_clusters(opt350):
 def test_budget_and_candidate_limits_truncate(opt350):
     cl = make_cluster("t", {"A100-40": 4, "V100-16": 4})
     assert metis_search(cl, opt350, GBS, time_budget_s=0.0).truncated
-    res = metis_search(cl, opt350, GBS, max_candidates=5)
-    assert res.truncated and res.candidates == 5 and "truncated after 5 candidates" in res.description
+    for k in range(1, 12):
+        res = metis_search(cl, opt350, GBS, max_candidates=k)
+        assert res.truncated and res.candidates == k and f"truncated after {k} candidates" in res.description
+
+
+def test_caps_shrink_the_search_and_recomputation_is_one_mode_per_stage(opt350):
+    cl = make_cluster("t", {"A100-40": 4, "V100-16": 4})
+    small = metis_search(cl, opt350, GBS, max_tp=2, max_micro_batch_size=2)
+    full = metis_search(cl, opt350, GBS)
+    assert small.candidates < full.candidates
+    assert all(tp <= 2 for _, tp in small.best.strategies)
+    # a straddling stage recomputes on every type or on none: with recomputation allowed, the stage's
+    # time is the slowest type's in the one mode where every type fits
+    pricer = _Pricer(cl, opt350, GBS, SearchSpace(), CostModelConfig(), 4, 4)
+    C, full_mask, _, tabs = pricer.stage(("A100-40", "V100-16"), 1, 4, 8, memory=True)
+    fits = [t.memory_bytes(8, False) <= t.capacity_bytes for t in tabs]
+    both = fits[0] & fits[1]
+    assert np.array_equal(np.isfinite(C) & ~full_mask, both & np.isfinite(tabs[0].compute_none_s))
+    assert full_mask.any()                    # V100-16 cannot hold 8 micro-batches of many ranges without it
+    slowest_full = np.maximum(tabs[0].compute_full_s, tabs[1].compute_full_s)
+    assert np.array_equal(C[full_mask], slowest_full[full_mask])
+    fits_full = [t.memory_bytes(8, True) <= t.capacity_bytes for t in tabs]
+    assert not (full_mask & ~(fits_full[0] & fits_full[1])).any()
 
 
 @pytest.mark.parametrize("kw,field", [({"variance": 0.0}, "variance"), ({"max_permute_len": 0}, "max_permute_len")])
