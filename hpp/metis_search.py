@@ -71,7 +71,7 @@ from hpp.baselines import _group_orders
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import SearchSpace, stage_kinds
 from hpp.formulation.cost_model import CostModelConfig, ring_allreduce_s
-from hpp.planner import pipeline_link
+from hpp.planner import check_micro_batch_sizes, pipeline_link
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.memo import StageCostCache
@@ -136,6 +136,8 @@ class MetisResult:
         Strategies layer-partitioned (Metis's cost evaluations).
     truncated : bool
         The time budget or ``max_candidates`` stopped the search early.
+    description : str
+        The best configuration in one line (:meth:`MetisConfig.describe`), and the truncation if any.
     """
 
     best: MetisConfig | None
@@ -190,10 +192,15 @@ def metis_device_groups(num_devices: int, num_stages: int, *, variance: float = 
     >>> metis_device_groups(8, 3)
     [(4, 2, 2), (2, 4, 2), (2, 2, 4)]
     """
+    return list(_iter_device_groups(num_devices, num_stages, variance, max_permute_len))
+
+
+def _iter_device_groups(num_devices: int, num_stages: int, variance: float, max_permute_len: int
+                        ) -> Iterator[tuple[int, ...]]:
     floor = max(num_devices // num_stages, num_stages // num_devices) * variance
     sizes = [s for s in _group_sizes(num_devices) if s >= floor]
-    return [order for seq in _non_decreasing_sums(num_stages, num_devices, sizes)
-            for order in _group_orders(seq, max_permute_len)]
+    for seq in _non_decreasing_sums(num_stages, num_devices, sizes):
+        yield from _group_orders(seq, max_permute_len)
 
 
 def _divisors_desc(n: int) -> list[int]:
@@ -344,14 +351,28 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     Raises
     ------
     HppInputError
-        ``variance`` <= 0 or ``max_permute_len`` < 1; a GPU type without a profile (from
-        :func:`~hpp.formulation.candidates.stage_kinds`).
+        A global batch, ``max_permute_len``, ``max_tp``, ``max_micro_batch_size`` or
+        ``max_candidates`` that is not a positive integer; ``variance`` not positive and finite; a
+        negative time budget; micro-batch sizes that no GPU type has profiled; a GPU type without a
+        profile (from :func:`~hpp.formulation.candidates.stage_kinds`).
     """
-    if variance <= 0:
-        raise HppInputError(f"variance={variance}", field="variance", fix="give a positive value (Metis's README uses 1)")
-    if max_permute_len < 1:
-        raise HppInputError(f"max_permute_len={max_permute_len}", field="max_permute_len",
-                            fix="give a positive integer (Metis uses 4)")
+    def positive_int(value, name: str, fix: str) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise HppInputError(f"{name}={value!r}", field=name, fix=fix)
+
+    positive_int(global_batch_size, "global_batch_size", "give a positive integer number of samples")
+    if not (isinstance(variance, (int, float)) and math.isfinite(variance) and variance > 0):
+        raise HppInputError(f"variance={variance!r}", field="variance",
+                            fix="give a positive finite value (Metis's README uses 1)")
+    positive_int(max_permute_len, "max_permute_len", "give a positive integer (Metis uses 4)")
+    positive_int(max_tp, "max_tp", "give a positive integer or leave it out (the profile decides)")
+    positive_int(max_micro_batch_size, "max_micro_batch_size",
+                 "give a positive integer or leave it out (the profile decides)")
+    positive_int(max_candidates, "max_candidates", "give a positive integer or leave it out")
+    if time_budget_s is not None and not (time_budget_s >= 0):
+        raise HppInputError(f"time_budget_s={time_budget_s!r}", field="time_budget_s",
+                            fix="give seconds >= 0 or leave it out (no limit)")
+    check_micro_batch_sizes(cluster, profile, space)
     t0 = time.perf_counter()
     kinds = stage_kinds(cluster, profile, space)
     if max_tp is None:
@@ -365,21 +386,32 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     best: MetisConfig | None = None
     n_inter = n_cands = 0
     truncated = False
-    groups_by_s = {}
-    for S in range(1, min(N, L) + 1):
-        groups = metis_device_groups(N, S, variance=variance, max_permute_len=max_permute_len)
-        if groups:
-            groups_by_s[S] = groups
+    groups_by_s: dict[int, list[tuple[int, ...]]] = {}     # filled on the first node sequence
+
+    def over_budget() -> bool:
+        return time_budget_s is not None and time.perf_counter() - t0 > time_budget_s
+
+    def device_groups(S: int) -> Iterator[tuple[int, ...]]:
+        if S in groups_by_s:
+            yield from groups_by_s[S]
+            return
+        got = groups_by_s[S] = []
+        for dg in _iter_device_groups(N, S, variance, max_permute_len):
+            got.append(dg)
+            yield dg
+
     ms = _divisors_desc(G)
     for ns in itertools.permutations(sorted(inv)):
         layout = [t for t in ns for _ in range(inv[t])]
-        for S, groups in groups_by_s.items():
-            for dg in groups:
+        for S in range(1, min(N, L) + 1):
+            for dg in device_groups(S):
+                if over_budget():
+                    truncated = True
+                    break
                 offs = [0, *itertools.accumulate(dg)]
                 types_of_stage = [tuple(dict.fromkeys(layout[offs[s]:offs[s + 1]])) for s in range(S)]
                 for m in ms:
-                    if (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s) or (
-                            max_candidates is not None and n_cands >= max_candidates):
+                    if over_budget() or (max_candidates is not None and n_cands >= max_candidates):
                         truncated = True
                         break
                     n_inter += 1
@@ -429,5 +461,5 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     wall = time.perf_counter() - t0
     desc = best.describe() if best else "no configuration fits"
     if truncated:
-        desc += f" (search truncated after {n_cands} candidates, {wall:.0f} s)"
+        desc += f" (search truncated after {n_cands} candidates, {wall:.1f} s)"
     return MetisResult(best, wall, n_inter, n_cands, truncated, desc)

@@ -196,3 +196,23 @@ def test_bad_settings_are_refused(opt350, kw, field):
     with pytest.raises(HppInputError) as ei:
         metis_search(make_cluster("t", {"A100-40": 4}), opt350, GBS, **kw)
     assert ei.value.field == field
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"global_batch_size": 0}, "global_batch_size"), ({"global_batch_size": 64.0}, "global_batch_size"),
+    ({"variance": float("nan")}, "variance"), ({"max_permute_len": 1.5}, "max_permute_len"),
+    ({"max_candidates": 0}, "max_candidates"), ({"time_budget_s": -1.0}, "time_budget_s"),
+    ({"max_tp": 0}, "max_tp"), ({"space": SearchSpace(micro_batch_sizes=(3,))}, "--micro-batch-sizes")])
+def test_bad_inputs_name_their_field(opt350, kw, field):
+    args = {"global_batch_size": GBS, **kw}
+    gbs = args.pop("global_batch_size")
+    with pytest.raises(HppInputError) as ei:
+        metis_search(make_cluster("t", {"A100-40": 4, "V100-16": 4}), opt350, gbs, **args)
+    assert ei.value.field == field
+
+
+def test_the_budget_holds_while_device_groups_are_generated(opt350):
+    # 1024 GPUs with a tiny variance: millions of group sequences; the budget is checked as they come
+    res = metis_search(make_cluster("t", {"A100-40": 512, "V100-16": 512}), opt350, 1024, variance=0.01,
+                       time_budget_s=0.5)
+    assert res.truncated and res.wall_s < 5.0

@@ -104,7 +104,11 @@ def test_summary_states_the_target_and_the_metis_range():
     assert "target 3types-32: 90.0x vs metis (NOT met; HPP plan 7.600 s vs 7.000 s)" in lines
     assert "56x target vs metis at 32/64 GPUs: met at 1 of 3 points (3types-64)" in lines
     assert lines[-1] == "56x target vs single-shape at 32/64 GPUs: met at 1 of 3 points (3types-64)"
-    table = summary_table(rows)
+    cut = target_lines([_row("2types-32", 32, 2, "hpp", 0.5, 11.8), _row("2types-32", 32, 2, "metis", 2.0, 13.0,
+                                                                         "TRUNCATED")])
+    assert "metis fidelity 2types-32: >=2.00 s vs public Metis 10-20 s (cut at its budget)" in cut
+    table = summary_table(rows + [_row("2types-1024", 1024, 2, "hpp", 1.5, 2.4)])
+    assert "nan" not in table
     assert "3types-64" in table and ">=150.0x" in table and "30.0x" in table and "6.0x" in table
     assert math.isclose(search_bench.TARGET_RATIO, 56.0)
 
@@ -116,6 +120,10 @@ def test_missing_out_folder_and_bad_numbers_stop_before_measuring(monkeypatch, c
     assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", "--out", "/nonexistent-hpp/x.csv"]) == 2
     assert "folder /nonexistent-hpp does not exist" in capsys.readouterr().err
     assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", "--repeats", "0"]) == 2
+    assert "field '--repeats'" in capsys.readouterr().err
+    for flag, value in [("--single-shape-permute-len", "0"), ("--metis-budget", "nan"), ("--time-limit", "0")]:
+        assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", flag, value]) == 2
+        assert f"field '{flag}'" in capsys.readouterr().err
     assert measured == []
     with pytest.raises(SystemExit):
         mod.main(["--sizes", "1,x"])

@@ -338,7 +338,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     Parameters
     ----------
     workers : int
-        Processes to use (1: this one; 0: one per usable core). With more than one, on a platform
+        Processes to use (1: this one; 0: one per usable core; negative: HppInputError). With more than one, on a platform
         with ``fork`` and at least :data:`PARALLEL_MIN_PAIRS` (shape, size) pairs, the micro-batch
         sizes are split over forked workers (the DP memo is keyed by size, so nothing is shared or
         lost) and the candidates come back in the same order as from one process: the result is
@@ -352,6 +352,8 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     """
     import multiprocessing
 
+    if workers < 0:
+        raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
     kinds = stage_kinds(cluster, profile, space)
     shapes = list(enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers))
     sizes = [common_micro_batch_sizes(profile, shape, space) for shape in shapes]
