@@ -263,7 +263,7 @@ def plot_rows(rows: list[BenchRow], path: Path) -> None:
                  "'cut' = enumeration stopped at its budget", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper right")     # the right half above 10 s holds no data
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
