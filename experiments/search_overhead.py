@@ -36,7 +36,7 @@ def _name_list(text: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sweep, 1 repeat, short budgets")
+    ap.add_argument("--quick", action="store_true", help="small sweep (8-32 GPUs, 2 types), short budgets, ablations up to 16 GPUs")
     ap.add_argument("--sizes", type=_int_list, help="GPU counts of the sweep, e.g. 8,16,32")
     ap.add_argument("--types", type=_int_list, help="type counts (2,3,4)")
     ap.add_argument("--scenarios", type=_name_list, help="bundled scenarios to add (comma-separated; '' for none)")
@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.quick:
-        defaults = dict(sizes=[8, 16, 32], types=[2], scenarios=[], repeats=1, single_shape_budget=15.0,
+        defaults = dict(sizes=[8, 16, 32], types=[2], scenarios=[], repeats=3, single_shape_budget=15.0,
                         ablate_up_to=16, single_shape_up_to=32, metis_budget=30.0, metis_up_to=32)
     else:
         defaults = dict(sizes=[8, 16, 32, 64, 128, 256, 512, 1024], types=[2, 3, 4],
