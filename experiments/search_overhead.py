@@ -36,7 +36,8 @@ def _name_list(text: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sweep (8-32 GPUs, 2 types), short budgets, ablations up to 16 GPUs")
+    ap.add_argument("--quick", action="store_true",
+                    help="small sweep (8-32 GPUs, 2 types), short budgets, ablations up to 16 GPUs")
     ap.add_argument("--sizes", type=_int_list, help="GPU counts of the sweep, e.g. 8,16,32")
     ap.add_argument("--types", type=_int_list, help="type counts (2,3,4)")
     ap.add_argument("--scenarios", type=_name_list, help="bundled scenarios to add (comma-separated; '' for none)")

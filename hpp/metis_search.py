@@ -10,9 +10,9 @@ first, restated from that code (none of it copied):
 2. number of stages S = 1 .. min(N, L);
 3. device groups: every non-decreasing sequence of S power-of-two group sizes [devices] summing to
    N, with every size at least ``variance`` x max(N // S, S // N) ("Key idea 1"; ``variance`` is 1
-   in Metis's README example, and its command line parses it as an integer), each in every order that Metis's ``permute`` gives for ``max_permute_len`` ("Key idea 2", 4 in
-   its scripts; :func:`hpp.baselines._group_orders`, checked against a transcription of Metis's
-   ``permute``);
+   in Metis's README example, and its command line parses it as an integer), each in every order
+   that Metis's ``permute`` gives for ``max_permute_len`` ("Key idea 2", 4 in its scripts;
+   :func:`hpp.baselines._group_orders`, checked against a transcription of Metis's ``permute``);
 4. number of micro-batches m: every divisor of the global batch size, largest first;
 5. intra-stage strategies (dp_s, tp_s) with dp_s x tp_s = g_s: from pure data parallelism, one
    step at a time, the stage with the least memory headroom (1 / dp_s before any partition fitted)
@@ -54,7 +54,8 @@ Layer partition: Metis assigns layers in proportion to stage speed and then move
 that run out of memory (up to 3 attempts). Here: the least-bottleneck partition with the least fill
 (the stage-balance objective of :mod:`hpp.formulation.stage_balance`) by a DP over the stage-cost
 tables, first ignoring memory (Metis's first attempt) and, if that does not fit, within memory
-(its repartitions). Every partition is computed anew (no memo), as Metis does.
+(its repartitions). Every partition is computed anew (no DP memo; the stage-cost tables are built
+once per (type, TP, micro-batch size), as Metis loads its profiles once).
 """
 
 from __future__ import annotations
@@ -224,7 +225,8 @@ class _Pricer:
     _valid: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.tps = {t: {k.tp_degree for k in ks} for t, ks in stage_kinds(self.cluster, self.profile, self.space).items()}
+        kinds = stage_kinds(self.cluster, self.profile, self.space)
+        self.tps = {t: {k.tp_degree for k in ks} for t, ks in kinds.items()}
         caps = {t: d.memory_bytes for t, d in self.cluster.device_types.items()}
         self.link = pipeline_link(self.cluster)
         self.cache = StageCostCache(self.profile, caps, self.link, self.config)
@@ -320,7 +322,8 @@ def _next_strategy(strategies: list[tuple[int, int]], memory_state: list[float] 
 
 def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                  space: SearchSpace = SearchSpace(allow_recompute=False),
-                 config: CostModelConfig = CostModelConfig(), variance: float = METIS_VARIANCE, max_permute_len: int = METIS_MAX_PERMUTE_LEN,
+                 config: CostModelConfig = CostModelConfig(), variance: float = METIS_VARIANCE,
+                 max_permute_len: int = METIS_MAX_PERMUTE_LEN,
                  max_tp: int | None = None, max_micro_batch_size: int | None = None,
                  time_budget_s: float | None = None, max_candidates: int | None = None) -> MetisResult:
     """Run Metis's search (see the module docstring) on HPP's cost model; the fastest configuration found.
@@ -432,7 +435,8 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                             fits_first = False
                             stages = first
                             if part is not None:
-                                t_it, rec, head = price_metis_config(pricer, types_of_stage, strategies, m, part[0], first)
+                                t_it, rec, head = price_metis_config(pricer, types_of_stage, strategies, m, part[0],
+                                                                     first)
                                 fits_first = min(head) >= 0
                             if not fits_first:
                                 stages = [pricer.stage(ts, tp, b, min(m, S - s), memory=True) for s, (b, ts, (_, tp))

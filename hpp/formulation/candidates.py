@@ -338,11 +338,11 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     Parameters
     ----------
     workers : int
-        Processes to use (1: this one; 0: one per usable core; negative: HppInputError). With more than one, on a platform
-        with ``fork`` and at least :data:`PARALLEL_MIN_PAIRS` (shape, size) pairs, the micro-batch
-        sizes are split over forked workers (the DP memo is keyed by size, so nothing is shared or
-        lost) and the candidates come back in the same order as from one process: the result is
-        identical (tested).
+        Processes to use (1: this one; 0: one per usable core; negative: HppInputError). With more
+        than one, on a platform with ``fork`` and at least :data:`PARALLEL_MIN_PAIRS` (shape, size)
+        pairs, the micro-batch sizes are split over forked workers (the DP memo and the dominance
+        test are keyed by size, so nothing is shared or lost) and the candidates come back in the
+        same order as from one process: the result is identical (tested).
 
     Returns
     -------
