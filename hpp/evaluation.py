@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines import single_shape_baseline, uniform_baseline
+from hpp.search_bench import OTHER_REFERENCE, REFERENCE, _by_point, _ratio_txt, read_csv, target_lines
 from hpp.errors import InfeasibleError
 from hpp.fileio import write_dataclass_csv
 from hpp.formulation.candidates import SearchSpace
@@ -153,11 +154,8 @@ def results_markdown(results: Path) -> str:
                        f"{_f(r['single_shape_search_s'])} | {_f(r['gap'], '.1%')} | {r['recompute_stages']} | "
                        f"{_f(r['no_recompute_s'], '.3f') if r['no_recompute_s'] not in ('', 'nan') else 'does not fit'} |")
         out += ["", "![speedups](experiments/results/scenarios.png)", ""]
-    so = read_rows(results / "search_overhead.csv")
+    so = read_csv(results / "search_overhead.csv")
     if so:
-        by: dict[str, dict[str, dict[str, str]]] = {}
-        for r in so:
-            by.setdefault(r["point"], {})[r["method"]] = r
         out += ["### Search overhead (`experiments/search_overhead.py`)", "",
                 "Search wall time [s] on the same input, in one run: HPP (median of 3); `metis` = Metis's "
                 "own search (SamsungLabs/Metis: type orders, stage counts, power-of-two device groups with its "
@@ -174,23 +172,16 @@ def results_markdown(results: Path) -> str:
                 "| single-shape s/iter | gap |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
 
-        def ratio_of(ref, h) -> str:
-            if not ref:
-                return "-"
-            return ("≥" if ref["status"] == "TRUNCATED" else "") + _f(str(float(ref["wall_s"]) / float(h["wall_s"])),
-                                                                      ".1f") + "x"
-
-        for point, m in by.items():
-            h, r, s = m.get("hpp"), m.get("metis"), m.get("single-shape")
+        for point, m in _by_point(so).items():
+            h, r, s = m.get("hpp"), m.get(REFERENCE), m.get(OTHER_REFERENCE)
             if not h:
                 continue
-            out.append(f"| {point} | {h['num_gpus']} | {_f(h['wall_s'])} | {_f(r['wall_s']) if r else '-'} | "
-                       f"{ratio_of(r, h)} | {_f(s['wall_s']) if s else '-'} | {ratio_of(s, h)} | "
-                       f"{_f(h['iteration_time_s'], '.3f')} | {_f(r['iteration_time_s'], '.3f') if r else '-'} | "
-                       f"{_f(s['iteration_time_s'], '.3f') if s else '-'} | {_f(h['gap'], '.1%')} |")
-        from hpp.search_bench import read_csv, target_lines
-
-        checks = target_lines(read_csv(results / "search_overhead.csv"))
+            out.append(f"| {point} | {h.num_gpus} | {_f(str(h.wall_s))} | {_f(str(r.wall_s)) if r else '-'} | "
+                       f"{_ratio_txt(r, h, at_least='≥')} | {_f(str(s.wall_s)) if s else '-'} | "
+                       f"{_ratio_txt(s, h, at_least='≥')} | {_f(str(h.iteration_time_s), '.3f')} | "
+                       f"{_f(str(r.iteration_time_s), '.3f') if r else '-'} | "
+                       f"{_f(str(s.iteration_time_s), '.3f') if s else '-'} | {_f(str(h.gap), '.1%')} |")
+        checks = target_lines(so)
         if checks:
             out += ["", "Checks against issue 4's targets (printed by the benchmark too):", "", "```", *checks, "```"]
         out += ["", "![search overhead](experiments/results/search_overhead.png)", ""]

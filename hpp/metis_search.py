@@ -72,6 +72,7 @@ from hpp.baselines import _group_orders
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import SearchSpace, stage_kinds
 from hpp.formulation.cost_model import CostModelConfig, ring_allreduce_s
+from hpp.formulation.stage_balance import least_fill_within
 from hpp.planner import check_micro_batch_sizes, pipeline_link
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
@@ -210,15 +211,18 @@ def _divisors_desc(n: int) -> list[int]:
 
 @dataclass
 class _Pricer:
-    """Stage tables and the layer-partition DP of one (cluster, profile) (helper of :func:`metis_search`)."""
+    """Stage tables and the layer-partition DP of one (cluster, profile) (helper of :func:`metis_search`).
+
+    ``max_tp`` / ``max_micro_batch_size`` None: Metis's caps derived from the profile (see
+    :func:`metis_search`).
+    """
 
     cluster: Cluster
     profile: ModelProfile
-    global_batch_size: int
     space: SearchSpace
     config: CostModelConfig
-    max_tp: int = 0
-    max_micro_batch_size: int = 0
+    max_tp: int | None = None
+    max_micro_batch_size: int | None = None
     tps: dict[str, set[int]] = field(init=False)
     cache: StageCostCache = field(init=False)
     link: object = field(init=False)
@@ -227,6 +231,11 @@ class _Pricer:
     def __post_init__(self) -> None:
         kinds = stage_kinds(self.cluster, self.profile, self.space)
         self.tps = {t: {k.tp_degree for k in ks} for t, ks in kinds.items()}
+        if self.max_tp is None:
+            self.max_tp = min(max(tps) for tps in self.tps.values())
+        if self.max_micro_batch_size is None:
+            self.max_micro_batch_size = min(max(self.profile.micro_batch_sizes(t, tp))
+                                            for t, tps in self.tps.items() for tp in tps if tp <= self.max_tp)
         caps = {t: d.memory_bytes for t, d in self.cluster.device_types.items()}
         self.link = pipeline_link(self.cluster)
         self.cache = StageCostCache(self.profile, caps, self.link, self.config)
@@ -260,7 +269,10 @@ class _Pricer:
         return C, full, p2p, tabs
 
     def partition(self, stages: list) -> tuple[list[int], float, float] | None:
-        """Least-bottleneck, then least-fill boundaries over the stages' (C, _, p2p, _); None if none fits."""
+        """Least-bottleneck, then least-fill boundaries over the stages' (C, _, p2p, _); None if none fits.
+
+        The fill pass is the stage balancer's (:func:`~hpp.formulation.stage_balance.least_fill_within`).
+        """
         L = self.profile.num_layers
         f = np.full(L + 1, np.inf)
         f[L] = 0.0
@@ -269,24 +281,15 @@ class _Pricer:
         tau = float(f[0])
         if not math.isfinite(tau):
             return None
-        lim = tau * (1 + 1e-12)
-        g = np.full(L + 1, np.inf)
-        g[L] = 0.0
-        choice = []
-        for C, _, p2p, _ in reversed(stages):
-            W = np.where(C <= lim, C + 2.0 * p2p[None, :], np.inf) + g[None, :]
-            arg = W.argmin(axis=1)
-            g = W[np.arange(L + 1), arg]
-            choice.append(arg)
-        choice.reverse()
+        phi, ends = least_fill_within([(C, p2p) for C, _, p2p, _ in reversed(stages)], tau * (1 + 1e-12), L)
         bounds = [0]
-        for arg in choice:
-            bounds.append(int(arg[bounds[-1]]))
-        return bounds, tau, float(g[0])
+        for v in ends:
+            bounds.append(int(v[bounds[-1]]))
+        return bounds, tau, phi
 
 
-def price_metis_config(pricer: _Pricer, types_of_stage: list[tuple[str, ...]], strategies, m: int, bounds,
-                       stages) -> tuple[float, tuple[bool, ...], list[float]]:
+def price_metis_config(pricer: _Pricer, strategies, m: int, bounds, stages
+                       ) -> tuple[float, tuple[bool, ...], list[float]]:
     """(iteration time [s], recompute per stage, memory headroom per stage [bytes]) of a partitioned strategy.
 
     T_pipe = fill + (m - 1) tau, T_sync = max_s ring all-reduce of stage s's gradient among dp_s replicas
@@ -318,6 +321,80 @@ def _next_strategy(strategies: list[tuple[int, int]], memory_state: list[float] 
             out[s] = (dp // 2, tp * 2)
             return out
     return None
+
+
+def _inter_stage_plans(inv: dict[str, int], num_layers: int, global_batch_size: int, variance: float,
+                       max_permute_len: int) -> Iterator[tuple[tuple[str, ...], tuple[int, ...], list, int]]:
+    """Metis's inter-stage plans in its order: (node sequence, device groups, GPU types per stage, m).
+
+    Lazy (the device groups of a stage count are generated once, while the first node sequence
+    walks them), so a time budget checked per plan holds however many groups there are.
+    """
+    N = sum(inv.values())
+    ms = _divisors_desc(global_batch_size)
+    groups_by_s: dict[int, list[tuple[int, ...]]] = {}
+
+    def device_groups(S: int) -> Iterator[tuple[int, ...]]:
+        if S in groups_by_s:
+            yield from groups_by_s[S]
+            return
+        got = groups_by_s[S] = []
+        for dg in _iter_device_groups(N, S, variance, max_permute_len):
+            got.append(dg)
+            yield dg
+
+    for ns in itertools.permutations(sorted(inv)):
+        layout = [t for t in ns for _ in range(inv[t])]
+        for S in range(1, min(N, num_layers) + 1):
+            for dg in device_groups(S):
+                offs = [0, *itertools.accumulate(dg)]
+                types_of_stage = [tuple(dict.fromkeys(layout[offs[s]:offs[s + 1]])) for s in range(S)]
+                for m in ms:
+                    yield ns, dg, types_of_stage, m
+
+
+def _intra_stage_walk(pricer: _Pricer, ns, dg, types_of_stage, m: int, global_batch_size: int,
+                      attempts_left: int | None) -> tuple[MetisConfig | None, int, bool]:
+    """Metis's intra-stage walk on one inter-stage plan: (best configuration, partition attempts, cut short).
+
+    ``attempts_left``: stop before a partition attempt beyond this many (None: no limit).
+    """
+    S = len(dg)
+    best: MetisConfig | None = None
+    attempts = 0
+    strategies: list[tuple[int, int]] | None = [(g, 1) for g in dg]
+    memory_state: list[float] | None = None
+    per_mb = global_batch_size // m
+    while strategies is not None:
+        bs = [per_mb // dp if per_mb % dp == 0 else 0 for dp, _ in strategies]
+        if all(b >= 1 and pricer.valid(ts, tp, b) for b, ts, (_, tp) in zip(bs, types_of_stage, strategies)):
+            if attempts_left is not None and attempts >= attempts_left:
+                return best, attempts, True
+            attempts += 1
+
+            def stages_of(memory: bool) -> list:
+                return [pricer.stage(ts, tp, b, min(m, S - s), memory=memory)
+                        for s, (b, ts, (_, tp)) in enumerate(zip(bs, types_of_stage, strategies))]
+
+            # Metis's first attempt ignores memory; a repartition respects it
+            stages = stages_of(memory=False)
+            part = pricer.partition(stages)
+            fits_first = False
+            if part is not None:
+                t_it, rec, head = price_metis_config(pricer, strategies, m, part[0], stages)
+                fits_first = min(head) >= 0
+            if not fits_first:
+                stages = stages_of(memory=True)
+                part = pricer.partition(stages)
+                if part is not None:
+                    t_it, rec, head = price_metis_config(pricer, strategies, m, part[0], stages)
+            memory_state = None if part is None else head
+            if part is not None and (best is None or t_it < best.iteration_time_s):
+                best = MetisConfig(ns, tuple(dg), tuple(strategies), m, tuple(part[0]), rec, t_it)
+            if fits_first:
+                break
+        strategies = _next_strategy(strategies, memory_state)
+    return best, attempts, False
 
 
 def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
@@ -377,89 +454,22 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                             fix="give seconds >= 0 or leave it out (no limit)")
     check_micro_batch_sizes(cluster, profile, space)
     t0 = time.perf_counter()
-    kinds = stage_kinds(cluster, profile, space)
-    if max_tp is None:
-        max_tp = min(max(k.tp_degree for k in ks) for ks in kinds.values())
-    if max_micro_batch_size is None:
-        max_micro_batch_size = min(max(profile.micro_batch_sizes(k.device_type, k.tp_degree))
-                                   for ks in kinds.values() for k in ks if k.tp_degree <= max_tp)
-    pricer = _Pricer(cluster, profile, global_batch_size, space, config, max_tp, max_micro_batch_size)
-    inv = cluster.count_by_type()
-    N, L, G = sum(inv.values()), profile.num_layers, global_batch_size
+    pricer = _Pricer(cluster, profile, space, config, max_tp, max_micro_batch_size)
     best: MetisConfig | None = None
     n_inter = n_cands = 0
     truncated = False
-    groups_by_s: dict[int, list[tuple[int, ...]]] = {}     # filled on the first node sequence
-
-    def over_budget() -> bool:
-        return time_budget_s is not None and time.perf_counter() - t0 > time_budget_s
-
-    def device_groups(S: int) -> Iterator[tuple[int, ...]]:
-        if S in groups_by_s:
-            yield from groups_by_s[S]
-            return
-        got = groups_by_s[S] = []
-        for dg in _iter_device_groups(N, S, variance, max_permute_len):
-            got.append(dg)
-            yield dg
-
-    ms = _divisors_desc(G)
-    for ns in itertools.permutations(sorted(inv)):
-        layout = [t for t in ns for _ in range(inv[t])]
-        for S in range(1, min(N, L) + 1):
-            for dg in device_groups(S):
-                if over_budget():
-                    truncated = True
-                    break
-                offs = [0, *itertools.accumulate(dg)]
-                types_of_stage = [tuple(dict.fromkeys(layout[offs[s]:offs[s + 1]])) for s in range(S)]
-                for m in ms:
-                    if over_budget() or (max_candidates is not None and n_cands >= max_candidates):
-                        truncated = True
-                        break
-                    n_inter += 1
-                    strategies: list[tuple[int, int]] | None = [(g, 1) for g in dg]
-                    memory_state: list[float] | None = None
-                    while strategies is not None:
-                        per_mb = G // m
-                        bs = [per_mb // dp if per_mb % dp == 0 else 0 for dp, _ in strategies]
-                        if all(b >= 1 and pricer.valid(ts, tp, b) for b, ts, (_, tp) in
-                               zip(bs, types_of_stage, strategies)):
-                            if max_candidates is not None and n_cands >= max_candidates:
-                                truncated = True
-                                break
-                            n_cands += 1
-                            first = [pricer.stage(ts, tp, b, min(m, S - s), memory=False) for s, (b, ts, (_, tp))
-                                     in enumerate(zip(bs, types_of_stage, strategies))]
-                            part = pricer.partition(first)
-                            fits_first = False
-                            stages = first
-                            if part is not None:
-                                t_it, rec, head = price_metis_config(pricer, types_of_stage, strategies, m, part[0],
-                                                                     first)
-                                fits_first = min(head) >= 0
-                            if not fits_first:
-                                stages = [pricer.stage(ts, tp, b, min(m, S - s), memory=True) for s, (b, ts, (_, tp))
-                                          in enumerate(zip(bs, types_of_stage, strategies))]
-                                part = pricer.partition(stages)
-                            if part is None:
-                                memory_state = None
-                            else:
-                                if not fits_first:
-                                    t_it, rec, head = price_metis_config(pricer, types_of_stage, strategies, m, part[0],
-                                                                         stages)
-                                memory_state = head
-                                if best is None or t_it < best.iteration_time_s:
-                                    best = MetisConfig(ns, tuple(dg), tuple(strategies), m, tuple(part[0]), rec, t_it)
-                                if fits_first:
-                                    break
-                        strategies = _next_strategy(strategies, memory_state)
-                    if truncated:
-                        break
-                if truncated:
-                    break
-            if truncated:
-                break
+    for ns, dg, types_of_stage, m in _inter_stage_plans(cluster.count_by_type(), profile.num_layers,
+                                                        global_batch_size, variance, max_permute_len):
+        if (time_budget_s is not None and time.perf_counter() - t0 > time_budget_s) or (
+                max_candidates is not None and n_cands >= max_candidates):
+            truncated = True
+            break
+        n_inter += 1
+        left = None if max_candidates is None else max_candidates - n_cands
+        found, attempts, truncated = _intra_stage_walk(pricer, ns, dg, types_of_stage, m, global_batch_size, left)
+        n_cands += attempts
+        if found is not None and (best is None or found.iteration_time_s < best.iteration_time_s):
+            best = found
         if truncated:
             break
     wall = time.perf_counter() - t0

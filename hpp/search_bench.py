@@ -278,10 +278,11 @@ def _by_point(rows: Iterable[BenchRow]) -> dict[str, dict[str, BenchRow]]:
     return by_point
 
 
-def _ratio_txt(ref: BenchRow | None, h: BenchRow) -> str:
+def _ratio_txt(ref: BenchRow | None, h: BenchRow, *, at_least: str = ">=") -> str:
+    """Reference seconds / HPP seconds as "12.3x" ("-" without a reference; ``at_least`` first if it was cut)."""
     if ref is None:
         return "-"
-    return f"{'>=' if ref.status == 'TRUNCATED' else ''}{ref.wall_s / h.wall_s:.1f}x"
+    return f"{at_least if ref.status == 'TRUNCATED' else ''}{ref.wall_s / h.wall_s:.1f}x"
 
 
 def summary_table(rows: list[BenchRow]) -> str:

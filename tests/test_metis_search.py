@@ -105,14 +105,14 @@ def test_partition_dp_equals_brute_force(data):
 def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
     cl = make_cluster("t", {"A100-40": 8, "V100-16": 8})
     space, config = SearchSpace(), CostModelConfig()
-    pricer = _Pricer(cl, opt350, GBS, space, config)
+    pricer = _Pricer(cl, opt350, space, config)
     # 4 replicas of [V100 TP2 | A100 TP2] (groups of 8 = 4 x 2), m = 8 micro-batches of 64/8 = 8 -> b = 2
     types = [("V100-16",), ("A100-40",)]
     strategies, m, b = [(4, 2), (4, 2)], 8, 2
     stages = [pricer.stage(ts, tp, b, min(m, 2 - s), memory=True) for s, (ts, (_, tp)) in
               enumerate(zip(types, strategies))]
     bounds, _, _ = pricer.partition(stages)
-    t, rec, head = price_metis_config(pricer, types, strategies, m, bounds, stages)
+    t, rec, head = price_metis_config(pricer, strategies, m, bounds, stages)
     assert min(head) >= 0 and not any(rec)
     # HPP's stage balance of the same shape gives the same boundaries (its DP assumes S - s in flight, = here)
     shape = (StageKind("V100-16", 2), StageKind("A100-40", 2))
@@ -127,7 +127,7 @@ def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
 
 def test_a_straddling_group_runs_at_its_slowest_type(opt350):
     cl = make_cluster("t", {"A100-40": 4, "V100-16": 4})
-    pricer = _Pricer(cl, opt350, GBS, SearchSpace(), CostModelConfig())
+    pricer = _Pricer(cl, opt350, SearchSpace(), CostModelConfig())
     both = pricer.stage(("A100-40", "V100-16"), 1, 2, 1, memory=False)[0]
     a = pricer.stage(("A100-40",), 1, 2, 1, memory=False)[0]
     v = pricer.stage(("V100-16",), 1, 2, 1, memory=False)[0]
@@ -179,7 +179,7 @@ def test_caps_shrink_the_search_and_recomputation_is_one_mode_per_stage(opt350):
     assert all(tp <= 2 for _, tp in small.best.strategies)
     # a straddling stage recomputes on every type or on none: with recomputation allowed, the stage's
     # time is the slowest type's in the one mode where every type fits
-    pricer = _Pricer(cl, opt350, GBS, SearchSpace(), CostModelConfig(), 4, 4)
+    pricer = _Pricer(cl, opt350, SearchSpace(), CostModelConfig(), 4, 4)
     C, full_mask, _, tabs = pricer.stage(("A100-40", "V100-16"), 1, 4, 8, memory=True)
     fits = [t.memory_bytes(8, False) <= t.capacity_bytes for t in tabs]
     both = fits[0] & fits[1]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
+import os
 
 import numpy as np
 from dataclasses import dataclass
@@ -265,10 +267,8 @@ def _worker_main(conn, shapes, sizes, balancer, pruning, keep_b) -> None:     # 
 
 
 def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset]):
-    """Fork one child per group but the first (the parent runs that one); the shares merged in the
-    order one process gives (:func:`remove_dominated`'s order with the rule on, else enumeration order)."""
-    import multiprocessing
-
+    """Fork one child per group but the first (the parent runs that one); the shares' (tagged
+    candidates, counters), merged."""
     ctx = multiprocessing.get_context("fork")
     children = []
     for keep_b in groups[1:]:
@@ -303,15 +303,20 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
         out.extend(got)
         for k, v in got_stats.items():
             stats[k] += v
-    # enumeration order: shape, then micro-batch size (ascending), then variant
+    return out, stats
+
+
+def _in_one_process_order(tagged: list[tuple[int, int, Candidate]], dominated: bool) -> list[Candidate]:
+    """The candidates in the order one pass gives: :func:`remove_dominated`'s visiting order with the
+    rule on (ties by enumeration order), else enumeration order (shape, micro-batch size, variant)."""
     def tag(t):
         return t[0], t[2].micro_batch_size, t[1]
 
-    if pruning.dominated:       # remove_dominated's visiting order, ties by enumeration order
-        out.sort(key=lambda t: (t[2].partition.bottleneck_s, t[2].partition.fill_s, t[2].num_devices, tag(t)))
+    if dominated:
+        key = lambda t: (t[2].partition.bottleneck_s, t[2].partition.fill_s, t[2].num_devices, tag(t))  # noqa: E731
     else:
-        out.sort(key=tag)
-    return out, stats
+        key = tag
+    return [c for _, _, c in sorted(tagged, key=key)]
 
 
 #: (shape, micro-batch size) pairs below which the candidates are built in one process (a fork costs ~10 ms).
@@ -320,8 +325,6 @@ PARALLEL_MIN_PAIRS = 1000
 
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    import os
-
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:        # pragma: no cover (macOS, Windows)
@@ -350,8 +353,6 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
         Feasible candidates (dominated ones removed if the rule is on) and counters:
         shapes, shapes_pruned_memory, infeasible, dominated, workers.
     """
-    import multiprocessing
-
     if workers < 0:
         raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
     kinds = stage_kinds(cluster, profile, space)
@@ -359,19 +360,14 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     sizes = [common_micro_batch_sizes(profile, shape, space) for shape in shapes]
     n = usable_cores() if workers == 0 else max(1, workers)
     groups = _split_sizes(sizes, n) if n > 1 else []
-    if (len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS
-            and "fork" in multiprocessing.get_all_start_methods()):
+    parallel = (len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS
+                and "fork" in multiprocessing.get_all_start_methods())
+    if parallel:
         tagged, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups)
-        stats = {"shapes": len(shapes), **part_stats, "workers": len(groups)}
-        out = [c for _, _, c in tagged]
     else:
-        tagged, part_stats = _balance_shapes(shapes, sizes, balancer, pruning, None)
-        stats = {"shapes": len(shapes), **part_stats, "dominated": 0, "workers": 1}
-        out = [c for _, _, c in tagged]
-        if pruning.dominated:
-            before = len(out)
-            out = remove_dominated(out)
-            stats["dominated"] = before - len(out)
+        tagged, part_stats = _share(shapes, sizes, balancer, pruning, None)
+    stats = {"shapes": len(shapes), **part_stats, "workers": len(groups) if parallel else 1}
+    out = _in_one_process_order(tagged, pruning.dominated)
     log.debug("candidates: %s", stats)
     return out, stats
 

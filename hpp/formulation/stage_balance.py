@@ -37,7 +37,7 @@ import numpy as np
 
 from hpp.pruning.memo import StageCostCache
 
-__all__ = ["StageKind", "Partition", "StageBalancer"]
+__all__ = ["StageKind", "Partition", "StageBalancer", "least_fill_within"]
 
 _REL_TIE = 1e-12
 
@@ -90,6 +90,39 @@ class Partition:
         if num_micro_batches <= 0:
             return 0.0
         return self.fill_s + (num_micro_batches - 1) * self.bottleneck_s
+
+
+def least_fill_within(costs_last_first: list[tuple[np.ndarray, np.ndarray]], limit: float, num_layers: int
+                      ) -> tuple[float, list[np.ndarray]]:
+    """Least fill phi over partitions whose every stage takes <= ``limit`` per micro-batch (a DP).
+
+    Parameters
+    ----------
+    costs_last_first : list of (C, p2p)
+        Per stage, LAST stage first: C (L+1, L+1) its time per micro-batch of layers [u, v) [s]
+        (inf where not allowed), p2p (L+1,) its one-way send after layer v-1 [s] (0 at v = L).
+    limit : float
+        Bottleneck allowed [s]; stages above it are excluded.
+    num_layers : int
+        L.
+
+    Returns
+    -------
+    (phi, ends)
+        phi = sum_s C_s + 2 sum_s p2p_s [s] (inf if nothing fits); ends[s][u] = the end layer of
+        stage s when it starts at layer u, first stage first (backtrack from u = 0).
+    """
+    L = num_layers
+    best = np.full(L + 1, np.inf)
+    best[L] = 0.0
+    idx = np.arange(L + 1)
+    ends = []
+    for C, p2p in costs_last_first:
+        total = np.where(C <= limit, C, np.inf) + 2.0 * p2p[None, :] + best[None, :]
+        v = total.argmin(axis=1)
+        best = total[idx, v]
+        ends.append(v)
+    return float(best[0]), ends[::-1]
 
 
 @dataclass
@@ -175,20 +208,11 @@ class StageBalancer:
 
     def _threshold_fill(self, shape: tuple[StageKind, ...], b: int, limit: float):
         """Min-fill partition with every stage's compute <= ``limit`` (phase 2 of the bottleneck objective)."""
-        L = self.num_layers
         S = len(shape)
-        best = np.full(L + 1, np.inf)
-        best[L] = 0.0
-        choices = []
-        idx = np.arange(L + 1)
-        for d in range(1, S + 1):
-            C, use_full, p2p = self._stage_costs(shape[S - d], b, d)
-            C = np.where(C <= limit, C, np.inf)
-            total = C + 2.0 * p2p[None, :] + best[None, :]
-            v = total.argmin(axis=1)
-            best = total[idx, v]
-            choices.append((v, use_full[idx, v]))
-        return best[0], choices[::-1]
+        costs = [self._stage_costs(shape[S - d], b, d) for d in range(1, S + 1)]      # last stage first
+        phi, ends = least_fill_within([(C, p2p) for C, _, p2p in costs], limit, self.num_layers)
+        idx = np.arange(self.num_layers + 1)
+        return phi, [(v, full[idx, v]) for v, (_, full, _) in zip(ends, reversed(costs))]
 
     def balance_both(self, shape: tuple[StageKind, ...], micro_batch_size: int
                      ) -> tuple[Partition | None, Partition | None]:
