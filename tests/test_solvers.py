@@ -53,7 +53,9 @@ def test_exact_solvers_match_the_exhaustive_oracle(inst, warm):
     except InfeasibleError:
         return
     _, oracle, _ = exhaustive_composition(problem)
-    opts = SolverOptions(time_limit_s=10.0, warm_start=warm)
+    # two CP-SAT workers: one worker is seed-sensitive (with seed 0 it left the bound at 0.03 s for 10 s on a
+    # 16-candidate instance hypothesis found; seeds 1 and 2 close it in 0.05 s); the property is exactness
+    opts = SolverOptions(time_limit_s=10.0, warm_start=warm, num_workers=2)
     heur = solve(problem, "heuristic", options=opts)
     assert heur.objective_s >= oracle - 1e-9 and math.isnan(heur.bound_s)
     for name in ("cp-sat", "milp"):
