@@ -209,6 +209,7 @@ def test_bad_inputs_name_their_field(opt350, kw, field):
     with pytest.raises(HppInputError) as ei:
         metis_search(make_cluster("t", {"A100-40": 4, "V100-16": 4}), opt350, gbs, **args)
     assert ei.value.field == field
+    assert str(ei.value).startswith(f"field '{field}': ") and "Fix: " in str(ei.value)
 
 
 def test_the_budget_holds_while_device_groups_are_generated(opt350):

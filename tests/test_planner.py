@@ -320,3 +320,10 @@ def test_an_error_in_a_worker_reaches_the_caller(monkeypatch):
     sc = get_scenario("opt350-a100x8-v100x8")
     with pytest.raises(HppInputError, match="profile entry missing"):
         make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=2)
+
+
+def test_a_negative_worker_count_is_refused_by_the_library():
+    sc = get_scenario("opt350-a100x8-v100x8")
+    with pytest.raises(HppInputError) as ei:
+        make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=-5)
+    assert str(ei.value) == "field '--workers': workers=-5. Fix: give 0 (one per core) or more"
