@@ -69,16 +69,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes, types, scen, repeats = opt["sizes"], opt["types"], opt["scenarios"], opt["repeats"]
     budget, ablate_up_to, single_up_to = opt["single_shape_budget"], opt["ablate_up_to"], opt["single_shape_up_to"]
     metis_budget, metis_up_to = opt["metis_budget"], opt["metis_up_to"]
-    bad = [(flag, fix) for flag, ok, fix in [
-        ("--repeats", repeats >= 1, "give an integer >= 1"),
-        ("--time-limit", args.time_limit > 0, "give seconds > 0"),
-        ("--single-shape-budget", budget > 0 and math.isfinite(budget), "give finite seconds > 0"),
-        ("--metis-budget", metis_budget > 0 and math.isfinite(metis_budget), "give finite seconds > 0"),
-        ("--single-shape-permute-len", args.single_shape_permute_len is None or args.single_shape_permute_len >= 1,
+    permute = args.single_shape_permute_len
+    bad = [(flag, value, fix) for flag, value, ok, fix in [
+        ("--repeats", repeats, repeats >= 1, "give an integer >= 1"),
+        ("--time-limit", args.time_limit, args.time_limit > 0, "give seconds > 0"),
+        ("--single-shape-budget", budget, budget > 0 and math.isfinite(budget), "give finite seconds > 0"),
+        ("--metis-budget", metis_budget, metis_budget > 0 and math.isfinite(metis_budget), "give finite seconds > 0"),
+        ("--single-shape-permute-len", permute, permute is None or permute >= 1,
          "give an integer >= 1 (Metis uses 4)")] if not ok]
     if bad:
-        flag, fix = bad[0]
-        print(f"search_overhead: error: field '{flag}': value out of range. Fix: {fix}", file=sys.stderr)
+        flag, value, fix = bad[0]
+        print(f"search_overhead: error: field '{flag}': {value:g} is out of range. Fix: {fix}", file=sys.stderr)
         return 2
     if not args.out.resolve().parent.is_dir():
         print(f"search_overhead: error: field '--out': folder {args.out.resolve().parent} does not exist. "

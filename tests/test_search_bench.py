@@ -98,12 +98,12 @@ def test_summary_states_the_target_and_the_metis_range():
     assert "single-shape fidelity 2types-32: 3.00 s vs public Metis 10-20 s (below its range)" in lines
     assert "metis fidelity 2types-32: 15.00 s vs public Metis 10-20 s (inside its range)" in lines
     assert "metis fidelity 3types-32: 90.00 s vs public Metis 35-40 s (above its range)" in lines
-    assert "target 2types-32: 30.0x vs metis (NOT met; HPP plan 11.800 s vs 12.500 s)" in lines
+    assert "target 2types-32: 30.0x vs metis (NOT met: under 56x; HPP plan 11.800 s vs 12.500 s)" in lines
     assert "target 3types-64: >=150.0x vs metis (met; HPP plan 4.400 s vs 6.000 s)" in lines
     # 90x faster but a slower plan: not met
-    assert "target 3types-32: 90.0x vs metis (NOT met; HPP plan 7.600 s vs 7.000 s)" in lines
-    assert "56x target vs metis at 32/64 GPUs: met at 1 of 3 points (3types-64)" in lines
-    assert lines[-1] == "56x target vs single-shape at 32/64 GPUs: met at 1 of 3 points (3types-64)"
+    assert "target 3types-32: 90.0x vs metis (NOT met: slower plan; HPP plan 7.600 s vs 7.000 s)" in lines
+    assert "56x target vs metis at 32/64 GPUs: met at 1 of the 3 measured (3types-64)" in lines
+    assert lines[-1] == "56x target vs single-shape at 32/64 GPUs: met at 1 of the 3 measured (3types-64)"
     cut = target_lines([_row("2types-32", 32, 2, "hpp", 0.5, 11.8), _row("2types-32", 32, 2, "metis", 2.0, 13.0,
                                                                          "TRUNCATED")])
     assert "metis fidelity 2types-32: >=2.00 s vs public Metis 10-20 s (cut at its budget)" in cut
@@ -120,7 +120,7 @@ def test_missing_out_folder_and_bad_numbers_stop_before_measuring(monkeypatch, c
     assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", "--out", "/nonexistent-hpp/x.csv"]) == 2
     assert "folder /nonexistent-hpp does not exist" in capsys.readouterr().err
     assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", "--repeats", "0"]) == 2
-    assert "field '--repeats'" in capsys.readouterr().err
+    assert "field '--repeats': 0 is out of range. Fix: give an integer >= 1" in capsys.readouterr().err
     for flag, value in [("--single-shape-permute-len", "0"), ("--metis-budget", "nan"), ("--time-limit", "0")]:
         assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", flag, value]) == 2
         assert f"field '{flag}'" in capsys.readouterr().err
