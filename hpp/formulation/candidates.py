@@ -24,6 +24,7 @@ from typing import Iterator
 
 from hpp.errors import HppInputError
 from hpp.formulation.stage_balance import Partition, StageBalancer, StageKind
+from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.rules import PruningOptions
@@ -160,40 +161,41 @@ def common_micro_batch_sizes(profile: ModelProfile, shape: tuple[StageKind, ...]
 
 
 def _balance_shapes(shapes: list[tuple[StageKind, ...]], sizes: list[list[int]], balancer: StageBalancer,
-                    pruning: PruningOptions, keep_b: frozenset | None
-                    ) -> tuple[list[tuple[int, int, Candidate]], dict[str, int]]:
+                    pruning: PruningOptions, keep_b: frozenset | None) -> tuple[PartitionBatch, dict[str, int]]:
     """Stage-balance ``shapes[i]`` at each size of ``sizes[i]`` (only those in ``keep_b`` if given).
 
-    Returns ((shape index, variant, candidate) in enumeration order, counters). The dead-suffix
-    set of the ``memory_infeasible`` rule is keyed by micro-batch size, so any split of the sizes
-    over workers prunes exactly what one pass would.
+    Returns (partitions, rows in enumeration order (shape, size, variant); counters). With
+    memoisation the pairs are balanced together (:func:`~hpp.formulation.stage_balance_batch.balance_pairs`);
+    without it (the ablation) one by one, nothing shared. The dead suffixes of the
+    ``memory_infeasible`` rule are keyed by micro-batch size, so any split of the sizes over
+    workers prunes exactly what one pass would.
     """
+    pairs = [(i, b) for i, row in enumerate(sizes) for b in row if keep_b is None or b in keep_b]
+    if balancer.memoise:
+        return balance_pairs(balancer, shapes, pairs, prune_dead_suffixes=pruning.memory_infeasible)
     stats = {"shapes_pruned_memory": 0, "balanced": 0, "infeasible": 0, "fill_variants": 0}
-    out: list[tuple[int, int, Candidate]] = []
+    rows: list[tuple[int, int, int, Partition]] = []
     dead: set = set()
-    for i, shape in enumerate(shapes):
-        for b in sizes[i]:
-            if keep_b is not None and b not in keep_b:
+    for i, b in pairs:
+        shape = shapes[i]
+        if pruning.memory_infeasible and dead:
+            # every suffix whose row is empty kills all shapes ending with it
+            if any((b, shape[j:]) in dead for j in range(1, len(shape))):
+                stats["shapes_pruned_memory"] += 1
                 continue
-            if pruning.memory_infeasible and dead:
-                # every suffix whose row is empty kills all shapes ending with it
-                if any((b, shape[j:]) in dead for j in range(1, len(shape))):
-                    stats["shapes_pruned_memory"] += 1
-                    continue
-            stats["balanced"] += 1
-            part, few = balancer.balance_both(shape, b)
-            if part is None:
-                stats["infeasible"] += 1
-                if pruning.memory_infeasible and balancer.suffix_infeasible(shape, b):
-                    dead.add((b, shape))
-                continue
-            devices, groups = _usage(shape)
-            out.append((i, 0, Candidate(shape, b, part, devices, groups)))
-            # the least-fill partition is better when a pipeline gets few micro-batches
-            if few is not None:
-                out.append((i, 1, Candidate(shape, b, few, devices, groups)))
-                stats["fill_variants"] += 1
-    return out, stats
+        stats["balanced"] += 1
+        part, few = balancer.balance_both(shape, b)
+        if part is None:
+            stats["infeasible"] += 1
+            if pruning.memory_infeasible and balancer.suffix_infeasible(shape, b):
+                dead.add((b, shape))
+            continue
+        rows.append((i, b, 0, part))
+        # the least-fill partition is better when a pipeline gets few micro-batches
+        if few is not None:
+            rows.append((i, b, 1, few))
+            stats["fill_variants"] += 1
+    return PartitionBatch.from_partitions(rows, balancer.num_layers), stats
 
 
 def _usage(shape: tuple[StageKind, ...]) -> tuple[dict[str, int], dict[tuple[str, int], int]]:
@@ -204,25 +206,6 @@ def _usage(shape: tuple[StageKind, ...]) -> tuple[dict[str, int], dict[tuple[str
         devices[k.device_type] = devices.get(k.device_type, 0) + k.tp_degree
         groups[(k.device_type, k.tp_degree)] = groups.get((k.device_type, k.tp_degree), 0) + 1
     return devices, groups
-
-
-_PARTITION_FIELDS = tuple(Partition.__slots__)
-
-
-def _pack(out: list[tuple[int, int, Candidate]]) -> list[tuple]:
-    """Candidates as plain tuples for the pipe: (shape index, variant, size, partition fields); the
-    shape and its device counts are rebuilt from the index (pickling them costs more than the DP)."""
-    return [(i, v, c.micro_batch_size, tuple(getattr(c.partition, f) for f in _PARTITION_FIELDS)) for i, v, c in out]
-
-
-def _unpack(packed: list[tuple], shapes: list[tuple[StageKind, ...]]) -> list[tuple[int, int, Candidate]]:
-    usage: dict[int, tuple] = {}
-    out = []
-    for i, v, b, fields in packed:
-        if i not in usage:
-            usage[i] = _usage(shapes[i])
-        out.append((i, v, Candidate(shapes[i], b, Partition(*fields), *usage[i])))
-    return out
 
 
 def _split_sizes(sizes: list[list[int]], workers: int) -> list[frozenset]:
@@ -238,52 +221,112 @@ def _split_sizes(sizes: list[list[int]], workers: int) -> list[frozenset]:
     return [frozenset(s) for _, s in bins if s]
 
 
-def _share(shapes, sizes, balancer, pruning, keep_b):
-    """One worker's share: its sizes balanced, then (rule on) its dominated candidates removed.
+class _Usage:
+    """Per shape (given its :func:`_usage`): TP groups per (type, TP degree) as a count vector, the set of
+    those keys, and its devices."""
+
+    def __init__(self, usage: list[tuple[dict[str, int], dict[tuple[str, int], int]]]) -> None:
+        self.of = usage
+        keys = sorted({k for _, g in usage for k in g})
+        col = {k: j for j, k in enumerate(keys)}
+        self.counts = np.zeros((len(usage), len(keys)))
+        sets: dict[frozenset, int] = {}
+        self.keyset = np.zeros(len(usage), dtype=np.int64)
+        for i, (_, g) in enumerate(usage):
+            for k, n in g.items():
+                self.counts[i, col[k]] = n
+            self.keyset[i] = sets.setdefault(frozenset(g), len(sets))
+        self.num_devices = np.array([sum(d.values()) for d, _ in usage], dtype=np.int64)
+        by_id = list(sets)
+        #: subsets[j]: ids of the key sets contained in key set j (itself included)
+        self.subsets = [np.array([i for i, a in enumerate(by_id) if a <= b], dtype=np.int64) for b in by_id]
+
+
+def _visit_order(batch: PartitionBatch, num_devices: np.ndarray) -> np.ndarray:
+    """Rows by (bottleneck, fill, devices, shape index, size, variant): the order dominance visits them in."""
+    return np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index, num_devices[batch.shape_index],
+                       batch.fill_s, batch.bottleneck_s))
+
+
+def _undominated(batch: PartitionBatch, usage: _Usage) -> np.ndarray:
+    """Boolean mask of the rows no earlier row (in :func:`_visit_order`) dominates (rule ``dominated``).
+
+    Row x dominates row y when both have the same micro-batch size and x has no more TP groups of
+    any (type, TP degree) and no larger bottleneck, fill, optimizer step and largest stage gradient
+    (:func:`hpp.pruning.rules.dominates`). Only rows whose (type, TP) key set is a subset of y's
+    can have no more TP groups of every key, so each (size, key set) group is compared with its
+    subset groups only. Dominance is transitive, so "dominated by an earlier row" equals "dominated
+    by an earlier kept row", which is what a sequential pass keeps (tested).
+    """
+    R = len(batch)
+    if not R:
+        return np.zeros(0, dtype=bool)
+    si = batch.shape_index
+    pos = np.empty(R, dtype=np.int64)
+    pos[_visit_order(batch, usage.num_devices)] = np.arange(R)
+    feat = np.column_stack([usage.counts[si], batch.bottleneck_s, batch.fill_s, batch.optimizer_s,
+                            batch.stage_param_bytes.max(axis=1)])
+    nks = len(usage.subsets)
+    gid = batch.micro_batch_size * nks + usage.keyset[si]
+    order = np.argsort(gid, kind="stable")
+    bounds = np.flatnonzero(np.diff(gid[order])) + 1
+    members = {int(gid[seg[0]]): seg for seg in np.split(order, bounds)}
+    dominated = np.zeros(R, dtype=bool)
+    for g, ys in members.items():
+        b, ks = divmod(g, nks)
+        xs = np.concatenate([members[b * nks + j] for j in usage.subsets[ks].tolist() if b * nks + j in members])
+        le = np.all(feat[xs][None, :, :] <= feat[ys][:, None, :], axis=2)
+        dominated[ys] = np.any(le & (pos[xs][None, :] < pos[ys][:, None]), axis=1)
+    return ~dominated
+
+
+def _share(shapes, sizes, balancer, pruning, keep_b, usage: _Usage):
+    """One worker's share: its sizes balanced, then (rule on) its dominated rows removed.
 
     Dominance compares candidates of the same micro-batch size only, so removing it per share of
     the sizes drops exactly the candidates that one pass over all of them drops.
     """
-    out, stats = _balance_shapes(shapes, sizes, balancer, pruning, keep_b)
+    batch, stats = _balance_shapes(shapes, sizes, balancer, pruning, keep_b)
     stats["dominated"] = 0
     if pruning.dominated:
-        kept = {id(c) for c in remove_dominated([c for _, _, c in out])}
-        stats["dominated"] = len(out) - len(kept)
-        out = [t for t in out if id(t[2]) in kept]
-    return out, stats
+        keep = _undominated(batch, usage)
+        stats["dominated"] = int(len(batch) - keep.sum())
+        batch = batch.take(keep)
+    return batch, stats
 
 
-def _worker_main(conn, shapes, sizes, balancer, pruning, keep_b) -> None:     # pragma: no cover (child process)
+def _worker_main(conn, shapes, sizes, balancer, pruning, keep_b, usage) -> None:     # pragma: no cover (child process)
     try:
         r0, u0, h0, m0 = balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses
-        out, stats = _share(shapes, sizes, balancer, pruning, keep_b)
+        batch, stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
         counters = (balancer.rows_computed - r0, balancer.rows_reused - u0, balancer.cache.hits - h0,
                     balancer.cache.misses - m0)
-        conn.send(("ok", _pack(out), stats, counters))
+        conn.send(("ok", batch, stats, counters))
     except BaseException as exc:       # noqa: BLE001 - sent to the parent, which re-raises it
         conn.send(("error", exc, None, None))
     finally:
         conn.close()
 
 
-def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset]):
-    """Fork one child per group but the first (the parent runs that one); the shares' (tagged
-    candidates, counters), merged."""
+def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: _Usage):
+    """Fork one child per group but the first (the parent runs that one); the shares' rows and counters, merged."""
     ctx = multiprocessing.get_context("fork")
     children = []
     for keep_b in groups[1:]:
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker_main, args=(send, shapes, sizes, balancer, pruning, keep_b), daemon=True)
+        proc = ctx.Process(target=_worker_main, args=(send, shapes, sizes, balancer, pruning, keep_b, usage),
+                           daemon=True)
         proc.start()
         send.close()
         children.append((proc, recv, keep_b))
     try:
-        out, stats = _share(shapes, sizes, balancer, pruning, groups[0])
+        batch, stats = _share(shapes, sizes, balancer, pruning, groups[0], usage)
     except BaseException:
         for proc, _, _ in children:      # nobody will read their results
             proc.terminate()
             proc.join()
         raise
+    batches = [batch]
     for proc, recv, keep_b in children:
         try:
             kind, got, got_stats, counters = recv.recv()
@@ -293,30 +336,29 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
         if kind == "error":
             raise got
         if kind == "lost":
-            got, got_stats = _share(shapes, sizes, balancer, pruning, keep_b)
+            got, got_stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
         else:
-            got = _unpack(got, shapes)
             balancer.rows_computed += counters[0]
             balancer.rows_reused += counters[1]
             balancer.cache.hits += counters[2]
             balancer.cache.misses += counters[3]
-        out.extend(got)
+        batches.append(got)
         for k, v in got_stats.items():
             stats[k] += v
-    return out, stats
+    return PartitionBatch.concat(batches, balancer.num_layers), stats
 
 
-def _in_one_process_order(tagged: list[tuple[int, int, Candidate]], dominated: bool) -> list[Candidate]:
-    """The candidates in the order one pass gives: :func:`remove_dominated`'s visiting order with the
-    rule on (ties by enumeration order), else enumeration order (shape, micro-batch size, variant)."""
-    def tag(t):
-        return t[0], t[2].micro_batch_size, t[1]
-
+def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: _Usage,
+                          dominated: bool) -> list[Candidate]:
+    """The candidates in the order one pass gives: the dominance visiting order with the rule on
+    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant)."""
     if dominated:
-        key = lambda t: (t[2].partition.bottleneck_s, t[2].partition.fill_s, t[2].num_devices, tag(t))  # noqa: E731
+        order = _visit_order(batch, usage.num_devices)
     else:
-        key = tag
-    return [c for _, _, c in sorted(tagged, key=key)]
+        order = np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index))
+    batch = batch.take(order)
+    return [Candidate(shapes[i], b, part, *usage.of[i])
+            for i, b, part in zip(batch.shape_index.tolist(), batch.micro_batch_size.tolist(), batch.partitions())]
 
 
 #: (shape, micro-batch size) pairs below which the candidates are built in one process (a fork costs ~10 ms).
@@ -357,17 +399,20 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
         raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
     kinds = stage_kinds(cluster, profile, space)
     shapes = list(enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers))
-    sizes = [common_micro_batch_sizes(profile, shape, space) for shape in shapes]
+    by_kinds: dict[frozenset, list[int]] = {}          # shapes of one kind set share their sizes
+    sizes = [by_kinds[ks] if ks in by_kinds else by_kinds.setdefault(ks, common_micro_batch_sizes(profile, s, space))
+             for s in shapes for ks in [frozenset(s)]]
+    usage = _Usage([_usage(s) for s in shapes])
     n = usable_cores() if workers == 0 else max(1, workers)
     groups = _split_sizes(sizes, n) if n > 1 else []
     parallel = (len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS
                 and "fork" in multiprocessing.get_all_start_methods())
     if parallel:
-        tagged, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups)
+        batch, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage)
     else:
-        tagged, part_stats = _share(shapes, sizes, balancer, pruning, None)
+        batch, part_stats = _share(shapes, sizes, balancer, pruning, None, usage)
     stats = {"shapes": len(shapes), **part_stats, "workers": len(groups) if parallel else 1}
-    out = _in_one_process_order(tagged, pruning.dominated)
+    out = _in_one_process_order(batch, shapes, usage, pruning.dominated)
     log.debug("candidates: %s", stats)
     return out, stats
 
@@ -375,49 +420,14 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
 def remove_dominated(cands: list[Candidate]) -> list[Candidate]:
     """Drop every candidate dominated by another (rule ``dominated``; ties: keep the first in a stable order).
 
-    Vectorised form of :func:`hpp.pruning.rules.dominates`. Candidates are visited by (bottleneck,
-    fill, devices); each is compared at once with every kept candidate of its micro-batch size whose
-    device types are a subset of its own (no other can use no more devices of every type), on
-    TP groups per (type, size) (which fix the devices per type), bottleneck, fill, optimizer step
-    and largest stage gradient, all <=.
+    Vectorised form of :func:`hpp.pruning.rules.dominates` (see :func:`_undominated`). Candidates are
+    visited by (bottleneck, fill, devices, position in ``cands``); one is dropped when an earlier one
+    dominates it. Returns the kept candidates in that visiting order.
     """
     if not cands:
         return []
-    order = sorted(range(len(cands)), key=lambda i: (cands[i].partition.bottleneck_s, cands[i].partition.fill_s,
-                                                     cands[i].num_devices, i))
-    # kept candidates per (micro-batch size, device-type set): features over that set's TP keys, preallocated
-    keys_of: dict[frozenset, set] = {}         # TP-group keys per device-type set, in one pass
-    for c in cands:
-        keys_of.setdefault(frozenset(c.devices), set()).update(c.tp_groups)
-    groups: dict[tuple, list] = {}
-    kept: list[Candidate] = []
-    for i in order:
-        c = cands[i]
-        types = frozenset(c.devices)
-        p = c.partition
-        tail = (p.bottleneck_s, p.fill_s, p.optimizer_s, max(p.stage_param_bytes))
-        dominated = False
-        for r in range(1, len(types) + 1):
-            for sub in itertools.combinations(sorted(types), r):
-                grp = groups.get((c.micro_batch_size, frozenset(sub)))
-                if grp is None or grp[1] == 0:
-                    continue
-                arr, n, keys = grp
-                f = np.array([c.tp_groups.get(k, 0) for k in keys] + list(tail))
-                if np.any(np.all(arr[:n] <= f, axis=1)):
-                    dominated = True
-                    break
-            if dominated:
-                break
-        if dominated:
-            continue
-        gkey = (c.micro_batch_size, types)
-        grp = groups.get(gkey)
-        if grp is None:
-            keys = sorted(keys_of[types])
-            grp = groups[gkey] = [np.empty((len(cands), len(keys) + 4)), 0, keys]
-        arr, n, keys = grp
-        arr[n] = [c.tp_groups.get(k, 0) for k in keys] + list(tail)
-        grp[1] = n + 1
-        kept.append(c)
-    return kept
+    L = max(c.partition.boundaries[-1] for c in cands)
+    batch = PartitionBatch.from_partitions([(i, c.micro_batch_size, 0, c.partition) for i, c in enumerate(cands)], L)
+    usage = _Usage([(c.devices, c.tp_groups) for c in cands])
+    keep = _undominated(batch, usage)
+    return [cands[i] for i in _visit_order(batch, usage.num_devices).tolist() if keep[i]]

@@ -25,7 +25,10 @@ recomputation when allowed); for a fixed range "none" is never slower than "full
 so this choice keeps the DP exact.
 
 A plain numpy DP over dense (L+1, L+1) tables; measured here to be ~140x faster than
-a networkx path search for 96 layers x 8 stages.
+a networkx path search for 96 layers x 8 stages. The candidate search runs the same DP
+for thousands of shapes at once in :mod:`hpp.formulation.stage_balance_batch` (equal
+bit for bit); this per-shape form serves single shapes, the baselines and the
+memoisation ablation.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ that it can. "The planner's model" is the search space of
   first (the first stage holds the most in-flight micro-batches). This CAN remove
   the optimum in rare cases (e.g. when the head layer's memory makes a small device
   better at the front); switch it off to search every order of the type groups.
-- ``memoise`` (not a pruning rule): stage-cost tables and DP rows are cached.
+- ``memoise`` (not a pruning rule): stage-cost tables and DP rows are cached; the DP rows
+  of all shapes' shared suffixes are computed once, together (batched). Off, each shape
+  is balanced on its own with nothing shared (the ablation).
 """
 
 from __future__ import annotations
