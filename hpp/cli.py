@@ -155,7 +155,8 @@ def cmd_plan(args) -> int:
     space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
                         max_types_per_pipeline=args.max_types_per_pipeline)
-    settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed)
+    settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed,
+                              cpsat_on_subset=args.cpsat_on_subset)
     check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
@@ -194,7 +195,8 @@ def cmd_plan(args) -> int:
     seen = res.stats.get("cpsat_candidates")
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s, "
           f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates"
-          + (f" (CP-SAT saw the best {seen}; the bound covers all)" if seen else ""))
+          + (f" (CP-SAT saw the best {seen}; the bound covers all)" if seen else
+             f" (more than {settings.max_candidates}: CP-SAT skipped, the LP bound covers all)" if seen == 0 else ""))
     for k, b in baselines.items():
         if b.feasible:
             print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter ({b.description}); HPP speedup "
@@ -284,6 +286,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0,
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
+    p.add_argument("--cpsat-on-subset", action="store_true",
+                   help="with more than 200 candidates, still run CP-SAT on the best 200 (it may improve the plan "
+                        "but cannot certify it; default: skip it there)")
     p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"])
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
     p.add_argument("--no-baselines", action="store_true", help="skip the baselines")

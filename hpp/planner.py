@@ -19,9 +19,9 @@ import numpy as np
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
-from hpp.formulation.composition import (CompositionProblem, CompositionResult, SolverSettings,
-                                         composition_bounds, fill_heuristic, greedy_composition,
-                                         solo_objective_s, solve_composition_cpsat)
+from hpp.formulation.composition import CompositionProblem, CompositionResult, SolverSettings, solve_composition_cpsat
+from hpp.formulation.heuristics import fill_heuristic, greedy_composition, solo_objective_s
+from hpp.formulation.lp_bound import composition_bounds
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster, Link, cluster_to_dict
@@ -179,7 +179,7 @@ def _subproblem(problem: CompositionProblem, keep: list[int], hint: dict[int, in
     """The problem restricted to candidates ``keep`` (indices into ``problem``) and the hint re-indexed."""
     remap = {old: new for new, old in enumerate(keep)}
     sub = CompositionProblem([problem.candidates[i] for i in keep], problem.cluster, problem.global_batch_size,
-                             problem.sync_link, solo_cache=problem.solo_cache)
+                             problem.sync_link, solo_cache=problem.solo_cache, ring_cache=problem.ring_cache)
     return sub, {remap[c]: x for c, x in hint.items() if c in remap}
 
 
@@ -256,17 +256,23 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         lb, comp_lb = composition_bounds(problem)
         global_bound = max(lb + min(c.partition.optimizer_s for c in problem.candidates), comp_lb)
         stats["bound_s"] = time.perf_counter() - t2
-        sub, sub_hint, kept = problem, hint, None
-        if len(problem.candidates) > settings.max_candidates:
-            kept = _best_candidates(problem, hint, settings.max_candidates)
-            sub, sub_hint = _subproblem(problem, kept, hint)
-            stats["cpsat_candidates"] = len(kept)
-        # the time limit covers bound + CP-SAT: CP-SAT gets what is left (at least 0.5 s)
-        left = settings.max_time_in_seconds - (time.perf_counter() - t1)
-        comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)),
-                                       hint=sub_hint, symmetry=pruning.symmetry,
-                                       incumbent_s=hint_obj if pruning.incumbent_bound else None,
-                                       lower_bound_pipe_s=lb, progress=progress)
+        n, kept = len(problem.candidates), None
+        if n > settings.max_candidates and not settings.cpsat_on_subset:
+            # CP-SAT would see a subset only and could not certify the plan: the incumbent and the LP bound decide
+            comp = CompositionResult(hint, "UNKNOWN", hint_obj, math.nan, math.nan, 0.0, n, solver="heuristic")
+            stats["cpsat_candidates"] = 0
+        else:
+            sub, sub_hint = problem, hint
+            if n > settings.max_candidates:
+                kept = _best_candidates(problem, hint, settings.max_candidates)
+                sub, sub_hint = _subproblem(problem, kept, hint)
+                stats["cpsat_candidates"] = len(kept)
+            # the time limit covers bound + CP-SAT: CP-SAT gets what is left (at least 0.5 s)
+            left = settings.max_time_in_seconds - (time.perf_counter() - t1)
+            comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)),
+                                           hint=sub_hint, symmetry=pruning.symmetry,
+                                           incumbent_s=hint_obj if pruning.incumbent_bound else None,
+                                           lower_bound_pipe_s=lb, progress=progress)
         counts, obj = comp.counts, comp.objective_s
         if kept is not None:
             counts = {kept[c]: x for c, x in counts.items()}
@@ -282,8 +288,10 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             status = "FEASIBLE"
         else:
             status = comp.status
-        comp = CompositionResult(counts, status, obj, bound, gap, comp.wall_s, len(problem.candidates))
-        seen = f"; CP-SAT saw the best {len(kept)} of {len(problem.candidates)} candidates" if kept else ""
+        comp = CompositionResult(counts, status, obj, bound, gap, comp.wall_s, len(problem.candidates),
+                                 solver=comp.solver)
+        seen = (f"; CP-SAT saw the best {len(kept)} of {n} candidates" if kept else
+                f"; CP-SAT skipped: {n} candidates > {settings.max_candidates}" if comp.solver == "heuristic" else "")
         say(f"search {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
             f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s{seen})")
     stats["solve_s"] = comp.wall_s

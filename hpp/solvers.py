@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.composition import (CompositionProblem, SolverSettings, composition_lower_bound_s,
-                                         composition_objective_s, fill_heuristic, greedy_composition,
-                                         lp_lower_bound_pipe_s, pipeline_time_for_counts, solo_objective_s,
-                                         build_composition_model, solve_composition_cpsat)
+from hpp.formulation.composition import (CompositionProblem, SolverSettings, build_composition_model,
+                                         composition_objective_s, pipeline_time_for_counts, solve_composition_cpsat)
+from hpp.formulation.heuristics import fill_heuristic, greedy_composition, solo_objective_s
+from hpp.formulation.lp_bound import composition_lower_bound_s, lp_lower_bound_pipe_s
 from hpp.pruning.rules import exceeds_incumbent
 
 __all__ = ["SolverOptions", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S",

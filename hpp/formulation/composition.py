@@ -19,11 +19,13 @@ CP-SAT model (times in integer microseconds, ``US_PER_S``): variables x_c (copie
 k_c (most micro-batches per copy), h; constraint families: inventory per device
 type and per TP-group size, samples cover G, pipeline time, gradient sync, optimizer
 step; objective T_pipe + T_sync + T_opt. The greedy plan goes in as a hint.
+
+The heuristics that give the incumbent are in :mod:`hpp.formulation.heuristics`, the LP
+bound in :mod:`hpp.formulation.lp_bound`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
@@ -41,8 +43,8 @@ from hpp.formulation.data_balance import least_time_s
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
-           "pipeline_time_for_counts", "greedy_composition", "solve_composition_cpsat", "SolverSettings",
-           "lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds", "build_composition_model", "block_sync_s", "fill_heuristic", "solo_objective_s"]
+           "pipeline_time_for_counts", "solve_composition_cpsat", "SolverSettings", "build_composition_model",
+           "block_sync_s"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,11 @@ class SolverSettings:
     num_workers: int = 0          # CP-SAT workers and candidate processes; 0 = one per usable core
     random_seed: int = 0
     log_search_progress: bool = False
-    max_candidates: int = 200     # above this, CP-SAT sees the best candidates only (bound stays global)
+    max_candidates: int = 200     # above this, CP-SAT could see the best candidates only (bound stays global)
+    # with more candidates than max_candidates, run CP-SAT on the best ones anyway (it can then improve the
+    # plan but not certify it); off by default: on the benchmark's inputs of 8-128 GPUs x 2-4 types it found
+    # no solution at all within its patience (status UNKNOWN) and cost 0.07-0.17 s each (measured)
+    cpsat_on_subset: bool = False
     # stop when no better solution came for this long (None: use the full limit); 0.05 s gives the same plans
     # as 0.1 and 0.03 s on the 14 sweep inputs of 8-128 GPUs x 2-4 types (measured)
     patience_s: float | None = 0.05
@@ -77,6 +83,11 @@ class CompositionProblem:
     _tp_cache: dict = field(default_factory=dict, repr=False)
     #: solo objective per candidate object (id), shared with sub-problems of the same instance
     solo_cache: dict = field(default_factory=dict, repr=False)
+    #: ring all-reduce times by (bytes, holders) (see :meth:`ring_s`), shared likewise (same sync link)
+    ring_cache: dict = field(default_factory=dict, repr=False)
+    #: max_copies and _copy_rows, by candidate index and by (device counts, TP-group counts)
+    _ub_cache: dict = field(default_factory=dict, repr=False)
+    _rows_cache: dict = field(default_factory=dict, repr=False)
 
     @cached_property
     def inventory(self) -> dict[str, int]:
@@ -102,35 +113,73 @@ class CompositionProblem:
         key = (c, h)
         got = self._sync_cache.get(key)
         if got is None:
-            got = self._sync_cache[key] = max(ring_allreduce_s(w, h, self.sync_link)
-                                              for w in self.candidates[c].partition.stage_param_bytes)
+            stage_bytes = self.candidates[c].partition.stage_param_bytes
+            got = self.ring_cache.get((stage_bytes, h))       # candidates share stage gradients
+            if got is None:
+                got = self.ring_cache[stage_bytes, h] = max(self.ring_s(w, h) for w in stage_bytes)
+            self._sync_cache[key] = got
+        return got
+
+    def ring_s(self, num_bytes: float, h: int) -> float:
+        """Ring all-reduce of ``num_bytes`` among ``h`` holders over the sync link [s] (memoised).
+
+        :func:`~hpp.formulation.cost_model.ring_allreduce_s`; candidates share stage gradients of the
+        same size, so the memo answers most calls. (The memo also holds :meth:`sync_s` per tuple of
+        stage bytes.)
+        """
+        key = (num_bytes, h)
+        got = self.ring_cache.get(key)
+        if got is None:
+            got = self.ring_cache[key] = ring_allreduce_s(num_bytes, h, self.sync_link)
         return got
 
     def sync_table_us(self, c: int, max_pipelines: int) -> list[int]:
         """``[sync_s(c, h) in integer microseconds (rounded up) for h = 1 .. max_pipelines]``, vectorised."""
+        return self.sync_tables_us([c], max_pipelines)[0]
+
+    def sync_tables_us(self, cs: Sequence[int], max_pipelines: int) -> list[list[int]]:
+        """:meth:`sync_table_us` of each candidate of ``cs``, vectorised over all their stages at once."""
         h = np.arange(1, max_pipelines + 1, dtype=np.float64)
         link = self.sync_link
-        worst = np.zeros_like(h)
-        for w in self.candidates[c].partition.stage_param_bytes:
-            if w <= 0:
-                continue
+        owner, stage_bytes = [], []           # one row per stage with a gradient
+        for i, c in enumerate(cs):
+            for w in self.candidates[c].partition.stage_param_bytes:
+                if w > 0:
+                    owner.append(i)
+                    stage_bytes.append(w)
+        worst = np.zeros((len(cs), len(h)))
+        if stage_bytes:
+            w = np.array(stage_bytes, dtype=np.float64)[:, None]
             chunk = w / h
-            bw = np.full_like(h, link.max_bytes_per_s)
+            bw = np.full_like(chunk, link.max_bytes_per_s)
             if link.fit_gb_per_s is not None:
                 a, b, cc = link.fit_gb_per_s
                 x = np.log2(np.maximum(chunk, 1.0) / 1e6)
                 fit = (a * x * x + b * x + cc) * 1e9
                 bw = np.where(fit > 0, np.minimum(fit, link.max_bytes_per_s), link.max_bytes_per_s)
             t = 2.0 * (h - 1) / h * w / bw + 2.0 * (h - 1) * link.latency_s
-            worst = np.maximum(worst, t)
-        return [int(v) for v in np.ceil(worst * US_PER_S - 1e-6)]
+            owner = np.array(owner)
+            first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])   # each owner's first row
+            worst[owner[first]] = np.maximum(0.0, np.maximum.reduceat(t, first, axis=0))
+        us = np.ceil(worst * US_PER_S - 1e-6)
+        if not np.isfinite(us).all():
+            return [[int(v) for v in row] for row in us]     # int() raises on them, as it did
+        return us.astype(np.int64).tolist()
 
     def max_copies(self, c: int) -> int:
-        cand = self.candidates[c]
-        inv = self.inventory
-        ub = min(inv.get(t, 0) // n for t, n in cand.devices.items())
-        for (t, s), n in cand.tp_groups.items():
-            ub = min(ub, self.tp_capacity(t, s) // n)
+        """Most copies of candidate ``c`` the inventory and the nodes' TP-group capacity hold alone (memoised)."""
+        ub = self._ub_cache.get(c)
+        if ub is None:
+            cand = self.candidates[c]
+            usage = (tuple(cand.devices.items()), tuple(cand.tp_groups.items()))
+            ub = self._ub_cache.get(usage)    # candidates of the same device and TP-group counts share it
+            if ub is None:
+                inv = self.inventory
+                ub = min(inv.get(t, 0) // n for t, n in cand.devices.items())
+                for (t, s), n in cand.tp_groups.items():
+                    ub = min(ub, self.tp_capacity(t, s) // n)
+                self._ub_cache[usage] = ub
+            self._ub_cache[c] = ub
         return ub
 
     def fits(self, counts: dict[int, int]) -> bool:
@@ -149,6 +198,38 @@ class CompositionProblem:
                 if need > self.tp_capacity(t, s) * s:
                     return False
         return True
+
+    def _copy_rows(self, c: int) -> tuple[tuple, dict, frozenset] | None:
+        """What one copy of candidate ``c`` adds to the rows :meth:`fits` checks (memoised).
+
+        ``(devices, groups, sizes)``: ``devices`` the (type, devices) pairs; ``groups`` maps each
+        (type, TP size > 1) row it adds to, to its devices in groups of that size or larger; ``sizes``
+        the rows of the group sizes it has (the TP rows fits checks once it is used). None when the
+        copy does not fit this bookkeeping (a TP group of a type it has no devices of, a count that is
+        not positive, or no device at all); the callers then use :meth:`fits`.
+        """
+        if c in self._rows_cache:
+            return self._rows_cache[c]
+        cand = self.candidates[c]
+        usage = (tuple(cand.devices.items()), tuple(cand.tp_groups.items()))
+        if usage not in self._rows_cache:      # candidates of the same device and TP-group counts share rows
+            self._rows_cache[usage] = _usage_rows(cand)
+        rows = self._rows_cache[c] = self._rows_cache[usage]
+        return rows
+
+
+def _usage_rows(cand: Candidate) -> tuple[tuple, dict, frozenset] | None:
+    """:meth:`CompositionProblem._copy_rows` of a candidate (computed)."""
+    groups = cand.tp_groups
+    if not (cand.devices and all(n > 0 for n in cand.devices.values()) and all(n > 0 for n in groups.values())
+            and all(t in cand.devices for t, _ in groups)):
+        return None
+    largest: dict[str, int] = {}
+    for t, s in groups:
+        largest[t] = max(largest.get(t, 0), s)
+    coefs = {(t, s): sum(n * g[1] for g, n in groups.items() if g[0] == t and g[1] >= s)
+             for t, top in largest.items() for s in range(2, top + 1)}
+    return tuple(cand.devices.items()), coefs, frozenset(g for g in groups if g[1] > 1)
 
 
 def pipeline_time_for_counts(cands: Sequence[Candidate], counts: dict[int, int], global_batch_size: int) -> float:
@@ -194,132 +275,6 @@ def composition_objective_s(problem: CompositionProblem, counts: dict[int, int])
     t_sync = block_sync_s(problem, list(counts), h)
     t_opt = max(problem.candidates[c].partition.optimizer_s for c in counts)
     return t_pipe + t_sync + t_opt
-
-
-def _fill_in_order(problem: CompositionProblem, counts: dict[int, int], order: Sequence[int]
-                   ) -> tuple[dict[int, int], list[int]]:
-    """Add copies of each candidate of ``order`` in turn while they fit; (counts, copies added in order)."""
-    counts = dict(counts)
-    added: list[int] = []
-    for c in order:
-        while True:
-            counts[c] = counts.get(c, 0) + 1
-            if not problem.fits(counts):
-                counts[c] -= 1
-                if counts[c] == 0:
-                    del counts[c]
-                break
-            added.append(c)
-    return counts, added
-
-
-def greedy_composition(problem: CompositionProblem) -> tuple[dict[int, int], float]:
-    """Fast heuristic (no bound): fill the inventory with the most sample-efficient candidates.
-
-    Orders candidates by samples/s per device (b / tau / devices), adds copies while
-    they fit, records the copies in the order added, and returns the best prefix of
-    that sequence (fewer pipelines cost less gradient sync and fill), evaluated with
-    :func:`composition_objective_s`. Several orders are tried (per micro-batch size
-    and overall); the best wins.
-
-    Returns
-    -------
-    (counts, objective_s)
-    """
-    cands = problem.candidates
-    if not cands:
-        return {}, math.inf
-    best: tuple[dict[int, int], float] = ({}, math.inf)
-    sizes = sorted({c.micro_batch_size for c in cands})
-    for restrict in [None, *sizes]:
-        idx = [i for i, c in enumerate(cands) if restrict is None or c.micro_batch_size == restrict]
-        for key in ("per_device", "per_copy"):
-            if key == "per_device":
-                order = sorted(idx, key=lambda i: -cands[i].micro_batch_size / cands[i].partition.bottleneck_s
-                               / cands[i].num_devices)
-            else:
-                order = sorted(idx, key=lambda i: -cands[i].micro_batch_size / cands[i].partition.bottleneck_s)
-            _, sequence = _fill_in_order(problem, {}, order)
-            if not sequence:
-                continue
-            n = len(sequence)
-            checks = sorted({max(1, int(round(n * f))) for f in (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)}
-                            | set(range(1, min(n, 8) + 1)))
-            for k in checks:
-                pref: dict[int, int] = {}
-                for i in sequence[:k]:
-                    pref[i] = pref.get(i, 0) + 1
-                obj = composition_objective_s(problem, pref)
-                if obj < best[1]:
-                    best = (pref, obj)
-    return best
-
-
-def solo_objective_s(problem: CompositionProblem, c: int) -> float:
-    """Objective of filling the inventory with copies of candidate ``c`` alone [s] (inf if none fit)."""
-    key = id(problem.candidates[c])
-    got = problem.solo_cache.get(key)
-    if got is None:
-        x = problem.max_copies(c)
-        got = composition_objective_s(problem, {c: x}) if x > 0 else math.inf
-        problem.solo_cache[key] = got
-    return got
-
-
-def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict[int, int], float]:
-    """Heuristic (no bound): combine per-device-type fills, top up with mixed pipelines, then trim.
-
-    1. Rank every candidate by :func:`solo_objective_s` (its copies alone, as many as fit).
-    2. For each device type, keep the ``top_k`` single-type candidates; try every combination
-       (one candidate per type, or none) with as many copies as fit.
-    3. Top the best combination up with copies of multi-type candidates that use leftover devices.
-    4. Trim: fewer copies of a candidate when that is faster (less gradient sync / fill).
-
-    Returns
-    -------
-    (counts, objective_s)
-    """
-    cands = problem.candidates
-    if not cands:
-        return {}, math.inf
-    solo = [solo_objective_s(problem, c) for c in range(len(cands))]
-    by_type: dict[str, list[int]] = {}
-    mixed: list[int] = []
-    for c, cand in enumerate(cands):
-        if not math.isfinite(solo[c]):
-            continue
-        if len(cand.devices) == 1:
-            by_type.setdefault(next(iter(cand.devices)), []).append(c)
-        else:
-            mixed.append(c)
-    options = [[None, *sorted(cs, key=solo.__getitem__)[:top_k]] for cs in by_type.values()]
-    mixed.sort(key=solo.__getitem__)
-
-    best: tuple[dict[int, int], float] = ({}, math.inf)
-    for combo in itertools.product(*options):
-        chosen = [c for c in combo if c is not None]
-        counts = {c: problem.max_copies(c) for c in chosen}
-        counts, _ = _fill_in_order(problem, counts, mixed[:top_k])
-        obj = composition_objective_s(problem, counts)
-        if obj < best[1]:
-            best = (counts, obj)
-    counts, obj = best
-    improved = True
-    while improved and counts:
-        improved = False
-        for c in list(counts):
-            for f in (0.5, 0.75, 0.9):
-                trial = dict(counts)
-                trial[c] = int(counts[c] * f)
-                if trial[c] == counts[c]:
-                    continue
-                if trial[c] == 0:
-                    del trial[c]
-                t = composition_objective_s(problem, trial)
-                if t < obj * (1 - 1e-12):
-                    counts, obj, improved = trial, t, True
-                    break
-    return counts, obj
 
 
 @dataclass(frozen=True)
@@ -469,8 +424,9 @@ def build_composition_model(problem: CompositionProblem, *, settings: SolverSett
         p = cands[c].partition
         m.add(t_pipe >= _us(p.fill_s - p.bottleneck_s) + k[c] * _us(p.bottleneck_s)).only_enforce_if(used[c])
     # --- gradient sync: a table over the number of pipelines h per candidate
+    tables = problem.sync_tables_us(range(n), H)
     for c in range(n):
-        table = [0] + problem.sync_table_us(c, H)
+        table = [0] + tables[c]
         sync_c = m.new_int_var(0, max(table), f"sync_{c}")
         m.add_element(h, table, sync_c)
         m.add(t_sync >= sync_c).only_enforce_if(used[c])
@@ -531,175 +487,3 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     gap = 0.0 if name == "OPTIMAL" else ((obj - bound) / obj if math.isfinite(obj) and obj > 0 and bound == bound
                                          else math.nan)
     return CompositionResult(counts, name, obj, bound, max(0.0, gap), wall, n)
-
-
-class _CapacityLP:
-    """LP relaxation of the samples a set of candidates can finish by time T (GLOP, one model reused).
-
-    Columns: candidate c finishes relaxed ``r_c(T) = b_c ((T - phi_c)/tau_c + 1)`` samples per copy
-    for T >= phi_c (0 before). Only the device counts constrain the LP, so a candidate is left
-    out when another with the same device counts has slope ``b/tau``, intercept
-    ``b (1 - phi/tau)`` and fill phi all at least as good (its rate is then >= at every T):
-    this changes no LP value.
-    """
-
-    def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None) -> None:
-        from ortools.linear_solver import pywraplp
-
-        self._pywraplp = pywraplp
-        self.problem = problem
-        # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds)
-        self.cands = columns if columns is not None else _lp_columns([problem.candidates[c] for c in allowed])
-        self.lp = pywraplp.Solver.CreateSolver("GLOP")
-        self.xs = [self.lp.NumVar(0.0, self.lp.infinity(), f"x_{i}") for i in range(len(self.cands))]
-        for t, n in problem.inventory.items():
-            ct = self.lp.Constraint(0.0, float(n))
-            for x, cand in zip(self.xs, self.cands):
-                if t in cand.devices:
-                    ct.SetCoefficient(x, float(cand.devices[t]))
-        self.obj = self.lp.Objective()
-        self.obj.SetMaximization()
-        self.solves = 0
-
-    def _solve(self, T: float) -> tuple[float, list[float]]:
-        """(capacity(T), the fractional copies x) [samples, copies]."""
-        any_rate = False
-        for x, cand in zip(self.xs, self.cands):
-            p = cand.partition
-            rate = cand.micro_batch_size * ((T - p.fill_s) / p.bottleneck_s + 1.0) if T >= p.fill_s else 0.0
-            self.obj.SetCoefficient(x, rate)
-            any_rate |= rate > 0
-        self.solves += 1
-        if not any_rate or self.lp.Solve() != self._pywraplp.Solver.OPTIMAL:
-            return 0.0, []
-        return self.obj.Value(), [x.solution_value() for x in self.xs]
-
-    def capacity(self, T: float) -> float:
-        """max sum_c x_c b_c ((T - phi_c)/tau_c + 1) over fractional copies of the candidates."""
-        return self._solve(T)[0]
-
-    def least_time_s(self, *, iterations: int = 14, rel_tol: float = 1e-7) -> float:
-        """Least T whose relaxed capacity covers G (a lower bound on T_pipe of any plan of these candidates).
-
-        capacity(T) is non-decreasing in T, so any T with capacity(T) < G is a valid lower bound.
-        Newton steps from above: at T_k (capacity >= G) the optimal copies x give a line
-        f(T) = sum x_c r_c(T) <= capacity(T); its root (raised to the largest fill among the
-        copies used, where the line is exact) is a smaller T with capacity >= G. When the steps
-        stop, T (1 - rel_tol) is certified by one more solve (capacity < G); if that fails (the
-        capacity is not convex below some fills), bisection below T as before.
-        """
-        if not self.cands:
-            return math.inf
-        G = self.problem.global_batch_size
-        hi = min(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
-                 for c in self.cands)
-        for _ in range(iterations):
-            cap, xs = self._solve(hi)
-            if cap < G or not xs:
-                break
-            slope = sum(x * c.micro_batch_size / c.partition.bottleneck_s for x, c in zip(xs, self.cands) if x > 0)
-            icpt = sum(x * c.micro_batch_size * (1.0 - c.partition.fill_s / c.partition.bottleneck_s)
-                       for x, c in zip(xs, self.cands) if x > 0)
-            if slope <= 0:
-                break
-            floor = max(c.partition.fill_s for x, c in zip(xs, self.cands) if x > 0)
-            nxt = max((G - icpt) / slope, floor)
-            if nxt >= hi * (1.0 - rel_tol):
-                break
-            hi = nxt
-        lo = hi * (1.0 - rel_tol)
-        if self.capacity(lo) < G:
-            return lo
-        lo = 0.0
-        for _ in range(iterations):
-            mid = 0.5 * (lo + hi)
-            if self.capacity(mid) >= G:
-                hi = mid
-            else:
-                lo = mid
-        return lo
-
-
-def _lp_columns(cands: list, extra: Sequence[float] | None = None) -> list:
-    """The candidates the capacity LP needs (see :class:`_CapacityLP`): per device-count vector, the
-    Pareto front of (slope b/tau high, intercept b (1 - phi/tau) high, fill phi low), and of
-    ``extra[i]`` low when given (a candidate then stays whenever its dominator is filtered out by
-    a threshold on ``extra``)."""
-    groups: dict[tuple, list] = {}
-    for i, c in enumerate(cands):
-        groups.setdefault(tuple(sorted(c.devices.items())), []).append(i)
-    out = []
-    for idx in groups.values():
-        members = [cands[i] for i in idx]
-        if len(members) == 1:
-            out.extend(members)
-            continue
-        f = np.array([[-c.micro_batch_size / c.partition.bottleneck_s,
-                       -c.micro_batch_size * (1.0 - c.partition.fill_s / c.partition.bottleneck_s),
-                       c.partition.fill_s] + ([extra[i]] if extra is not None else []) for i, c in zip(idx, members)])
-        order = np.lexsort(tuple(f[:, k] for k in range(f.shape[1] - 1, -1, -1)))
-        f = f[order]
-        dom = np.all(f[None, :, :] <= f[:, None, :], axis=2)          # dom[i, j]: j as good as i everywhere
-        earlier = np.arange(len(f))[None, :] < np.arange(len(f))[:, None]
-        keep = ~np.any(dom & earlier, axis=1)
-        out.extend(members[k] for k in order[keep])
-    return out
-
-
-def lp_lower_bound_pipe_s(problem: CompositionProblem) -> float:
-    """Lower bound on T_pipe: least T whose LP-relaxed capacity (fractional copies) covers G [s].
-
-    capacity(T) = max sum_c x_c b_c (floor((T - phi_c)/tau_c) + 1) over x >= 0 in the
-    inventory polytope; relaxing the floor to (T - phi_c)/tau_c + 1 keeps it an upper
-    bound of the true capacity, so the least T found is a valid lower bound. Solved with
-    OR-Tools' GLOP LP inside a bisection.
-    """
-    return _CapacityLP(problem, range(len(problem.candidates))).least_time_s()
-
-
-def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int = 4) -> float:
-    """Lower bound on the composition objective T_pipe + T_sync + T_opt [s], sync included.
-
-    The second value of :func:`composition_bounds` (which see).
-    """
-    return composition_bounds(problem, num_classes=num_classes)[1]
-
-
-def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4) -> tuple[float, float]:
-    """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
-
-    The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
-    Sync classes: a plan of h >= 2 pipelines has T_sync >= sync_c(2) for every candidate c it
-    uses (sync grows with h). For thresholds 0 = s_0 < s_1 < ... < s_K = inf, a plan whose sync
-    lies in [s_i, s_{i+1}) uses only candidates with sync_c(2) < s_{i+1}, so its objective is at
-    least s_i + LB_pipe(those candidates) + their least optimizer step. One-pipeline plans
-    (no sync) need at least the fastest single copy's time. The bound is the least over the
-    classes (LB_pipe: :class:`_CapacityLP`). The LP columns are reduced once for all classes,
-    with sync_c(2) as a fourth Pareto criterion, so that a dropped column's dominator is in
-    every class the column is in.
-    """
-    cands = problem.candidates
-    if not cands:
-        return math.inf, math.inf
-    G = problem.global_batch_size
-    single = min(c.partition.fill_s + (-(-G // c.micro_batch_size) - 1) * c.partition.bottleneck_s
-                 + c.partition.optimizer_s for c in cands)
-    s2 = [problem.sync_s(c, 2) for c in range(len(cands))]
-    s2_of = {id(c): s for c, s in zip(cands, s2)}
-    columns = _lp_columns(cands, s2)
-    levels = sorted(set(s2))
-    cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
-    thresholds = [0.0, *cuts]
-    best, pipe_all = single, math.inf
-    for i, lo in enumerate(thresholds):
-        hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
-        allowed = [c for c in range(len(cands)) if s2[c] < hi]
-        if not allowed:
-            continue
-        t_opt = min(cands[c].partition.optimizer_s for c in allowed)
-        cols = [c for c in columns if s2_of[id(c)] < hi]
-        pipe = _CapacityLP(problem, allowed, columns=cols).least_time_s()
-        if hi == math.inf:
-            pipe_all = pipe
-        best = min(best, lo + pipe + t_opt)
-    return pipe_all, best

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 __all__ = ["DataSplit", "balance_data", "least_time_s"]
 
@@ -59,22 +59,91 @@ def least_time_s(groups: Sequence[tuple[float, float, int, int]], global_batch_s
         tau, phi, b, x = groups[0]
         return phi + (-(-G // (x * b)) - 1) * tau
 
-    def cap(T: float) -> int:
-        return sum(x * b * (math.floor((T - phi) / tau + 1e-12) + 1) for tau, phi, b, x in groups if T >= phi)
+    # cap(T) >= G; when every started group adds > 0 samples, the same terms summed in order of fill,
+    # stopping once the answer is known
+    by_fill = None
+    if all(tau > 0 and x * b > 0 and phi == phi for tau, phi, b, x in groups):
+        by_fill = sorted(((phi, tau, x * b) for tau, phi, b, x in groups), key=lambda g: g[0])
 
+        def covers(T: float) -> bool:
+            total = 0
+            for phi, tau, xb in by_fill:
+                if T < phi:
+                    return False       # this and every later group not started
+                total += xb * (math.floor((T - phi) / tau + 1e-12) + 1)
+                if total >= G:
+                    return True
+            return False
+    else:
+        def covers(T: float) -> bool:
+            return sum(x * b * (math.floor((T - phi) / tau + 1e-12) + 1) for tau, phi, b, x in groups
+                       if T >= phi) >= G
+
+    # covers is monotone in T: knowing the least float where it holds, the bisection needs no more calls
+    first = _first_covering(by_fill, G, covers) if by_fill is not None else None
     hi = min(phi + (-(-G // b) - 1) * tau for tau, phi, b, _ in groups)
     lo = 0.0
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         if mid <= lo or mid >= hi:
             break
-        if cap(mid) >= G:
+        if (mid >= first) if first is not None else covers(mid):
             hi = mid
         else:
             lo = mid
     # snap down to the breakpoint actually reached (the slowest pipeline's last micro-batch)
     return max(phi + (min(math.floor((hi - phi) / tau + 1e-12) + 1, -(-G // b)) - 1) * tau
                for tau, phi, b, _ in groups if hi >= phi)
+
+
+def _first_covering(by_fill: list[tuple[float, float, int]], G: int, covers: Callable[[float], bool],
+                    *, max_steps: int = 64) -> float | None:
+    """The least float T with ``covers(T)`` (capacity >= G) [s]; None where it is not found quickly.
+
+    ``by_fill``: (phi, tau > 0, samples per micro-batch x b > 0) per group, by fill. An estimate in
+    real arithmetic (from the root of the capacity's linear lower bound, down the groups' micro-batch
+    starts while the capacity stays >= G) is moved float by float to where ``covers`` turns true;
+    ``covers`` is monotone in T, so the answer is exact: ``covers(T)`` holds and ``covers`` of the
+    next float below does not.
+    """
+    try:
+        # least T with sum over started groups of xb (T - phi) / tau >= G: the capacity exceeds G there
+        slope = offset = 0.0
+        for k, (phi, tau, xb) in enumerate(by_fill):
+            slope += xb / tau
+            offset += xb * phi / tau
+            top = (G + offset) / slope
+            if k + 1 == len(by_fill) or top < by_fill[k + 1][0]:
+                top = max(top, phi)
+                break
+        # micro-batches per group there; take back the latest-starting ones while the rest still cover G
+        count = [math.floor((top - phi) / tau + 1e-12) + 1 if top >= phi else 0 for phi, tau, _ in by_fill]
+        total = sum(xb * m for (_, _, xb), m in zip(by_fill, count))
+        for _ in range(max_steps):
+            starts = [(phi + (m - 1 - 1e-12) * tau if m > 1 else phi) if m > 0 else -math.inf
+                      for (phi, tau, _), m in zip(by_fill, count)]
+            est = max(starts)
+            drop = sum(xb for (_, _, xb), t in zip(by_fill, starts) if t == est)
+            if total - drop < G or not math.isfinite(est):
+                break
+            total -= drop
+            count = [m - 1 if t == est else m for m, t in zip(count, starts)]
+        else:
+            return None
+        T = est
+        for _ in range(max_steps):
+            if not math.isfinite(T):
+                return None
+            if covers(T):
+                below = math.nextafter(T, -math.inf)
+                if not covers(below):
+                    return T
+                T = below
+            else:
+                T = math.nextafter(T, math.inf)
+    except (ArithmeticError, ValueError):
+        pass
+    return None
 
 
 def _time(phi: float, tau: float, m: int) -> float:

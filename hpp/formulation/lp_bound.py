@@ -1,0 +1,227 @@
+"""Lower bounds of the composition: an LP relaxation of the pipelines' capacity (GLOP), with sync classes.
+
+:func:`composition_bounds` gives the planner's bound and gap over all candidates; the
+CP-SAT model takes its pipeline-time part as a redundant constraint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from hpp.formulation.composition import CompositionProblem
+
+__all__ = ["lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds"]
+
+
+class _CapacityLP:
+    """LP relaxation of the samples a set of candidates can finish by time T (GLOP, one model reused).
+
+    Columns: candidate c finishes relaxed ``r_c(T) = b_c ((T - phi_c)/tau_c + 1)`` samples per copy
+    for T >= phi_c (0 before). Only the device counts constrain the LP, so a candidate is left
+    out when another with the same device counts has slope ``b/tau``, intercept
+    ``b (1 - phi/tau)`` and fill phi all at least as good (its rate is then >= at every T):
+    this changes no LP value.
+    """
+
+    def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None) -> None:
+        from ortools.linear_solver import linear_solver_pb2, pywraplp
+
+        self._pywraplp = pywraplp
+        self._response = linear_solver_pb2.MPSolutionResponse
+        self.problem = problem
+        # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds)
+        self.cands = columns if columns is not None else _lp_columns([problem.candidates[c] for c in allowed])
+        self.lp = pywraplp.Solver.CreateSolver("GLOP")
+        num_var, inf = self.lp.NumVar, self.lp.infinity()
+        self.xs = [num_var(0.0, inf, f"x_{i}") for i in range(len(self.cands))]
+        devices = [cand.devices for cand in self.cands]
+        for t, n in problem.inventory.items():
+            set_coefficient = self.lp.Constraint(0.0, float(n)).SetCoefficient
+            for x, dev in zip(self.xs, devices):
+                if t in dev:
+                    set_coefficient(x, float(dev[t]))
+        self.obj = self.lp.Objective()
+        self.obj.SetMaximization()
+        self.solves = 0
+        # (columns,) micro-batch size [samples], fill phi [s], bottleneck tau [s]
+        self._b = np.array([cand.micro_batch_size for cand in self.cands], dtype=np.float64)
+        self._phi = np.array([cand.partition.fill_s for cand in self.cands], dtype=np.float64)
+        self._tau = np.array([cand.partition.bottleneck_s for cand in self.cands], dtype=np.float64)
+        self._rates = np.zeros(len(self.cands))     # (columns,) the objective as last set [samples]
+
+    def _solve(self, T: float, *, copies: bool = True) -> tuple[float, list[float]]:
+        """(capacity(T), the fractional copies x) [samples, copies]; x only when ``copies``.
+
+        The objective coefficients ``b ((T - phi)/tau + 1)`` (0 before the fill) are set column by
+        column, in column order, except a zero over a zero (a no-op for the solver: the same model);
+        the copies are read in one call.
+        """
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = np.where(T >= self._phi, self._b * ((T - self._phi) / self._tau + 1.0), 0.0)
+        changed = np.flatnonzero((rates != 0.0) | (self._rates != 0.0))
+        set_coefficient, xs = self.obj.SetCoefficient, self.xs
+        for i, rate in zip(changed.tolist(), rates[changed].tolist()):
+            set_coefficient(xs[i], rate)
+        self._rates = rates
+        self.solves += 1
+        if not (rates > 0).any() or self.lp.Solve() != self._pywraplp.Solver.OPTIMAL:
+            return 0.0, []
+        if not copies:
+            return self.obj.Value(), []
+        response = self._response()
+        self.lp.FillSolutionResponseProto(response)
+        return self.obj.Value(), list(response.variable_value)
+
+    def capacity(self, T: float) -> float:
+        """max sum_c x_c b_c ((T - phi_c)/tau_c + 1) over fractional copies of the candidates."""
+        return self._solve(T, copies=False)[0]
+
+    def least_time_s(self, *, iterations: int = 14, rel_tol: float = 1e-7) -> float:
+        """Least T whose relaxed capacity covers G (a lower bound on T_pipe of any plan of these candidates).
+
+        capacity(T) is non-decreasing in T, so any T with capacity(T) < G is a valid lower bound.
+        Newton steps from above: at T_k (capacity >= G) the optimal copies x give a line
+        f(T) = sum x_c r_c(T) <= capacity(T); its root (raised to the largest fill among the
+        copies used, where the line is exact) is a smaller T with capacity >= G. When the steps
+        stop, T (1 - rel_tol) is certified by one more solve (capacity < G); if that fails (the
+        capacity is not convex below some fills), bisection below T as before.
+        """
+        if not self.cands:
+            return math.inf
+        G = self.problem.global_batch_size
+        steps = np.array([-(-G // c.micro_batch_size) for c in self.cands], dtype=np.int64)
+        hi = min((self._phi + steps * self._tau).tolist())
+        for _ in range(iterations):
+            cap, xs = self._solve(hi)
+            if cap < G or not xs:
+                break
+            # the copies used (x > 0: a basic solution has few), in column order as the sums were
+            used = [(xs[i], self.cands[i]) for i in np.flatnonzero(np.asarray(xs) > 0).tolist()]
+            slope = sum(x * c.micro_batch_size / c.partition.bottleneck_s for x, c in used)
+            icpt = sum(x * c.micro_batch_size * (1.0 - c.partition.fill_s / c.partition.bottleneck_s) for x, c in used)
+            if slope <= 0:
+                break
+            floor = max(c.partition.fill_s for x, c in used)
+            nxt = max((G - icpt) / slope, floor)
+            if nxt >= hi * (1.0 - rel_tol):
+                break
+            hi = nxt
+        lo = hi * (1.0 - rel_tol)
+        if self.capacity(lo) < G:
+            return lo
+        lo = 0.0
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            if self.capacity(mid) >= G:
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+
+def _lp_columns(cands: list, extra: Sequence[float] | None = None) -> list:
+    """The candidates the capacity LP needs (see :class:`_CapacityLP`): per device-count vector, the
+    Pareto front of (slope b/tau high, intercept b (1 - phi/tau) high, fill phi low), and of
+    ``extra[i]`` low when given (a candidate then stays whenever its dominator is filtered out by
+    a threshold on ``extra``)."""
+    return [cands[k] for k in _lp_column_indices(cands, extra).tolist()]
+
+
+def _lp_column_indices(cands: list, extra: Sequence[float] | None = None) -> np.ndarray:
+    """:func:`_lp_columns` as indices into ``cands``, in the same order."""
+    if not cands:
+        return np.zeros(0, dtype=np.int64)
+    groups: dict[tuple, int] = {}     # device-count vector -> group, numbered in order of first appearance
+    seen: dict[tuple, int] = {}       # the same, keyed by the devices in their dict order
+    group = []
+    for c in cands:
+        key = tuple(c.devices.items())
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = groups.setdefault(tuple(sorted(key)), len(groups))
+        group.append(got)
+    group = np.array(group)
+    b = np.array([c.micro_batch_size for c in cands], dtype=np.float64)
+    tau = np.array([c.partition.bottleneck_s for c in cands], dtype=np.float64)
+    phi = np.array([c.partition.fill_s for c in cands], dtype=np.float64)
+    crit = [-b / tau, -b * (1.0 - phi / tau), phi]
+    if extra is not None:
+        crit.append(np.asarray(extra, dtype=np.float64))
+    # by group, then lexicographically by the criteria (stable: ties in candidate order)
+    order = np.lexsort((*reversed(crit), group))
+    f = np.stack(crit, axis=1)[order]
+    g = group[order]
+    n = len(cands)
+    start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])       # first position of each group
+    first = np.repeat(start, np.diff(np.r_[start, n]))         # its group's first position, per position
+    earlier = np.arange(n) - first                             # members sorted before it in its group
+    i = np.repeat(np.arange(n), earlier)
+    j = np.arange(len(i)) - np.repeat(np.cumsum(earlier) - earlier, earlier) + first[i]
+    dominated = np.zeros(n, dtype=bool)
+    dominated[i[np.all(f[j] <= f[i], axis=1)]] = True          # an earlier member as good everywhere
+    return order[~dominated]
+
+
+def lp_lower_bound_pipe_s(problem: CompositionProblem) -> float:
+    """Lower bound on T_pipe: least T whose LP-relaxed capacity (fractional copies) covers G [s].
+
+    capacity(T) = max sum_c x_c b_c (floor((T - phi_c)/tau_c) + 1) over x >= 0 in the
+    inventory polytope; relaxing the floor to (T - phi_c)/tau_c + 1 keeps it an upper
+    bound of the true capacity, so the least T found is a valid lower bound. Solved with
+    OR-Tools' GLOP LP inside a bisection.
+    """
+    return _CapacityLP(problem, range(len(problem.candidates))).least_time_s()
+
+
+def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int = 4) -> float:
+    """Lower bound on the composition objective T_pipe + T_sync + T_opt [s], sync included.
+
+    The second value of :func:`composition_bounds` (which see).
+    """
+    return composition_bounds(problem, num_classes=num_classes)[1]
+
+
+def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4) -> tuple[float, float]:
+    """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
+
+    The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
+    Sync classes: a plan of h >= 2 pipelines has T_sync >= sync_c(2) for every candidate c it
+    uses (sync grows with h). For thresholds 0 = s_0 < s_1 < ... < s_K = inf, a plan whose sync
+    lies in [s_i, s_{i+1}) uses only candidates with sync_c(2) < s_{i+1}, so its objective is at
+    least s_i + LB_pipe(those candidates) + their least optimizer step. One-pipeline plans
+    (no sync) need at least the fastest single copy's time. The bound is the least over the
+    classes (LB_pipe: :class:`_CapacityLP`). The LP columns are reduced once for all classes,
+    with sync_c(2) as a fourth Pareto criterion, so that a dropped column's dominator is in
+    every class the column is in.
+    """
+    cands = problem.candidates
+    if not cands:
+        return math.inf, math.inf
+    G = problem.global_batch_size
+    fill = np.array([c.partition.fill_s for c in cands])
+    tau = np.array([c.partition.bottleneck_s for c in cands])
+    opt = np.array([c.partition.optimizer_s for c in cands])
+    steps = np.array([-(-G // c.micro_batch_size) - 1 for c in cands], dtype=np.int64)
+    single = min((fill + steps * tau + opt).tolist())
+    s2 = [problem.sync_s(c, 2) for c in range(len(cands))]
+    s2_arr = np.array(s2)
+    columns = _lp_column_indices(cands, s2)
+    levels = sorted(set(s2))
+    cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
+    thresholds = [0.0, *cuts]
+    best, pipe_all = single, math.inf
+    for i, lo in enumerate(thresholds):
+        hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
+        allowed = np.flatnonzero(s2_arr < hi)
+        if not len(allowed):
+            continue
+        t_opt = min(opt[allowed].tolist())
+        cols = [cands[c] for c in columns[s2_arr[columns] < hi].tolist()]
+        pipe = _CapacityLP(problem, allowed.tolist(), columns=cols).least_time_s()
+        if hi == math.inf:
+            pipe_all = pipe
+        best = min(best, lo + pipe + t_opt)
+    return pipe_all, best

@@ -1,0 +1,111 @@
+"""The composition's fast paths equal their plain definitions (same floats, same copies), and CP-SAT's skip."""
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hpp.formulation import heuristics as comp
+from hpp.formulation.composition import SolverSettings, composition_objective_s
+from hpp.formulation.heuristics import solo_objective_s
+from hpp.formulation.data_balance import least_time_s
+from hpp.planner import make_problem, plan_hpp
+from hpp.profiles.bundled import load_bundled_profile
+from hpp.scenarios import get_scenario
+
+
+def _plain_least_time_s(groups, G):
+    """The bisection on the capacity as first written (no early stop, no first-covering search)."""
+    if len(groups) == 1:
+        tau, phi, b, x = groups[0]
+        return phi + (-(-G // (x * b)) - 1) * tau
+
+    def cap(T):
+        return sum(x * b * (math.floor((T - phi) / tau + 1e-12) + 1) for tau, phi, b, x in groups if T >= phi)
+
+    hi = min(phi + (-(-G // b) - 1) * tau for tau, phi, b, _ in groups)
+    lo = 0.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if cap(mid) >= G:
+            hi = mid
+        else:
+            lo = mid
+    return max(phi + (min(math.floor((hi - phi) / tau + 1e-12) + 1, -(-G // b)) - 1) * tau
+               for tau, phi, b, _ in groups if hi >= phi)
+
+
+group = st.tuples(st.floats(1e-4, 2.0), st.floats(0.0, 5.0), st.sampled_from([1, 2, 4, 8]), st.integers(1, 16))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(group, min_size=2, max_size=6), st.integers(1, 4096))
+def test_least_time_equals_the_plain_bisection(groups, G):
+    assert least_time_s(groups, G) == _plain_least_time_s(groups, G)
+
+
+def test_least_time_equals_the_plain_bisection_on_ties():
+    # equal fills and bottlenecks (many breakpoints at one time), and grid values
+    for groups in ([(0.1, 0.5, 2, 3), (0.1, 0.5, 2, 3)], [(0.25, 1.0, 4, 1), (0.5, 0.75, 2, 2), (0.125, 1.0, 1, 8)],
+                   [(0.3, 0.3, 1, 1)] * 5):
+        for G in (1, 7, 64, 1000, 1024):
+            assert least_time_s(groups, G) == _plain_least_time_s(groups, G)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    sc = get_scenario("opt350-a100x8-v100x8")
+    return make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=1)[0]
+
+
+def test_fill_in_order_equals_one_copy_at_a_time(problem):
+    rng = random.Random(0)
+    n = len(problem.candidates)
+    for _ in range(300):
+        order = rng.sample(range(n), rng.randint(1, 12))
+        start = {c: rng.randint(1, 2) for c in rng.sample(range(n), rng.randint(0, 2))}
+        if start and not problem.fits(start):
+            start = {}
+        fast = comp._fill_in_order(problem, dict(start), order)
+        plain = comp._fill_by_fits(problem, dict(start), order, [])
+        assert fast == plain
+
+
+def test_solo_objective_equals_the_general_objective(problem):
+    for c in range(0, len(problem.candidates), 7):
+        x = problem.max_copies(c)
+        want = composition_objective_s(problem, {c: x}) if x > 0 else math.inf
+        assert solo_objective_s(problem, c) == want
+
+
+def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
+    sc = get_scenario("opt350-a100x8-v100x8")
+    cl, prof = sc.cluster(), load_bundled_profile(sc.model)
+    skip = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
+    run = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, cpsat_on_subset=True))
+    assert skip.stats["num_candidates"] > 200
+    assert skip.stats["cpsat_candidates"] == 0 and skip.composition.solver == "heuristic"
+    assert skip.composition.wall_s == 0.0
+    assert 0 < run.stats["cpsat_candidates"] <= 200 and run.composition.solver == "cp-sat"
+    # CP-SAT on a subset cannot certify: both report the LP bound over all candidates
+    assert skip.composition.bound_s == run.composition.bound_s
+    assert run.composition.objective_s <= skip.composition.objective_s
+    assert skip.composition.status in ("OPTIMAL", "FEASIBLE")
+    # below the limit CP-SAT runs as before
+    small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=10**6,
+                                                                              max_time_in_seconds=2.0))
+    assert small.composition.solver == "cp-sat" and "cpsat_candidates" not in small.stats
+
+
+def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
+    from hpp.cli import main
+    assert main(["plan", "--no-baselines", "--workers", "1"]) == 0
+    out = capsys.readouterr()
+    assert "solver heuristic" in out.out and "more than 200: CP-SAT skipped, the LP bound covers all" in out.out
+    assert "CP-SAT skipped:" in out.err
+    assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
+    out = capsys.readouterr()
+    assert "solver cp-sat" in out.out and "(CP-SAT saw the best" in out.out
