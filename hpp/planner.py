@@ -253,7 +253,7 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                 say(f"incumbent bound pruned {stats['pruned_incumbent']} candidates ({len(keep)} left)")
             problem, hint = _subproblem(problem, keep, hint)
         t2 = time.perf_counter()
-        lb, comp_lb = composition_bounds(problem)
+        lb, comp_lb = composition_bounds(problem, workers=settings.num_workers)
         global_bound = max(lb + min(c.partition.optimizer_s for c in problem.candidates), comp_lb)
         stats["bound_s"] = time.perf_counter() - t2
         n, kept = len(problem.candidates), None

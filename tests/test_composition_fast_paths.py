@@ -109,3 +109,17 @@ def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
     assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
     out = capsys.readouterr()
     assert "solver cp-sat" in out.out and "(CP-SAT saw the best" in out.out
+
+
+def test_bound_classes_in_two_processes_equal_one(monkeypatch):
+    from hpp.formulation import lp_bound
+    sc = get_scenario("opt350-3types-40")
+    problem = make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=1)[0]
+    one = lp_bound.composition_bounds(problem, workers=1)
+    monkeypatch.setattr(lp_bound, "PARALLEL_MIN_COLUMNS", 0)
+    calls = []
+    real = lp_bound._pipes
+    monkeypatch.setattr(lp_bound, "_pipes", lambda pr, classes: calls.append(len(classes)) or real(pr, classes))
+    two = lp_bound.composition_bounds(problem, workers=2)
+    assert two == one and math.isfinite(one[1])
+    assert len(calls) == 1 and calls[0] < 5       # this process solved only its share of the classes

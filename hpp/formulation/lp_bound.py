@@ -7,10 +7,12 @@ CP-SAT model takes its pipeline-time part as a redundant constraint.
 from __future__ import annotations
 
 import math
+import multiprocessing
 from typing import Sequence
 
 import numpy as np
 
+from hpp.formulation.candidates import usable_cores
 from hpp.formulation.composition import CompositionProblem
 
 __all__ = ["lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds"]
@@ -184,7 +186,8 @@ def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int =
     return composition_bounds(problem, num_classes=num_classes)[1]
 
 
-def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4) -> tuple[float, float]:
+def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, workers: int = 1
+                       ) -> tuple[float, float]:
     """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
 
     The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
@@ -195,7 +198,8 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4) -> 
     (no sync) need at least the fastest single copy's time. The bound is the least over the
     classes (LB_pipe: :class:`_CapacityLP`). The LP columns are reduced once for all classes,
     with sync_c(2) as a fourth Pareto criterion, so that a dropped column's dominator is in
-    every class the column is in.
+    every class the column is in. ``workers``: processes for the class LPs (0: one per core;
+    see :func:`_class_pipes`; the values do not depend on it).
     """
     cands = problem.candidates
     if not cands:
@@ -212,16 +216,68 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4) -> 
     levels = sorted(set(s2))
     cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
     thresholds = [0.0, *cuts]
-    best, pipe_all = single, math.inf
+    classes = []                       # (lo, hi, least optimizer step, allowed candidates, LP columns)
     for i, lo in enumerate(thresholds):
         hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
         allowed = np.flatnonzero(s2_arr < hi)
-        if not len(allowed):
-            continue
-        t_opt = min(opt[allowed].tolist())
-        cols = [cands[c] for c in columns[s2_arr[columns] < hi].tolist()]
-        pipe = _CapacityLP(problem, allowed.tolist(), columns=cols).least_time_s()
+        if len(allowed):
+            classes.append((lo, hi, min(opt[allowed].tolist()), allowed.tolist(),
+                            [cands[c] for c in columns[s2_arr[columns] < hi].tolist()]))
+    best, pipe_all = single, math.inf
+    for (lo, hi, t_opt, _, _), pipe in zip(classes, _class_pipes(problem, classes, workers)):
         if hi == math.inf:
             pipe_all = pipe
         best = min(best, lo + pipe + t_opt)
     return pipe_all, best
+
+
+#: LP columns (summed over the sync classes) from which the classes are solved in two processes
+PARALLEL_MIN_COLUMNS = 1500
+
+
+def _pipes(problem: CompositionProblem, classes: list) -> list[float]:
+    return [_CapacityLP(problem, allowed, columns=cols).least_time_s() for _, _, _, allowed, cols in classes]
+
+
+def _class_pipes(problem: CompositionProblem, classes: list, workers: int) -> list[float]:
+    """LB_pipe of each sync class; with ``workers`` > 1 and at least :data:`PARALLEL_MIN_COLUMNS`
+    columns, the classes are split (by column count) between this process and one forked child.
+    The LPs and their solver are the same either way, so are the values (GLOP is deterministic)."""
+    n = usable_cores() if workers == 0 else workers
+    if n < 2 or len(classes) < 2 or sum(len(c[4]) for c in classes) < PARALLEL_MIN_COLUMNS \
+            or "fork" not in multiprocessing.get_all_start_methods():
+        return _pipes(problem, classes)
+    load, mine, theirs = [0, 0], [], []
+    for k in sorted(range(len(classes)), key=lambda k: -len(classes[k][4])):
+        j = 0 if load[0] <= load[1] else 1
+        load[j] += len(classes[k][4])
+        (mine if j == 0 else theirs).append(k)
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, problem, [classes[k] for k in theirs]), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        out = dict(zip(mine, _pipes(problem, [classes[k] for k in mine])))
+    except BaseException:
+        proc.terminate()
+        proc.join()
+        raise
+    try:
+        kind, got = recv.recv()
+    except EOFError:                 # the child died: solve its classes here
+        kind, got = "ok", _pipes(problem, [classes[k] for k in theirs])
+    proc.join()
+    if kind == "error":
+        raise got
+    out.update(zip(theirs, got))
+    return [out[k] for k in range(len(classes))]
+
+
+def _child(conn, problem: CompositionProblem, classes: list) -> None:     # pragma: no cover (child process)
+    try:
+        conn.send(("ok", _pipes(problem, classes)))
+    except BaseException as exc:      # noqa: BLE001 - sent to the parent, which re-raises it
+        conn.send(("error", exc))
+    finally:
+        conn.close()

@@ -232,17 +232,21 @@ def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], 
         if prune_dead_suffixes and d > 1:
             dead[ids] = dead[trie.parent[ids]] | ~np.isfinite(RB[trie.parent[ids]]).any(axis=1)
             ids = ids[~dead[ids]]
+        # the band: a suffix of d stages starts at u <= L - d, its first stage ends at 1 <= v <= L - d + 1
+        # (rows outside stay inf; the first-index argmin of a row with a finite entry lies inside)
+        w = L - d + 1
+        Cb, Ub, P2b = C[:, :w, 1:w + 1], U[:, :w, 1:w + 1], P2[:, 1:w + 1]
         for chunk in _chunks(ids):
             par, m = trie.parent[chunk], trie.cost_of[chunk]
-            Cm = C[m]
-            RB[chunk] = np.maximum(Cm, RB[par][:, None, :]).min(axis=2)
-            bott = np.maximum(Cm, FB[par][:, None, :])
-            total = Cm + P2[m][:, None, :] + FS[par][:, None, :]
+            Cm = Cb[m]
+            RB[chunk, :w] = np.maximum(Cm, RB[par, 1:w + 1][:, None, :]).min(axis=2)
+            bott = np.maximum(Cm, FB[par, 1:w + 1][:, None, :])
+            total = Cm + P2b[m][:, None, :] + FS[par, 1:w + 1][:, None, :]
             best = total.min(axis=2)
             tie = total <= best[:, :, None] * (1.0 + _REL_TIE)
             v = np.where(tie, bott, np.inf).argmin(axis=2)
-            FB[chunk], FS[chunk], FV[chunk], FF[chunk] = _take_last(bott, v), _take_last(total, v), v, \
-                _take_last(U[m], v)
+            FB[chunk, :w], FS[chunk, :w], FV[chunk, :w], FF[chunk, :w] = _take_last(bott, v), \
+                _take_last(total, v), v + 1, _take_last(Ub[m], v)
 
     node = trie.pair_node
     S = trie.level[node]
