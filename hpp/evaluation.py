@@ -167,7 +167,8 @@ def results_markdown(results: Path) -> str:
                 "target (issue 4 of this project): HPP at least 56x faster at 32 and 64 GPUs with a plan at "
                 "least as fast. The public Metis planner takes about 1-2 s (16 GPUs, 2 types), 10-20 s (32, 2) "
                 "and 35-40 s (32, 3) on such a machine (fidelity lines below). HPP uses both cores for its "
-                "candidates and CP-SAT; the references run in one process, as Metis does. The target lines use "
+                "candidates and its LP bound (CP-SAT is skipped above 200 candidates, i.e. on every input here "
+                "from 8 GPUs up); the references run in one process, as Metis does. The target lines use "
                 "`metis`; the last line counts the same 56x check against `single-shape`. The benchmark's "
                 "own summary also prints each ablation (HPP with one pruning rule or the memo off: search s / "
                 "predicted s/iter).", "",
