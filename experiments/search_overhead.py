@@ -3,7 +3,9 @@
     python experiments/search_overhead.py --quick          # < 2 minutes on 2 cores
     python experiments/search_overhead.py                  # the full sweep (8 .. 1024 GPUs, 2-4 types)
 
-Writes experiments/results/search_overhead.csv and .png and prints the summary table.
+Writes experiments/results/search_overhead.csv and .png (with --quick: search_overhead_quick.csv
+and .png, so that the full sweep's files, which the README's table reads, stay) and prints the
+summary table.
 Rows already measured stay in the CSV if the run is interrupted (Ctrl-C).
 """
 
@@ -52,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--metis-up-to", type=int, help="run Metis's search only up to this many GPUs")
     ap.add_argument("--ablate-up-to", type=int, help="run the ablations only up to this many GPUs")
     ap.add_argument("--single-shape-up-to", type=int, help="run the single-shape enumeration only up to this many GPUs")
-    ap.add_argument("--out", type=Path, default=RESULTS / "search_overhead.csv")
+    ap.add_argument("--out", type=Path, help="CSV to write, the PNG beside it (default: results/search_overhead.csv; "
+                                              "with --quick results/search_overhead_quick.csv, so that a quick run "
+                                              "leaves the full sweep's files alone)")
     ap.add_argument("--append", action="store_true", help="keep the rows already in --out and skip their inputs")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -76,7 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("--single-shape-budget", budget, budget > 0 and math.isfinite(budget), "give finite seconds > 0"),
         ("--metis-budget", metis_budget, metis_budget > 0 and math.isfinite(metis_budget), "give finite seconds > 0"),
         ("--single-shape-permute-len", permute, permute is None or permute >= 1,
-         "give an integer >= 1 (Metis uses 4)")] if not ok]
+         "give an integer >= 1 (Metis uses 4)"),
+        ("--metis-up-to", metis_up_to, metis_up_to >= 0, "give a GPU count >= 0 (0: no Metis search)"),
+        ("--ablate-up-to", ablate_up_to, ablate_up_to >= 0, "give a GPU count >= 0 (0: no ablations)"),
+        ("--single-shape-up-to", single_up_to, single_up_to >= 0,
+         "give a GPU count >= 0 (0: no single-shape search)")] if not ok]
+    if args.out is None:
+        args.out = RESULTS / ("search_overhead_quick.csv" if args.quick else "search_overhead.csv")
     if bad:
         flag, value, fix = bad[0]
         print(f"search_overhead: error: field '{flag}': {value:g} is out of range. Fix: {fix}", file=sys.stderr)

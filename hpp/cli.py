@@ -63,8 +63,8 @@ def _mem_unit(capacity_bytes: float) -> tuple[float, str]:
     return (2**30, "GiB") if capacity_bytes >= 2**30 else (2**20, "MiB")
 
 
-def _print_estimate(est, plan, out=sys.stdout) -> None:
-    w = out.write
+def _print_estimate(est, plan, out=None) -> None:
+    w = (out or sys.stdout).write          # sys.stdout at call time (it may be replaced after import)
     unit, uname = _mem_unit(min(s.capacity_bytes for p in est.pipelines for s in p.stages))
     w(f"{'pipe':>4} {'stage':>5} {'device':>12} {'tp':>2} {'layers':>9} {'rec':>4} {'mb':>3} {'#mb':>4} "
       f"{'fwd+bwd ms':>10} {'p2p ms':>7} {'bubble s':>8} {'sync s':>7} {'memory / capacity':>17}\n")
@@ -109,6 +109,9 @@ def _check_plan_args(args) -> None:
             raise HppInputError(f"{flag} {value}", field=flag, fix=f"give an integer >= {minimum}")
     if not args.time_limit > 0:
         raise HppInputError(f"--time-limit {args.time_limit}", field="--time-limit", fix="give a positive number of seconds")
+    if not args.baseline_time_limit > 0:
+        raise HppInputError(f"--baseline-time-limit {args.baseline_time_limit}", field="--baseline-time-limit",
+                            fix="give a positive number of seconds (--no-baselines skips the baselines)")
     if args.micro_batch_sizes is not None and (not args.micro_batch_sizes or min(args.micro_batch_sizes) < 1):
         raise HppInputError(f"--micro-batch-sizes {args.micro_batch_sizes}", field="--micro-batch-sizes",
                             fix="give positive integers, e.g. 1,2,4")
@@ -160,6 +163,8 @@ def cmd_plan(args) -> int:
     check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
+    if not args.no_baselines and progress:
+        progress(f"baselines: uniform, and single-shape (capped at {args.baseline_time_limit:g} s)")
     baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space,
                                                                  time_budget_s=args.baseline_time_limit)
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
@@ -193,10 +198,19 @@ def cmd_plan(args) -> int:
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
     _print_estimate(res.estimate, plan)
     seen = res.stats.get("cpsat_candidates")
+    if seen == 0:
+        how = f" (more than {settings.max_candidates}: CP-SAT skipped, the LP bound covers all)"
+    elif seen is not None and seen < comp.num_candidates:
+        how = f" (CP-SAT saw the best {seen}; the bound covers all)"
+    else:
+        how = ""
+    if comp.solver == "cp-sat" and res.stats.get("plan_from") == "heuristic":
+        how += "; the plan is the heuristic incumbent (CP-SAT found none better)"
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s, "
-          f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates"
-          + (f" (CP-SAT saw the best {seen}; the bound covers all)" if seen else
-             f" (more than {settings.max_candidates}: CP-SAT skipped, the LP bound covers all)" if seen == 0 else ""))
+          f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates{how}")
+    if res.stats.get("seeded_from"):
+        print(f"plan returned: the {res.stats['seeded_from']} baseline's, which the cost model prices below the "
+              f"search's ({comp.objective_s:.3f} s objective); the objective, bound and gap above are the search's")
     for k, b in baselines.items():
         if b.feasible:
             print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter ({b.description}); HPP speedup "

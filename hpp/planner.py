@@ -263,6 +263,7 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             stats["cpsat_candidates"] = 0
         else:
             sub, sub_hint = problem, hint
+            stats["cpsat_candidates"] = n
             if n > settings.max_candidates:
                 kept = _best_candidates(problem, hint, settings.max_candidates)
                 sub, sub_hint = _subproblem(problem, kept, hint)
@@ -276,8 +277,10 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         counts, obj = comp.counts, comp.objective_s
         if kept is not None:
             counts = {kept[c]: x for c, x in counts.items()}
-        if not counts or obj > hint_obj * (1 + 1e-9):
+        stats["plan_from"] = "cp-sat" if comp.solver == "cp-sat" else "heuristic"
+        if not counts or obj > hint_obj * (1 + 1e-9) or counts == hint:
             counts, obj = hint, hint_obj          # the incumbent is a feasible solution of the same model
+            stats["plan_from"] = "heuristic"
         # CP-SAT's bound holds for the candidates it saw and for its relaxed sync (one bucket per stage):
         # the gap is always the exact objective against the best valid bound
         bound = global_bound if kept is not None or comp.bound_s != comp.bound_s else max(comp.bound_s, global_bound)

@@ -97,7 +97,8 @@ def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
     # below the limit CP-SAT runs as before
     small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=10**6,
                                                                               max_time_in_seconds=2.0))
-    assert small.composition.solver == "cp-sat" and "cpsat_candidates" not in small.stats
+    assert small.composition.solver == "cp-sat" and small.stats["cpsat_candidates"] == small.stats["num_candidates"]
+    assert small.stats["plan_from"] in ("cp-sat", "heuristic")
 
 
 def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
@@ -109,6 +110,24 @@ def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
     assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
     out = capsys.readouterr()
     assert "solver cp-sat" in out.out and "(CP-SAT saw the best" in out.out
+    assert "the plan is the heuristic incumbent (CP-SAT found none better)" in out.out
+
+
+def test_plan_cli_says_when_a_baseline_plan_is_returned(capsys):
+    from hpp.cli import main
+    assert main(["plan", "--scenario", "llama8-3types-40", "--workers", "1"]) == 0
+    out = capsys.readouterr()
+    assert "plan returned: the single-shape baseline's" in out.out
+    assert "[hpp plan] baselines: uniform, and single-shape (capped at 30 s)" in out.err
+
+
+@pytest.mark.parametrize("flag", ["0", "-1"])
+def test_plan_cli_refuses_a_baseline_time_limit_that_is_not_positive(capsys, flag):
+    from hpp.cli import main
+    assert main(["plan", "--baseline-time-limit", flag]) == 2
+    err = capsys.readouterr().err
+    assert f"field '--baseline-time-limit': --baseline-time-limit {float(flag)}" in err
+    assert "Fix: give a positive number of seconds (--no-baselines skips the baselines)" in err
 
 
 def test_bound_classes_in_two_processes_equal_one(monkeypatch):

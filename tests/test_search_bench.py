@@ -124,6 +124,9 @@ def test_missing_out_folder_and_bad_numbers_stop_before_measuring(monkeypatch, c
     for flag, value in [("--single-shape-permute-len", "0"), ("--metis-budget", "nan"), ("--time-limit", "0")]:
         assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", flag, value]) == 2
         assert f"field '{flag}'" in capsys.readouterr().err
+    for flag in ("--metis-up-to", "--ablate-up-to", "--single-shape-up-to"):
+        assert mod.main(["--sizes", "8", "--types", "2", "--scenarios", "", flag, "-1"]) == 2
+        assert f"field '{flag}': -1 is out of range. Fix: give a GPU count >= 0 (0: no " in capsys.readouterr().err
     assert measured == []
     with pytest.raises(SystemExit):
         mod.main(["--sizes", "1,x"])
@@ -158,3 +161,14 @@ def test_measure_point_runs_every_method_on_one_input():
     # HPP's plan is never slower than the references' on this input, with or without the memo
     assert by["hpp"].iteration_time_s <= min(ref.iteration_time_s, by["single-shape"].iteration_time_s) * (1 + 1e-9)
     assert by["hpp-no-memoise"].iteration_time_s == pytest.approx(by["hpp"].iteration_time_s)
+
+
+def test_quick_writes_its_own_files_by_default(monkeypatch, capsys):
+    mod = _script()
+    written = []
+    monkeypatch.setattr(mod, "measure_point", lambda *a, **k: [])
+    monkeypatch.setattr(mod, "write_csv", lambda rows, path: written.append(path))
+    monkeypatch.setattr(mod, "plot_rows", lambda rows, path: written.append(path))
+    assert mod.main(["--quick", "--sizes", "8", "--ablate-up-to", "0"]) == 0
+    assert [p.name for p in written] == ["search_overhead_quick.png"]
+    assert "search_overhead_quick.csv" in capsys.readouterr().out

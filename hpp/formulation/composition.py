@@ -54,19 +54,40 @@ _PER_COPY_MAX_VARS = 3000   # "auto": per-copy variables while sum of copy bound
 
 @dataclass(frozen=True)
 class SolverSettings:
-    """CP-SAT parameters, explicit (STYLE.md rule 5)."""
+    """How the planner's composition step runs CP-SAT (all parameters explicit).
+
+    Attributes
+    ----------
+    max_time_in_seconds : float
+        CP-SAT's time limit [s] (what is left of it after the LP bound).
+    num_workers : int
+        CP-SAT workers, and processes for the stage balance and the LP bound; 0 = one per usable core.
+    random_seed : int
+    log_search_progress : bool
+        CP-SAT's own log on stderr.
+    max_candidates : int
+        CP-SAT runs when there are at most this many candidates (it then sees them all and can prove
+        optimality). With more it could see only the best of them (chosen per device-type set) and
+        could not certify the plan: it is skipped, and the heuristic incumbent with the LP bound over
+        all candidates decides, unless ``cpsat_on_subset``.
+    cpsat_on_subset : bool
+        Run CP-SAT on the best ``max_candidates`` candidates even when there are more (it may improve
+        the plan, never certify it). Off by default: on the benchmark's 32- and 64-GPU inputs of 2-4
+        types, given the best 13 to 200 candidates, it found no solution at all within its patience
+        (status UNKNOWN) and cost 0.07-0.17 s per search (measured).
+    patience_s : float or None
+        Stop CP-SAT when no better solution came for this long [s] (None: use the full limit); 0.05 s
+        gave the same plans as 0.1 and 0.03 s on 14 sweep inputs of 8-128 GPUs x 2-4 types (measured).
+    formulation : str
+        ``"per-copy"`` (linear), ``"product"`` (x_c * k_c), or ``"auto"`` (per-copy when small).
+    """
 
     max_time_in_seconds: float = 10.0
-    num_workers: int = 0          # CP-SAT workers and candidate processes; 0 = one per usable core
+    num_workers: int = 0
     random_seed: int = 0
     log_search_progress: bool = False
-    max_candidates: int = 200     # above this, CP-SAT could see the best candidates only (bound stays global)
-    # with more candidates than max_candidates, run CP-SAT on the best ones anyway (it can then improve the
-    # plan but not certify it); off by default: on the benchmark's inputs of 8-128 GPUs x 2-4 types it found
-    # no solution at all within its patience (status UNKNOWN) and cost 0.07-0.17 s each (measured)
+    max_candidates: int = 200
     cpsat_on_subset: bool = False
-    # stop when no better solution came for this long (None: use the full limit); 0.05 s gives the same plans
-    # as 0.1 and 0.03 s on the 14 sweep inputs of 8-128 GPUs x 2-4 types (measured)
     patience_s: float | None = 0.05
     formulation: str = "auto"     # "per-copy" (linear), "product" (x_c * k_c), or "auto" (per-copy when small)
 
@@ -288,11 +309,17 @@ class CompositionResult:
     status : str
         ``OPTIMAL``, ``FEASIBLE``, ``INFEASIBLE``, ``UNKNOWN`` or ``HEURISTIC``.
     objective_s, bound_s : float
-        Objective of ``counts`` and the solver's proven lower bound [s].
+        Objective of ``counts`` and a proven lower bound [s] (in the planner's result: the best of
+        CP-SAT's and the LP bound over all candidates).
     gap : float
         (objective - bound) / objective; 0 when proven optimal; nan without a bound.
     wall_s : float
+        CP-SAT's time (model and solve) [s]; 0 when it was skipped.
     num_candidates : int
+    solver : str
+        ``"cp-sat"`` (it ran; ``PlannerResult.stats["plan_from"]`` says whether its solution or the
+        heuristic incumbent is the plan), ``"heuristic"`` (CP-SAT skipped above ``max_candidates``:
+        incumbent plus LP bound) or ``"greedy"`` (the ``greedy`` solver: no bound, status ``HEURISTIC``).
     """
 
     counts: dict
