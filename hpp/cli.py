@@ -133,7 +133,12 @@ def _inputs_from_args(args) -> tuple[Any, Any, int, str]:
             raise HppInputError("give --profile or --model, not both", field="--model",
                                 fix="--profile FILE for your own profile, --model NAME for a bundled one")
         # the profile first: an unknown --model is named as such, whatever the cluster
-        profile = load_profile(args.profile) if args.profile else load_bundled_profile(args.model or "OPT-350")
+        try:
+            profile = load_profile(args.profile) if args.profile else load_bundled_profile(args.model or "OPT-350")
+        except HppInputError as exc:          # the library names its argument; here it is the flag
+            if args.profile:
+                raise
+            raise HppInputError(exc.message, field="--model", fix=exc.fix) from None
         if not args.cluster:
             raise HppInputError("--cluster is required with --profile/--model", field="--cluster",
                                 fix="give a cluster JSON file, or use --scenario")

@@ -86,7 +86,7 @@ def test_cluster_file_errors(tmp_path, capsys):
     (["plan", "--gbs", "-5"], "--gbs -5"),
     (["plan", "--time-limit", "-1"], "--time-limit -1"),
     (["plan", "--max-stages", "0"], "--max-stages 0"),
-    (["plan", "--model", "nope"], "no bundled profile for model 'nope'"),
+    (["plan", "--model", "nope"], "field '--model': no bundled profile for model 'nope'"),
     (["plan", "--scenario", "opt350-512", "--model", "OPT-350"], "cannot be combined"),
 ])
 def test_plan_flags_out_of_range(argv, message, capsys):
