@@ -1,9 +1,11 @@
 """The HPP planner: hierarchical balance (stage balance -> data balance -> composition).
 
 ``plan_hpp`` runs the search of HPP.md: candidate shapes are stage-balanced by the
-memoised DP (:mod:`hpp.formulation.stage_balance`), pruned (:mod:`hpp.pruning`),
-composed by CP-SAT with the greedy plan as hint (:mod:`hpp.formulation.composition`),
-bound to devices, data-balanced exactly, and re-priced with the cost model.
+memoised DP, batched over all shapes (:mod:`hpp.formulation.stage_balance_batch`), pruned
+(:mod:`hpp.pruning`), composed (:mod:`hpp.formulation.heuristics` for the incumbent,
+:mod:`hpp.formulation.lp_bound` for the bound, and CP-SAT with the incumbent as hint when it
+can see every candidate, :mod:`hpp.formulation.composition`), bound to devices,
+data-balanced exactly, and re-priced with the cost model.
 """
 
 from __future__ import annotations
@@ -209,7 +211,8 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     global_batch_size : int
         G, samples per iteration; any positive integer (no divisibility needed).
     space, pruning, settings, config : search space, pruning switches, CP-SAT settings, cost-model constants.
-    solver : ``"cp-sat"`` (default; exact with bound and gap) or ``"greedy"`` (no bound).
+    solver : ``"cp-sat"`` (default: incumbent, LP bound and gap; CP-SAT runs when there are at most
+        ``settings.max_candidates`` candidates, see :class:`SolverSettings`) or ``"greedy"`` (no bound).
     profile_ref : how the plan names its profile (default ``{"name": profile.model}``).
     seed_plans : optional valid plans (e.g. the baselines', whose spaces HPP's contains); if the cost
         model prices one below the searched plan, it is returned instead (``stats["seeded_from"]``).
