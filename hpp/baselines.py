@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError
 from hpp.formulation.binding import bind_devices
 from hpp.formulation.candidates import Candidate, SearchSpace, common_micro_batch_sizes, stage_kinds
@@ -284,6 +285,7 @@ def _single_shape_candidates(cluster: Cluster, profile: ModelProfile, space: Sea
                 yield dp, tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)
 
 
+@gc_paused()
 def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                           space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
                           max_candidates: int | None = None, time_budget_s: float | None = None,

@@ -68,6 +68,7 @@ from typing import Iterator
 
 import numpy as np
 
+from hpp.gcpause import gc_paused
 from hpp.baselines import _group_orders
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import SearchSpace, stage_kinds
@@ -397,6 +398,7 @@ def _intra_stage_walk(pricer: _Pricer, ns, dg, types_of_stage, m: int, global_ba
     return best, attempts, False
 
 
+@gc_paused()
 def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                  space: SearchSpace = SearchSpace(allow_recompute=False),
                  config: CostModelConfig = CostModelConfig(), variance: float = METIS_VARIANCE,

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
@@ -197,6 +198,7 @@ def _best_candidates(problem: CompositionProblem, hint: dict[int, int], limit: i
     return sorted(keep)
 
 
+@gc_paused()
 def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
              space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
              settings: SolverSettings = SolverSettings(), config: CostModelConfig = CostModelConfig(),

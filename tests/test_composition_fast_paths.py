@@ -142,3 +142,30 @@ def test_bound_classes_in_two_processes_equal_one(monkeypatch):
     two = lp_bound.composition_bounds(problem, workers=2)
     assert two == one and math.isfinite(one[1])
     assert len(calls) == 1 and calls[0] < 5       # this process solved only its share of the classes
+
+
+def test_the_searches_pause_the_cyclic_collector_and_restore_it():
+    import gc
+    from hpp.gcpause import gc_paused
+    seen = []
+    sc = get_scenario("cpu-hetero-4")
+    cl, prof = sc.cluster(), load_bundled_profile(sc.model)
+    import hpp.planner as planner
+    real = planner.make_problem
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    planner.make_problem = spy
+    try:
+        assert gc.isenabled()
+        plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
+        assert seen == [False] and gc.isenabled()           # paused inside, restored after
+        gc.disable()
+        with gc_paused():
+            pass
+        assert not gc.isenabled()                           # a disabled collector stays disabled
+    finally:
+        planner.make_problem = real
+        gc.enable()
