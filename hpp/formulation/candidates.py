@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing
-import os
 
 import numpy as np
 from dataclasses import dataclass
 from typing import Iterator
 
 from hpp.errors import HppInputError
+from hpp.forkshare import can_fork, run_shares, usable_cores
 from hpp.formulation.stage_balance import Partition, StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.profiles.cluster import Cluster
@@ -295,57 +294,25 @@ def _share(shapes, sizes, balancer, pruning, keep_b, usage: _Usage):
     return batch, stats
 
 
-def _worker_main(conn, shapes, sizes, balancer, pruning, keep_b, usage) -> None:     # pragma: no cover (child process)
-    try:
-        r0, u0, h0, m0 = balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses
-        batch, stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
-        counters = (balancer.rows_computed - r0, balancer.rows_reused - u0, balancer.cache.hits - h0,
-                    balancer.cache.misses - m0)
-        conn.send(("ok", batch, stats, counters))
-    except BaseException as exc:       # noqa: BLE001 - sent to the parent, which re-raises it
-        conn.send(("error", exc, None, None))
-    finally:
-        conn.close()
-
-
 def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: _Usage):
-    """Fork one child per group but the first (the parent runs that one); the shares' rows and counters, merged."""
-    ctx = multiprocessing.get_context("fork")
-    children = []
-    for keep_b in groups[1:]:
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker_main, args=(send, shapes, sizes, balancer, pruning, keep_b, usage),
-                           daemon=True)
-        proc.start()
-        send.close()
-        children.append((proc, recv, keep_b))
-    try:
-        batch, stats = _share(shapes, sizes, balancer, pruning, groups[0], usage)
-    except BaseException:
-        for proc, _, _ in children:      # nobody will read their results
-            proc.terminate()
-            proc.join()
-        raise
-    batches = [batch]
-    for proc, recv, keep_b in children:
-        try:
-            kind, got, got_stats, counters = recv.recv()
-        except EOFError:                     # the child died: do its share here
-            kind, got = "lost", None
-        proc.join()
-        if kind == "error":
-            raise got
-        if kind == "lost":
-            got, got_stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
-        else:
-            balancer.rows_computed += counters[0]
-            balancer.rows_reused += counters[1]
-            balancer.cache.hits += counters[2]
-            balancer.cache.misses += counters[3]
-        batches.append(got)
-        for k, v in got_stats.items():
+    """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); their rows and counters, merged."""
+    def counters():
+        return [balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses]
+
+    def share(keep_b):      # the counters it adds, so that a child's reach the parent
+        before = counters()
+        batch, stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
+        return batch, stats, [a - b for a, b in zip(counters(), before)]
+
+    start = counters()
+    results = run_shares(share, groups)
+    total = [s + sum(r[2][i] for r in results) for i, s in enumerate(start)]
+    balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses = total
+    stats = dict(results[0][1])
+    for _, got, _ in results[1:]:
+        for k, v in got.items():
             stats[k] += v
-    return PartitionBatch.concat(batches, balancer.num_layers), stats
+    return PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats
 
 
 def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: _Usage,
@@ -363,14 +330,6 @@ def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, .
 
 #: (shape, micro-batch size) pairs below which the candidates are built in one process (a fork costs ~10 ms).
 PARALLEL_MIN_PAIRS = 1000
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:        # pragma: no cover (macOS, Windows)
-        return os.cpu_count() or 1
 
 
 def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBalancer, space: SearchSpace,
@@ -405,8 +364,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     usage = _Usage([_usage(s) for s in shapes])
     n = usable_cores() if workers == 0 else max(1, workers)
     groups = _split_sizes(sizes, n) if n > 1 else []
-    parallel = (len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS
-                and "fork" in multiprocessing.get_all_start_methods())
+    parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
     if parallel:
         batch, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage)
     else:

@@ -7,12 +7,11 @@ CP-SAT model takes its pipeline-time part as a redundant constraint.
 from __future__ import annotations
 
 import math
-import multiprocessing
 from typing import Sequence
 
 import numpy as np
 
-from hpp.formulation.candidates import usable_cores
+from hpp.forkshare import can_fork, run_shares, usable_cores
 from hpp.formulation.composition import CompositionProblem
 
 __all__ = ["lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds"]
@@ -241,43 +240,18 @@ def _pipes(problem: CompositionProblem, classes: list) -> list[float]:
 
 def _class_pipes(problem: CompositionProblem, classes: list, workers: int) -> list[float]:
     """LB_pipe of each sync class; with ``workers`` > 1 and at least :data:`PARALLEL_MIN_COLUMNS`
-    columns, the classes are split (by column count) between this process and one forked child.
-    The LPs and their solver are the same either way, so are the values (GLOP is deterministic)."""
+    columns, the classes are split (by column count) between this process and one forked child
+    (:func:`hpp.forkshare.run_shares`). The LPs and their solver are the same either way, so are
+    the values (GLOP is deterministic)."""
     n = usable_cores() if workers == 0 else workers
-    if n < 2 or len(classes) < 2 or sum(len(c[4]) for c in classes) < PARALLEL_MIN_COLUMNS \
-            or "fork" not in multiprocessing.get_all_start_methods():
+    if n < 2 or len(classes) < 2 or sum(len(c[4]) for c in classes) < PARALLEL_MIN_COLUMNS or not can_fork():
         return _pipes(problem, classes)
-    load, mine, theirs = [0, 0], [], []
+    load, shares = [0, 0], [[], []]
     for k in sorted(range(len(classes)), key=lambda k: -len(classes[k][4])):
         j = 0 if load[0] <= load[1] else 1
         load[j] += len(classes[k][4])
-        (mine if j == 0 else theirs).append(k)
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, problem, [classes[k] for k in theirs]), daemon=True)
-    proc.start()
-    send.close()
-    try:
-        out = dict(zip(mine, _pipes(problem, [classes[k] for k in mine])))
-    except BaseException:
-        proc.terminate()
-        proc.join()
-        raise
-    try:
-        kind, got = recv.recv()
-    except EOFError:                 # the child died: solve its classes here
-        kind, got = "ok", _pipes(problem, [classes[k] for k in theirs])
-    proc.join()
-    if kind == "error":
-        raise got
-    out.update(zip(theirs, got))
+        shares[j].append(k)
+    out = {}
+    for ks, pipes in zip(shares, run_shares(lambda ks: _pipes(problem, [classes[k] for k in ks]), shares)):
+        out.update(zip(ks, pipes))
     return [out[k] for k in range(len(classes))]
-
-
-def _child(conn, problem: CompositionProblem, classes: list) -> None:     # pragma: no cover (child process)
-    try:
-        conn.send(("ok", _pipes(problem, classes)))
-    except BaseException as exc:      # noqa: BLE001 - sent to the parent, which re-raises it
-        conn.send(("error", exc))
-    finally:
-        conn.close()

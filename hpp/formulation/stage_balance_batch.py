@@ -181,6 +181,14 @@ class _Trie:
         self.level = np.array(level, dtype=np.int64)
         self.cost_of = np.array(cost_of, dtype=np.int64)
         self.table_of = np.array(table_of, dtype=np.int64)
+        self._stacked: dict[str, np.ndarray] = {}
+
+    def stacked(self, name: str) -> np.ndarray:
+        """``(T, ...)`` field ``name`` of every table, stacked once (both assemblies read them)."""
+        got = self._stacked.get(name)
+        if got is None:
+            got = self._stacked[name] = np.stack([np.asarray(getattr(tb, name)) for tb in self.tables])
+        return got
 
 
 def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], pairs: list[tuple[int, int]],
@@ -369,17 +377,13 @@ def _assemble(trie: _Trie, chain: np.ndarray, Sk: np.ndarray, bnd: np.ndarray, r
     """(bottleneck (n,), optimizer (n,), stage params (n, S_max), stage memory (n, S_max), layer params (n, L))
     of partitions ``bnd``/``rec``, as :meth:`StageBalancer.balance` assembles them (same float operations)."""
     n, S_max = chain.shape
-    tabs = trie.tables
     t = trie.table_of[chain]                                   # (n, S_max) table of each stage
     lo, hi = bnd[:, :-1], bnd[:, 1:]
     active = np.arange(S_max)[None, :] < Sk[:, None]
     t = np.where(active, t, 0)
 
-    def stack(name: str) -> np.ndarray:
-        return np.stack([getattr(tb, name) for tb in tabs])
-
     def at(name: str) -> np.ndarray:
-        return stack(name)[t, lo, hi]
+        return trie.stacked(name)[t, lo, hi]
 
     comp = np.where(rec, at("compute_full_s"), at("compute_none_s"))
     bott = np.maximum(0.0, np.where(active, comp, -np.inf).max(axis=1))
@@ -388,12 +392,12 @@ def _assemble(trie: _Trie, chain: np.ndarray, Sk: np.ndarray, bnd: np.ndarray, r
     in_flight = (Sk[:, None] - np.arange(S_max)[None, :]).astype(np.int64)
     act = np.where(rec, at("act_full_bytes"), at("act_none_bytes"))
     work = np.where(rec, at("work_full_bytes"), at("work_none_bytes"))
-    fw = np.array([tb.framework_bytes for tb in tabs])[t]
+    fw = trie.stacked("framework_bytes")[t]
     with np.errstate(invalid="ignore"):            # 0 x inf past the last stage, masked below
         mem = at("weights_bytes") + in_flight * act + work + at("buffer_bytes")
     mem = np.where(active, mem + fw, 0.0)
     layers = np.arange(L)
     stage_of = (hi[:, :, None] <= layers[None, None, :]).sum(axis=1)       # (n, L) stage holding layer l
-    pb = stack("param_bytes")
+    pb = trie.stacked("param_bytes")
     layer_params = pb[np.take_along_axis(t, stage_of, axis=1), layers[None, :], layers[None, :] + 1]
     return bott, opt, params, mem, layer_params
