@@ -37,13 +37,18 @@ def _child(conn, run: Callable[[Any], Any], task: Any) -> None:     # pragma: no
         conn.close()
 
 
-def run_shares(run: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+def run_shares(run: Callable[[Any], Any], tasks: Sequence[Any], *,
+               merge: Callable[[list[Any]], Any] | None = None) -> Any:
     """``[run(t) for t in tasks]``, with ``tasks[1:]`` each in a forked child while this process runs ``tasks[0]``.
+
+    ``merge``: when given, ``merge(results)`` is returned instead; it runs here as soon as every
+    result has arrived, before the children are reaped, so that their exit (the kernel tearing
+    down a copy of this process: ~3 ms) overlaps it instead of delaying it.
 
     Raises
     ------
     BaseException
-        Whatever ``run`` raised, here or in a child (the other children are stopped).
+        Whatever ``run`` or ``merge`` raised, here or in a child (the other children are stopped).
     """
     ctx = multiprocessing.get_context("fork")
     children = []
@@ -60,14 +65,17 @@ def run_shares(run: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
                 kind, got = recv.recv()
             except EOFError:                 # the child died: run its share here
                 kind, got = "ok", run(task)
-            proc.join()
             if kind == "error":
                 raise got
             out.append(got)
+        result = merge(out) if merge is not None else out
     except BaseException:
         for proc, _, _ in children:          # nobody will read their results
             if proc.is_alive():
                 proc.terminate()
-            proc.join()
         raise
-    return out
+    finally:
+        for proc, recv, _ in children:
+            recv.close()
+            proc.join()
+    return result

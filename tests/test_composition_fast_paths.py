@@ -81,6 +81,50 @@ def test_solo_objective_equals_the_general_objective(problem):
         assert solo_objective_s(problem, c) == want
 
 
+def test_least_solo_equals_sorting_every_solo_objective(problem):
+    rng = random.Random(1)
+    n = len(problem.candidates)
+    floor = comp._solo_floors_s(problem)
+    for c in range(n):                    # each floor is a lower bound of its solo objective
+        assert floor[c] <= solo_objective_s(problem, c)
+    for _ in range(200):
+        members = sorted(rng.sample(range(n), rng.randint(1, min(n, 60))))
+        members = [c for c in members if math.isfinite(floor[c])]
+        k = rng.randint(1, 6)
+        want = sorted(members, key=lambda c: solo_objective_s(problem, c))[:k]
+        assert comp._least_solo(problem, members, floor, k) == want
+
+
+def test_least_solo_keeps_the_first_of_equal_solo_objectives(problem):
+    # duplicated members tie exactly: the stable order (position in members) decides, as sorted() does
+    c = 0
+    members = [c, c + 1, c + 2]
+    floor = [0.0] * len(problem.candidates)         # no pruning: every member is evaluated
+    want = sorted(members, key=lambda i: solo_objective_s(problem, i))[:2]
+    assert comp._least_solo(problem, members, floor, 2) == want
+
+
+def test_capacity_lp_equals_scipy_linprog_after_every_change_of_t(problem):
+    """The model-builder LP (objective cleared and set anew per T) against scipy's HiGHS on a fresh model."""
+    import numpy as np
+    from scipy.optimize import linprog
+    from hpp.formulation.lp_bound import _CapacityLP
+    lp = _CapacityLP(problem, range(len(problem.candidates)))
+    types = list(problem.inventory)
+    A = np.array([[c.devices.get(t, 0) for c in lp.cands] for t in types], dtype=float)
+    ub = np.array([problem.inventory[t] for t in types], dtype=float)
+    phi = np.array([c.partition.fill_s for c in lp.cands])
+    # T from above all fills down to below most of them: columns leave the objective as T falls
+    for T in sorted(set(np.quantile(phi, [0.02, 0.3, 0.6, 0.95]).tolist()) | {float(phi.max()) * 3}, reverse=True):
+        r = np.array([c.micro_batch_size * ((T - c.partition.fill_s) / c.partition.bottleneck_s + 1.0)
+                      if T >= c.partition.fill_s else 0.0 for c in lp.cands])
+        want = -linprog(-r, A_ub=A, b_ub=ub, bounds=(0, None), method="highs").fun
+        got, x = lp._solve(T)
+        assert got == pytest.approx(want, rel=1e-9)
+        assert float(np.dot(x, r)) == pytest.approx(got, rel=1e-9)       # the copies are the optimum's
+        assert (A @ np.asarray(x) <= ub + 1e-9).all()
+
+
 def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
     sc = get_scenario("opt350-a100x8-v100x8")
     cl, prof = sc.cluster(), load_bundled_profile(sc.model)

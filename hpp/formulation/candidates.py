@@ -294,8 +294,9 @@ def _share(shapes, sizes, balancer, pruning, keep_b, usage: _Usage):
     return batch, stats
 
 
-def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: _Usage):
-    """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); their rows and counters, merged."""
+def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: _Usage, finish):
+    """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); ``finish(batch, stats)``
+    of their rows and counters, merged (it runs while the children exit)."""
     def counters():
         return [balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses]
 
@@ -304,15 +305,17 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
         batch, stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
         return batch, stats, [a - b for a, b in zip(counters(), before)]
 
+    def merge(results):
+        total = [s + sum(r[2][i] for r in results) for i, s in enumerate(start)]
+        balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses = total
+        stats = dict(results[0][1])
+        for _, got, _ in results[1:]:
+            for k, v in got.items():
+                stats[k] += v
+        return finish(PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats)
+
     start = counters()
-    results = run_shares(share, groups)
-    total = [s + sum(r[2][i] for r in results) for i, s in enumerate(start)]
-    balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses = total
-    stats = dict(results[0][1])
-    for _, got, _ in results[1:]:
-        for k, v in got.items():
-            stats[k] += v
-    return PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats
+    return run_shares(share, groups, merge=merge)
 
 
 def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: _Usage,
@@ -365,12 +368,14 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     n = usable_cores() if workers == 0 else max(1, workers)
     groups = _split_sizes(sizes, n) if n > 1 else []
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
+    def finish(batch: PartitionBatch, part_stats: dict[str, int]) -> tuple[list[Candidate], dict[str, int]]:
+        return _in_one_process_order(batch, shapes, usage, pruning.dominated), part_stats
+
     if parallel:
-        batch, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage)
+        out, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, finish)
     else:
-        batch, part_stats = _share(shapes, sizes, balancer, pruning, None, usage)
+        out, part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage))
     stats = {"shapes": len(shapes), **part_stats, "workers": len(groups) if parallel else 1}
-    out = _in_one_process_order(batch, shapes, usage, pruning.dominated)
     log.debug("candidates: %s", stats)
     return out, stats
 

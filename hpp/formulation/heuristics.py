@@ -164,10 +164,43 @@ def _copies_objective_s(problem: CompositionProblem, c: int, x: int) -> float:
     return t_pipe + t_sync + p.optimizer_s
 
 
+def _solo_floors_s(problem: CompositionProblem) -> list[float]:
+    """Per candidate, a lower bound on :func:`solo_objective_s` [s]: its copies' T_pipe + T_opt
+    (sync left out, so at most the objective), shrunk by 1e-9 against rounding; inf where no copy fits."""
+    out = []
+    G = problem.global_batch_size
+    for c, cand in enumerate(problem.candidates):
+        x = problem.max_copies(c)
+        if x <= 0:
+            out.append(math.inf)
+            continue
+        p = cand.partition
+        out.append((p.fill_s + (-(-G // (x * cand.micro_batch_size)) - 1) * p.bottleneck_s + p.optimizer_s)
+                   * (1.0 - 1e-9))
+    return out
+
+
+def _least_solo(problem: CompositionProblem, members: Sequence[int], floor: Sequence[float], k: int) -> list[int]:
+    """``sorted(members, key=solo_objective_s)[:k]`` (stable), evaluating only the candidates whose
+    floor (:func:`_solo_floors_s`) is at most the k-th least solo objective: any other has a larger
+    solo objective than k members already, so it is not among the first k."""
+    by_floor = sorted(members, key=floor.__getitem__)
+    solo: dict[int, float] = {}
+    kth = math.inf
+    for c in by_floor:
+        if floor[c] > kth:
+            break
+        solo[c] = solo_objective_s(problem, c)
+        if len(solo) >= k:
+            kth = sorted(solo.values())[k - 1]
+    return sorted((c for c in members if c in solo), key=solo.__getitem__)[:k]
+
+
 def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict[int, int], float]:
     """Heuristic (no bound): combine per-device-type fills, top up with mixed pipelines, then trim.
 
-    1. Rank every candidate by :func:`solo_objective_s` (its copies alone, as many as fit).
+    1. Rank the candidates by :func:`solo_objective_s` (its copies alone, as many as fit); only the
+       first ``top_k`` are used, so only candidates that can be among them are priced (:func:`_least_solo`).
     2. For each device type, keep the ``top_k`` single-type candidates; try every combination
        (one candidate per type, or none) with as many copies as fit.
     3. Top the best combination up with copies of multi-type candidates that use leftover devices.
@@ -180,18 +213,18 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
     cands = problem.candidates
     if not cands:
         return {}, math.inf
-    solo = [solo_objective_s(problem, c) for c in range(len(cands))]
+    floor = _solo_floors_s(problem)
     by_type: dict[str, list[int]] = {}
     mixed: list[int] = []
     for c, cand in enumerate(cands):
-        if not math.isfinite(solo[c]):
+        if not math.isfinite(floor[c]):            # no copy fits: its solo objective is inf
             continue
         if len(cand.devices) == 1:
             by_type.setdefault(next(iter(cand.devices)), []).append(c)
         else:
             mixed.append(c)
-    options = [[None, *sorted(cs, key=solo.__getitem__)[:top_k]] for cs in by_type.values()]
-    mixed.sort(key=solo.__getitem__)
+    options = [[None, *_least_solo(problem, cs, floor, top_k)] for cs in by_type.values()]
+    mixed = _least_solo(problem, mixed, floor, top_k)
 
     best: tuple[dict[int, int], float] = ({}, math.inf)
     for combo in itertools.product(*options):

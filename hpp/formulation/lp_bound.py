@@ -25,56 +25,61 @@ class _CapacityLP:
     out when another with the same device counts has slope ``b/tau``, intercept
     ``b (1 - phi/tau)`` and fill phi all at least as good (its rate is then >= at every T):
     this changes no LP value.
+
+    The model is built and its objective set from numpy arrays through OR-Tools' model builder
+    (``fill_model_from_sparse_data``, ``set_objective_coefficients``), not one Python call per
+    coefficient; each solve is GLOP on the whole model (K rows: one per device type).
     """
 
     def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None) -> None:
-        from ortools.linear_solver import linear_solver_pb2, pywraplp
+        from ortools.linear_solver.python import model_builder_helper as mbh
+        from scipy.sparse import csr_matrix
 
-        self._pywraplp = pywraplp
-        self._response = linear_solver_pb2.MPSolutionResponse
         self.problem = problem
         # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds)
         self.cands = columns if columns is not None else _lp_columns([problem.candidates[c] for c in allowed])
-        self.lp = pywraplp.Solver.CreateSolver("GLOP")
-        num_var, inf = self.lp.NumVar, self.lp.infinity()
-        self.xs = [num_var(0.0, inf, f"x_{i}") for i in range(len(self.cands))]
-        devices = [cand.devices for cand in self.cands]
-        for t, n in problem.inventory.items():
-            set_coefficient = self.lp.Constraint(0.0, float(n)).SetCoefficient
-            for x, dev in zip(self.xs, devices):
-                if t in dev:
-                    set_coefficient(x, float(dev[t]))
-        self.obj = self.lp.Objective()
-        self.obj.SetMaximization()
+        n = len(self.cands)
+        types = list(problem.inventory)
+        row = {t: r for r, t in enumerate(types)}
+        devices = np.zeros((len(types), n))          # (K, columns) devices of each type per copy
+        for j, cand in enumerate(self.cands):
+            for t, k in cand.devices.items():
+                if t in row:
+                    devices[row[t], j] = k
+        self._model = mbh.ModelBuilderHelper()
+        self._model.fill_model_from_sparse_data(
+            np.zeros(n), np.full(n, np.inf), np.zeros(n), np.zeros(len(types)),
+            np.array([float(problem.inventory[t]) for t in types]), csr_matrix(devices))
+        self._solver = mbh.ModelSolverHelper("glop")
+        self._optimal = mbh.SolveStatus.OPTIMAL
         self.solves = 0
         # (columns,) micro-batch size [samples], fill phi [s], bottleneck tau [s]
         self._b = np.array([cand.micro_batch_size for cand in self.cands], dtype=np.float64)
         self._phi = np.array([cand.partition.fill_s for cand in self.cands], dtype=np.float64)
         self._tau = np.array([cand.partition.bottleneck_s for cand in self.cands], dtype=np.float64)
-        self._rates = np.zeros(len(self.cands))     # (columns,) the objective as last set [samples]
 
     def _solve(self, T: float, *, copies: bool = True) -> tuple[float, list[float]]:
         """(capacity(T), the fractional copies x) [samples, copies]; x only when ``copies``.
 
-        The objective coefficients ``b ((T - phi)/tau + 1)`` (0 before the fill) are set column by
-        column, in column order, except a zero over a zero (a no-op for the solver: the same model);
-        the copies are read in one call.
+        The objective ``b ((T - phi)/tau + 1)`` (0 before the fill) is cleared and set anew from
+        its nonzero coefficients (the builder ignores a coefficient set to 0, so clearing is
+        what removes a column that drops out).
         """
         with np.errstate(invalid="ignore", divide="ignore"):
             rates = np.where(T >= self._phi, self._b * ((T - self._phi) / self._tau + 1.0), 0.0)
-        changed = np.flatnonzero((rates != 0.0) | (self._rates != 0.0))
-        set_coefficient, xs = self.obj.SetCoefficient, self.xs
-        for i, rate in zip(changed.tolist(), rates[changed].tolist()):
-            set_coefficient(xs[i], rate)
-        self._rates = rates
         self.solves += 1
-        if not (rates > 0).any() or self.lp.Solve() != self._pywraplp.Solver.OPTIMAL:
+        active = np.flatnonzero(rates > 0)
+        if not len(active):
+            return 0.0, []
+        self._model.clear_objective()
+        self._model.set_maximize(True)
+        self._model.set_objective_coefficients(active.tolist(), rates[active].tolist())
+        self._solver.solve(self._model)
+        if self._solver.status() != self._optimal:
             return 0.0, []
         if not copies:
-            return self.obj.Value(), []
-        response = self._response()
-        self.lp.FillSolutionResponseProto(response)
-        return self.obj.Value(), list(response.variable_value)
+            return self._solver.objective_value(), []
+        return self._solver.objective_value(), self._solver.variable_values().tolist()
 
     def capacity(self, T: float) -> float:
         """max sum_c x_c b_c ((T - phi_c)/tau_c + 1) over fractional copies of the candidates."""
@@ -231,7 +236,7 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
 
 
 #: LP columns (summed over the sync classes) from which the classes are solved in two processes
-PARALLEL_MIN_COLUMNS = 1500
+PARALLEL_MIN_COLUMNS = 10000
 
 
 def _pipes(problem: CompositionProblem, classes: list) -> list[float]:
