@@ -135,7 +135,9 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     else:
         device, backend = torch.device("cpu"), "gloo"
     dtype = _DTYPES[cfg.dtype]
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s))
+    # NCCL: bind the group to this rank's GPU (else torch guesses it from the rank, and barrier() warns)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     try:
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
