@@ -274,8 +274,11 @@ def _undominated(batch: PartitionBatch, usage: _Usage) -> np.ndarray:
     for g, ys in members.items():
         b, ks = divmod(g, nks)
         xs = np.concatenate([members[b * nks + j] for j in usage.subsets[ks].tolist() if b * nks + j in members])
-        le = np.all(feat[xs][None, :, :] <= feat[ys][:, None, :], axis=2)
-        dominated[ys] = np.any(le & (pos[xs][None, :] < pos[ys][:, None]), axis=1)
+        fx, fy = feat[xs], feat[ys]
+        le = pos[xs][None, :] < pos[ys][:, None]             # (ys, xs): x visited earlier and no worse in ...
+        for f in range(feat.shape[1]):                       # ... every feature (one 2-D pass per feature)
+            le &= fx[:, f][None, :] <= fy[:, f][:, None]
+        dominated[ys] = le.any(axis=1)
     return ~dominated
 
 

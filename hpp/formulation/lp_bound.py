@@ -7,6 +7,7 @@ CP-SAT model takes its pipeline-time part as a redundant constraint.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -15,6 +16,33 @@ from hpp.forkshare import can_fork, run_shares, usable_cores
 from hpp.formulation.composition import CompositionProblem
 
 __all__ = ["lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds"]
+
+
+@dataclass(frozen=True)
+class _ColumnTable:
+    """LP columns as arrays: micro-batch size b [samples], fill phi [s], bottleneck tau [s], each (n,),
+    and devices (K, n): devices of each inventory type per copy."""
+
+    b: np.ndarray
+    phi: np.ndarray
+    tau: np.ndarray
+    devices: np.ndarray
+
+    @staticmethod
+    def of(cands: Sequence, types: Sequence[str]) -> "_ColumnTable":
+        row = {t: r for r, t in enumerate(types)}
+        devices = np.zeros((len(types), len(cands)))
+        for j, cand in enumerate(cands):
+            for t, k in cand.devices.items():
+                if t in row:
+                    devices[row[t], j] = k
+        return _ColumnTable(np.array([c.micro_batch_size for c in cands], dtype=np.float64),
+                            np.array([c.partition.fill_s for c in cands], dtype=np.float64),
+                            np.array([c.partition.bottleneck_s for c in cands], dtype=np.float64), devices)
+
+    def take(self, idx: np.ndarray) -> "_ColumnTable":
+        """The columns ``idx``, in that order."""
+        return _ColumnTable(self.b[idx], self.phi[idx], self.tau[idx], self.devices[:, idx])
 
 
 class _CapacityLP:
@@ -31,32 +59,27 @@ class _CapacityLP:
     coefficient; each solve is GLOP on the whole model (K rows: one per device type).
     """
 
-    def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None) -> None:
+    def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None,
+                 table: "_ColumnTable | None" = None) -> None:
         from ortools.linear_solver.python import model_builder_helper as mbh
         from scipy.sparse import csr_matrix
 
         self.problem = problem
-        # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds)
+        # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds),
+        # ``table``: their arrays, when the caller has them
         self.cands = columns if columns is not None else _lp_columns([problem.candidates[c] for c in allowed])
+        if table is None:
+            table = _ColumnTable.of(self.cands, list(problem.inventory))
         n = len(self.cands)
         types = list(problem.inventory)
-        row = {t: r for r, t in enumerate(types)}
-        devices = np.zeros((len(types), n))          # (K, columns) devices of each type per copy
-        for j, cand in enumerate(self.cands):
-            for t, k in cand.devices.items():
-                if t in row:
-                    devices[row[t], j] = k
         self._model = mbh.ModelBuilderHelper()
         self._model.fill_model_from_sparse_data(
             np.zeros(n), np.full(n, np.inf), np.zeros(n), np.zeros(len(types)),
-            np.array([float(problem.inventory[t]) for t in types]), csr_matrix(devices))
+            np.array([float(problem.inventory[t]) for t in types]), csr_matrix(table.devices))
         self._solver = mbh.ModelSolverHelper("glop")
         self._optimal = mbh.SolveStatus.OPTIMAL
         self.solves = 0
-        # (columns,) micro-batch size [samples], fill phi [s], bottleneck tau [s]
-        self._b = np.array([cand.micro_batch_size for cand in self.cands], dtype=np.float64)
-        self._phi = np.array([cand.partition.fill_s for cand in self.cands], dtype=np.float64)
-        self._tau = np.array([cand.partition.bottleneck_s for cand in self.cands], dtype=np.float64)
+        self._b, self._phi, self._tau = table.b, table.phi, table.tau
 
     def _solve(self, T: float, *, copies: bool = True) -> tuple[float, list[float]]:
         """(capacity(T), the fractional copies x) [samples, copies]; x only when ``copies``.
@@ -220,15 +243,17 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
     levels = sorted(set(s2))
     cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
     thresholds = [0.0, *cuts]
-    classes = []                       # (lo, hi, least optimizer step, allowed candidates, LP columns)
+    table = _ColumnTable.of([cands[c] for c in columns.tolist()], list(problem.inventory))
+    classes = []           # (lo, hi, least optimizer step, allowed candidates, LP columns, their arrays)
     for i, lo in enumerate(thresholds):
         hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
         allowed = np.flatnonzero(s2_arr < hi)
         if len(allowed):
+            keep = np.flatnonzero(s2_arr[columns] < hi)        # positions in ``columns``
             classes.append((lo, hi, min(opt[allowed].tolist()), allowed.tolist(),
-                            [cands[c] for c in columns[s2_arr[columns] < hi].tolist()]))
+                            [cands[c] for c in columns[keep].tolist()], table.take(keep)))
     best, pipe_all = single, math.inf
-    for (lo, hi, t_opt, _, _), pipe in zip(classes, _class_pipes(problem, classes, workers)):
+    for (lo, hi, t_opt, *_), pipe in zip(classes, _class_pipes(problem, classes, workers)):
         if hi == math.inf:
             pipe_all = pipe
         best = min(best, lo + pipe + t_opt)
@@ -240,7 +265,8 @@ PARALLEL_MIN_COLUMNS = 10000
 
 
 def _pipes(problem: CompositionProblem, classes: list) -> list[float]:
-    return [_CapacityLP(problem, allowed, columns=cols).least_time_s() for _, _, _, allowed, cols in classes]
+    return [_CapacityLP(problem, allowed, columns=cols, table=tab).least_time_s()
+            for _, _, _, allowed, cols, tab in classes]
 
 
 def _class_pipes(problem: CompositionProblem, classes: list, workers: int) -> list[float]:
