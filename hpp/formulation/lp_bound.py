@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from ortools.linear_solver.python import model_builder_helper as mbh
+from scipy.sparse import csr_matrix
 
 from hpp.forkshare import can_fork, run_shares, usable_cores
 from hpp.formulation.composition import CompositionProblem
@@ -61,9 +63,6 @@ class _CapacityLP:
 
     def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None,
                  table: "_ColumnTable | None" = None) -> None:
-        from ortools.linear_solver.python import model_builder_helper as mbh
-        from scipy.sparse import csr_matrix
-
         self.problem = problem
         # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds),
         # ``table``: their arrays, when the caller has them
