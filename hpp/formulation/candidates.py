@@ -371,6 +371,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     n = usable_cores() if workers == 0 else max(1, workers)
     groups = _split_sizes(sizes, n) if n > 1 else []
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
+
     def finish(batch: PartitionBatch, part_stats: dict[str, int]) -> tuple[list[Candidate], dict[str, int]]:
         return _in_one_process_order(batch, shapes, usage, pruning.dominated), part_stats
 
