@@ -81,6 +81,11 @@ def test_solo_objective_equals_the_general_objective(problem):
         assert solo_objective_s(problem, c) == want
 
 
+def test_sync_of_every_candidate_equals_one_at_a_time(problem):
+    for h in (2, 3, 8):
+        assert problem.sync_s_all(h) == [problem.sync_s(c, h) for c in range(len(problem.candidates))]
+
+
 def test_least_solo_equals_sorting_every_solo_objective(problem):
     rng = random.Random(1)
     n = len(problem.candidates)

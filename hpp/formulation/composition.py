@@ -141,6 +141,22 @@ class CompositionProblem:
             self._sync_cache[key] = got
         return got
 
+    def sync_s_all(self, h: int) -> list[float]:
+        """``[sync_s(c, h) for every candidate c]`` [s], the same floats: :meth:`ring_s` once per distinct
+        stage gradient size, then each candidate's largest (max is exact)."""
+        owner, sizes = [], []
+        for c, cand in enumerate(self.candidates):
+            stage_bytes = cand.partition.stage_param_bytes
+            owner.extend([c] * len(stage_bytes))
+            sizes.extend(stage_bytes)
+        if not sizes:
+            return [0.0] * len(self.candidates)
+        distinct, inverse = np.unique(np.array(sizes, dtype=np.float64), return_inverse=True)
+        ring = np.array([self.ring_s(w, h) for w in distinct.tolist()])
+        out = np.full(len(self.candidates), -np.inf)
+        np.maximum.at(out, np.array(owner), ring[inverse.reshape(-1)])
+        return out.tolist()
+
     def ring_s(self, num_bytes: float, h: int) -> float:
         """Ring all-reduce of ``num_bytes`` among ``h`` holders over the sync link [s] (memoised).
 

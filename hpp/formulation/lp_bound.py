@@ -236,7 +236,7 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
     opt = np.array([c.partition.optimizer_s for c in cands])
     steps = np.array([-(-G // c.micro_batch_size) - 1 for c in cands], dtype=np.int64)
     single = min((fill + steps * tau + opt).tolist())
-    s2 = [problem.sync_s(c, 2) for c in range(len(cands))]
+    s2 = problem.sync_s_all(2)
     s2_arr = np.array(s2)
     columns = _lp_column_indices(cands, s2)
     levels = sorted(set(s2))
