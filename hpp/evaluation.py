@@ -156,8 +156,10 @@ def results_markdown(results: Path) -> str:
         out += ["", "![speedups](experiments/results/scenarios.png)", ""]
     so = read_csv(results / "search_overhead.csv")
     if so:
+        runs = sorted({len(r.wall_s_all.split()) for r in so if r.method == "hpp"})
         out += ["### Search overhead (`experiments/search_overhead.py`)", "",
-                "Search wall time [s] on the same input, in one run: HPP (median of 3); `metis` = Metis's "
+                f"Search wall time [s] on the same input, in one run: HPP (median of {'/'.join(map(str, runs))} "
+                "runs); `metis` = Metis's "
                 "own search (SamsungLabs/Metis: type orders, stage counts, power-of-two device groups with its "
                 "variance filter and permutations, micro-batch counts, per-stage DP x TP walk) ported onto "
                 "HPP's cost model (`hpp/metis_search.py`), the reference of the target; `single-shape` = one "
@@ -167,7 +169,8 @@ def results_markdown(results: Path) -> str:
                 "target (issue 4 of this project): HPP at least 56x faster at 32 and 64 GPUs with a plan at "
                 "least as fast. The public Metis planner takes about 1-2 s (16 GPUs, 2 types), 10-20 s (32, 2) "
                 "and 35-40 s (32, 3) on such a machine (fidelity lines below). HPP uses both cores for its "
-                "candidates and its LP bound (CP-SAT is skipped above 200 candidates, i.e. on every input here "
+                "candidates, and for its LP bound from 10,000 LP columns (CP-SAT is skipped above 200 "
+                "candidates, i.e. on every input here "
                 "from 8 GPUs up); the references run in one process, as Metis does. The target lines use "
                 "`metis`; the last line counts the same 56x check against `single-shape`. The benchmark's "
                 "own summary also prints each ablation (HPP with one pruning rule or the memo off: search s / "
