@@ -11,6 +11,10 @@
 # Writes profile.json, cluster.json, plan.json, run.json and update.json under OUT_DIR.
 set -euo pipefail
 out=${1:?usage: experiments/gpu_check.sh OUT_DIR}
+if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). Fix: run on a host with a CUDA GPU and a CUDA build of torch" >&2
+    exit 2
+fi
 mkdir -p "$out"
 read -r name mem < <(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name.replace(' ', '-'), p.total_memory)")
 echo "GPU: $name, $mem bytes"

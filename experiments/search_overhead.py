@@ -1,7 +1,7 @@
 """Search overhead: HPP vs its ablations vs Metis's search (ported) and the single-shape enumeration, in one run.
 
-    python experiments/search_overhead.py --quick          # < 2 minutes on 2 cores
-    python experiments/search_overhead.py                  # the full sweep (8 .. 1024 GPUs, 2-4 types)
+    python experiments/search_overhead.py --quick          # about 30 s on 2 cores (at most 2 minutes)
+    python experiments/search_overhead.py                  # the full sweep (8 .. 1024 GPUs, 2-4 types; ~17 min)
 
 Writes experiments/results/search_overhead.csv and .png (with --quick: search_overhead_quick.csv
 and .png, so that the full sweep's files, which the README's table reads, stay) and prints the

@@ -96,7 +96,10 @@ def sweep_points(sizes: Iterable[int], type_counts: Iterable[int], *, model: str
         profile, or a GPU type of a mix that the model's profile lacks.
     """
     sizes, type_counts = list(sizes), list(type_counts)
-    profile = load_bundled_profile(model)
+    try:
+        profile = load_bundled_profile(model)
+    except HppInputError as exc:       # the benchmark's flag is --model
+        raise HppInputError(exc.message, field="--model", fix=exc.fix) from None
     usable = [j for j, mix in sorted(TYPE_MIXES.items()) if set(mix) <= set(profile.device_types)]
     for k in type_counts:
         if k not in TYPE_MIXES:

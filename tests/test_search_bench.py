@@ -36,7 +36,7 @@ def test_sweep_points_split_gpus_over_types_in_whole_nodes():
     (lambda: list(sweep_points([8], [5])), "--types", "no GPU-type mix with 5 types"),
     (lambda: list(sweep_points([0], [2])), "--sizes", "GPU count 0"),
     (lambda: list(sweep_points([8], [4], model="LLAMA-3-8")), "--types", "includes 'A100-80', which has no LLAMA-3-8"),
-    (lambda: list(sweep_points([8], [2], model="GPT-9")), "model", "no bundled profile for model 'GPT-9'"),
+    (lambda: list(sweep_points([8], [2], model="GPT-9")), "--model", "no bundled profile for model 'GPT-9'"),
     (lambda: list(scenario_points(["opt350-a100x8-v100x8", "nope"])), "--scenarios", "unknown scenario 'nope'"),
 ])
 def test_bad_sweep_inputs_name_the_field_and_the_fix(call, field, words):
