@@ -19,7 +19,7 @@ from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 
-__all__ = ["validate_plan"]
+__all__ = ["validate_plan", "check_samples_sum"]
 
 
 def validate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile | None = None, *,
@@ -94,6 +94,17 @@ def validate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile | None = N
             raise HppInputError(f"1F1B needs at least as many micro-batches as stages ({pipe.num_micro_batches} < "
                                 f"{pipe.num_stages})", source=source, field=f"{where}.schedule",
                                 fix="use schedule 'GPipe' or more micro-batches")
+    check_samples_sum(plan, source=source)
+
+
+def check_samples_sum(plan: Plan, *, source: str | None = None) -> None:
+    """Refuse a plan whose pipelines' samples do not add up to its global batch size.
+
+    Raises
+    ------
+    HppInputError
+        Naming ``pipelines[*].num_samples`` (and ``source``, the plan's file, when given).
+    """
     total = sum(p.num_samples for p in plan.pipelines)
     if total != plan.global_batch_size:
         raise HppInputError(f"the pipelines' samples add up to {total}, not the global batch size "

@@ -84,6 +84,15 @@ def test_tp_greater_than_one_is_refused():
         rank_roles(plan)
 
 
+def test_samples_that_miss_the_global_batch_are_refused_before_any_rank_runs():
+    # a plan built in Python (not read from JSON): 5 of 13 samples would train on a partial batch
+    plan = Plan("micro", 6, 13, (Pipeline((_st(0, 6, 0),), 3, 5),))
+    with pytest.raises(HppInputError) as exc:
+        rank_roles(plan)
+    assert "add up to 5, not the global batch size 13" in str(exc.value)
+    assert exc.value.field == "pipelines[*].num_samples" and exc.value.fix
+
+
 def test_partial_last_micro_batch_is_padded_with_ignored_targets():
     x = torch.arange(14).reshape(7, 2)
     xp, yp = split_micro_batches(x, x + 100, micro_batch_size=3, ignore_index=IGNORE_INDEX)

@@ -30,6 +30,7 @@ import torch
 from hpp.errors import HppInputError
 from hpp.plan import Plan
 from hpp.runtime.models import check_recompute
+from hpp.validate import check_samples_sum
 
 __all__ = ["RankRole", "GroupLayout", "rank_roles", "blocks", "block_holders", "group_layout",
            "synthetic_batch", "split_micro_batches"]
@@ -87,9 +88,12 @@ def rank_roles(plan: Plan) -> tuple[RankRole, ...]:
     Raises
     ------
     HppInputError
-        A stage with ``tp_degree > 1`` (not supported by the runtime yet), or with a
-        recomputation mode the runtime does not execute (``"selective"``).
+        A stage with ``tp_degree > 1`` (not supported by the runtime yet), with a
+        recomputation mode the runtime does not execute (``"selective"``), or pipelines
+        whose samples do not add up to the global batch (the update would not be the
+        global batch's; plans read from JSON are refused earlier, by the same check).
     """
+    check_samples_sum(plan)
     roles: list[RankRole] = []
     offset = 0
     for p, pipe in enumerate(plan.pipelines):
