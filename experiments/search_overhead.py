@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="small sweep (8-32 GPUs, 2 types), short budgets, ablations up to 16 GPUs")
-    ap.add_argument("--sizes", type=_int_list, help="GPU counts of the sweep, e.g. 8,16,32")
+    ap.add_argument("--sizes", type=_int_list, help="GPU counts of the sweep, e.g. 8,16,32 (each type gets whole "
+                                                   "nodes of 4 GPUs, so 7 at 2 types is measured as 8)")
     ap.add_argument("--types", type=_int_list, help="type counts (2,3,4)")
     ap.add_argument("--scenarios", type=_name_list, help="bundled scenarios to add (comma-separated; '' for none)")
     ap.add_argument("--model", default="OPT-350", help="bundled model of the sweep (default OPT-350)")
@@ -101,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HppInputError as exc:
         print(f"search_overhead: error: {exc}", file=sys.stderr)
         return 2
+    for p in points:
+        if p.requested_gpus:
+            print(f"note: --sizes {p.requested_gpus} at {p.num_types} types is measured as {p.name} "
+                  f"(each type gets whole nodes of 4 GPUs)", file=sys.stderr)
     rows = read_csv(args.out) if args.append else []
     done = {r.point for r in rows if r.method == "hpp"}
     points = [p for p in points if p.name not in done]

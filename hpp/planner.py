@@ -227,7 +227,13 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     Raises
     ------
     HppInputError, InfeasibleError
+    TypeError
+        ``cluster`` is not a :class:`~hpp.profiles.cluster.Cluster` (e.g. ``scenario.cluster``
+        passed without calling it).
     """
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"plan_hpp: cluster must be a Cluster, got {type(cluster).__name__}"
+                        + ("; call it (e.g. scenario.cluster())" if callable(cluster) else ""))
     if solver not in SOLVERS:
         raise HppInputError(f"unknown solver {solver!r}", field="--solver", fix=f"use one of {list(SOLVERS)}")
     t0 = time.perf_counter()

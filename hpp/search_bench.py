@@ -64,6 +64,8 @@ class BenchPoint:
     model: str
     global_batch_size: int
     cluster: Cluster
+    #: the GPU count asked for (``--sizes``), where the sweep rounded it to whole nodes; 0 otherwise
+    requested_gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def sweep_points(sizes: Iterable[int], type_counts: Iterable[int], *, model: str
                 continue
             seen.add(f"{k}types-{total}")
             yield BenchPoint(f"{k}types-{total}", total, k, model, max(1024, 4 * total),
-                             make_cluster(f"{k}types-{total}", gpus))
+                             make_cluster(f"{k}types-{total}", gpus), requested_gpus=n if n != total else 0)
 
 
 def _check_profiled(model: str, profiled: Iterable[str], types: Iterable[str], *, field: str) -> None:

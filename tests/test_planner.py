@@ -327,3 +327,10 @@ def test_a_negative_worker_count_is_refused_by_the_library():
     with pytest.raises(HppInputError) as ei:
         make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=-5)
     assert str(ei.value) == "field '--workers': workers=-5. Fix: give 0 (one per core) or more"
+
+
+def test_plan_hpp_names_a_cluster_that_is_not_one():
+    sc = get_scenario("opt350-a100x4-v100x4")
+    prof = load_bundled_profile(sc.model)
+    with pytest.raises(TypeError, match=r"cluster must be a Cluster, got method; call it \(e.g. scenario.cluster\(\)\)"):
+        plan_hpp(sc.cluster, prof, sc.global_batch_size)

@@ -30,6 +30,9 @@ def test_sweep_points_split_gpus_over_types_in_whole_nodes():
     assert p.global_batch_size == 1024
     # 8 and 16 GPUs over 4 types both round to whole nodes of 4 per type: one point, measured once
     assert [p.name for p in sweep_points([8, 16], [4])] == ["4types-16"]
+    # a rounded size says what it was asked as (the script prints a note for it)
+    assert [(p.name, p.requested_gpus) for p in sweep_points([7, 8], [2])] == [("2types-8", 7)]
+    assert [p.requested_gpus for p in sweep_points([8, 32], [2])] == [0, 0]
 
 
 @pytest.mark.parametrize("call, field, words", [
