@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from hpp.cliparse import Parser
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.search_bench import (ABLATIONS, measure_point, plot_rows, read_csv, scenario_points, summary_table,
                               sweep_points, write_csv)
@@ -37,7 +38,8 @@ def _name_list(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="search_overhead", help_command="python experiments/search_overhead.py --help",
+                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="small sweep (8-32 GPUs, 2 types), short budgets, ablations up to 16 GPUs")
     ap.add_argument("--sizes", type=_int_list, help="GPU counts of the sweep, e.g. 8,16,32 (each type gets whole "

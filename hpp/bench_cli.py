@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from hpp.cliparse import Parser
 from hpp.errors import HppInputError
 
 __all__ = ["main", "instances_main", "bench_solvers_main", "DEFAULT_OUT_DIR"]
@@ -37,7 +38,7 @@ def _csv_ints(text: str) -> tuple[int, ...]:
 
 
 def _instances_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="hpp instances", description="the solver-benchmark instance library")
+    ap = Parser(prog="hpp instances", description="the solver-benchmark instance library")
     sub = ap.add_subparsers(dest="action", required=True)
     ls = sub.add_parser("list", help="list the library's instances")
     ls.add_argument("--suite", choices=["quick", "full"], default="quick")
@@ -148,7 +149,7 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
                                   plot_time_to_best, run_bench, summary_table, write_csv)
     from hpp.solvers import SOLVER_NAMES, SolverOptions, check_solver
 
-    ap = argparse.ArgumentParser(prog="hpp bench-solvers", description="every solver on every instance of a suite")
+    ap = Parser(prog="hpp bench-solvers", description="every solver on every instance of a suite")
     ap.add_argument("--suite", choices=["quick", "full"], default="quick")
     ap.add_argument("--time-limit", type=float, help="per solver and instance [s] (default: quick 5, full 30)")
     ap.add_argument("--solvers", default=",".join(SOLVER_NAMES), help="comma-separated (default: all)")

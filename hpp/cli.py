@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from hpp.cliparse import Parser
 from hpp.errors import HppInputError
 
 __all__ = ["main"]
@@ -285,7 +286,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.")
+    ap = Parser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr")
     sub = ap.add_subparsers(dest="command", required=True)
 

@@ -135,3 +135,19 @@ def test_types_without_a_requested_micro_batch_size_are_left_out_and_said():
     assert said[0] == "left out (no profile at micro-batch sizes 16): A100-40"
     assert {s.device_type for p in res.plan.pipelines for s in p.stages} == {"GH-96"}
     assert all(p.micro_batch_size == 16 for p in res.plan.pipelines)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "--gbs", "abc"], "hpp plan: error: argument --gbs: invalid int value: 'abc'. Fix: see hpp plan --help"),
+    (["plan", "--solver", "foo"], "hpp plan: error: argument --solver: invalid choice: 'foo'"),
+    (["plan", "--no-such-flag"], "hpp: error: unrecognized arguments: --no-such-flag. Fix: see hpp --help"),
+    ([], "hpp: error: the following arguments are required: command. Fix: see hpp --help"),
+    (["run"], "hpp run: error: the following arguments are required: plan, --steps. Fix: see hpp run --help"),
+    (["bench-solvers", "--suite"], "hpp bench-solvers: error: argument --suite: expected one argument"),
+])
+def test_parse_errors_are_one_line_with_the_fix_and_no_usage_block(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "Fix: see " in err and "usage:" not in err, err

@@ -12,6 +12,7 @@ import logging
 import sys
 from typing import Sequence
 
+from hpp.cliparse import Parser
 from hpp.errors import HppInputError
 
 __all__ = ["run_main", "profile_main", "main"]
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpp run", description="Execute an HPP plan with torch.distributed.")
+    p = Parser(prog="hpp run", description="Execute an HPP plan with torch.distributed.")
     p.add_argument("plan", help="plan JSON (hpp plan --out)")
     p.add_argument("--steps", type=int, required=True, help="optimizer steps")
     p.add_argument("--model", help="runtime model (default: the plan's model), e.g. gpt-tiny")
@@ -93,7 +94,7 @@ def run_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _profile_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpp profile", description="Measure a runtime model's per-layer profile.")
+    p = Parser(prog="hpp profile", description="Measure a runtime model's per-layer profile.")
     p.add_argument("--model", required=True, help="e.g. gpt-tiny, gpt-small, opt-350")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated, e.g. 1,2,4")
