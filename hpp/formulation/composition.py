@@ -208,7 +208,7 @@ class CompositionProblem:
         ub = self._ub_cache.get(c)
         if ub is None:
             cand = self.candidates[c]
-            usage = (tuple(cand.devices.items()), tuple(cand.tp_groups.items()))
+            usage = _usage_key(cand)
             ub = self._ub_cache.get(usage)    # candidates of the same device and TP-group counts share it
             if ub is None:
                 inv = self.inventory
@@ -248,11 +248,16 @@ class CompositionProblem:
         if c in self._rows_cache:
             return self._rows_cache[c]
         cand = self.candidates[c]
-        usage = (tuple(cand.devices.items()), tuple(cand.tp_groups.items()))
+        usage = _usage_key(cand)
         if usage not in self._rows_cache:      # candidates of the same device and TP-group counts share rows
             self._rows_cache[usage] = _usage_rows(cand)
         rows = self._rows_cache[c] = self._rows_cache[usage]
         return rows
+
+
+def _usage_key(cand: Candidate) -> tuple[tuple, tuple]:
+    """(devices, TP groups) of one copy as a hashable key: candidates with equal keys fit alike."""
+    return tuple(cand.devices.items()), tuple(cand.tp_groups.items())
 
 
 def _usage_rows(cand: Candidate) -> tuple[tuple, dict, frozenset] | None:

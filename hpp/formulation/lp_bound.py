@@ -62,7 +62,7 @@ class _CapacityLP:
     """
 
     def __init__(self, problem: CompositionProblem, allowed: Sequence[int], *, columns: list | None = None,
-                 table: "_ColumnTable | None" = None) -> None:
+                 table: _ColumnTable | None = None) -> None:
         self.problem = problem
         # ``columns``: the caller's already reduced columns for ``allowed`` (see composition_bounds),
         # ``table``: their arrays, when the caller has them
@@ -158,8 +158,9 @@ def _lp_columns(cands: list, extra: Sequence[float] | None = None) -> list:
     return [cands[k] for k in _lp_column_indices(cands, extra).tolist()]
 
 
-def _lp_column_indices(cands: list, extra: Sequence[float] | None = None) -> np.ndarray:
-    """:func:`_lp_columns` as indices into ``cands``, in the same order."""
+def _lp_column_indices(cands: list, extra: Sequence[float] | None = None, *,
+                       table: _ColumnTable | None = None) -> np.ndarray:
+    """:func:`_lp_columns` as indices into ``cands``, in the same order (``table``: their arrays, if built)."""
     if not cands:
         return np.zeros(0, dtype=np.int64)
     groups: dict[tuple, int] = {}     # device-count vector -> group, numbered in order of first appearance
@@ -172,9 +173,9 @@ def _lp_column_indices(cands: list, extra: Sequence[float] | None = None) -> np.
             got = seen[key] = groups.setdefault(tuple(sorted(key)), len(groups))
         group.append(got)
     group = np.array(group)
-    b = np.array([c.micro_batch_size for c in cands], dtype=np.float64)
-    tau = np.array([c.partition.bottleneck_s for c in cands], dtype=np.float64)
-    phi = np.array([c.partition.fill_s for c in cands], dtype=np.float64)
+    if table is None:
+        table = _ColumnTable.of(cands, [])
+    b, tau, phi = table.b, table.tau, table.phi
     crit = [-b / tau, -b * (1.0 - phi / tau), phi]
     if extra is not None:
         crit.append(np.asarray(extra, dtype=np.float64))
@@ -231,26 +232,24 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
     if not cands:
         return math.inf, math.inf
     G = problem.global_batch_size
-    fill = np.array([c.partition.fill_s for c in cands])
-    tau = np.array([c.partition.bottleneck_s for c in cands])
+    table = _ColumnTable.of(cands, list(problem.inventory))      # every candidate's arrays, built once
     opt = np.array([c.partition.optimizer_s for c in cands])
     steps = np.array([-(-G // c.micro_batch_size) - 1 for c in cands], dtype=np.int64)
-    single = min((fill + steps * tau + opt).tolist())
+    single = min((table.phi + steps * table.tau + opt).tolist())
     s2 = problem.sync_s_all(2)
     s2_arr = np.array(s2)
-    columns = _lp_column_indices(cands, s2)
+    columns = _lp_column_indices(cands, s2, table=table)
     levels = sorted(set(s2))
     cuts = sorted({levels[int(round(q * (len(levels) - 1)))] for q in np.linspace(0, 1, num_classes + 1)[1:]})
     thresholds = [0.0, *cuts]
-    table = _ColumnTable.of([cands[c] for c in columns.tolist()], list(problem.inventory))
     classes = []           # (lo, hi, least optimizer step, allowed candidates, LP columns, their arrays)
     for i, lo in enumerate(thresholds):
         hi = thresholds[i + 1] if i + 1 < len(thresholds) else math.inf
         allowed = np.flatnonzero(s2_arr < hi)
         if len(allowed):
-            keep = np.flatnonzero(s2_arr[columns] < hi)        # positions in ``columns``
+            cols = columns[s2_arr[columns] < hi]
             classes.append((lo, hi, min(opt[allowed].tolist()), allowed.tolist(),
-                            [cands[c] for c in columns[keep].tolist()], table.take(keep)))
+                            [cands[c] for c in cols.tolist()], table.take(cols)))
     best, pipe_all = single, math.inf
     for (lo, hi, t_opt, *_), pipe in zip(classes, _class_pipes(problem, classes, workers)):
         if hi == math.inf:
