@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.model_profile import profile_to_dict
@@ -93,3 +98,16 @@ def test_torchrun_run_prints_measured_and_predicted(tmp_path, capsys, profile_re
     assert run_main([path, "--steps", "2", "--run-timeout", "120"]) == 0
     out = capsys.readouterr().out
     assert "measured" in out and "predicted" in out and "grad all-reduce  3 per step" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a host without a CUDA GPU")
+def test_gpu_check_refuses_a_host_without_cuda_in_one_line(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "experiments" / "gpu_check.sh"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    res = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). "
+        "Fix: run on a host with a CUDA GPU and a CUDA build of torch"]
+    assert not (tmp_path / "out").exists()

@@ -70,6 +70,14 @@ def _row(point, gpus, types, method, wall, it, status="FEASIBLE"):
     return BenchRow(point, gpus, types, method, wall, f"{wall:.3f}", 10, 0.5, it, 0.1, status)
 
 
+def test_a_rounded_size_is_said_before_measuring(monkeypatch, tmp_path, capsys):
+    mod = _script()
+    monkeypatch.setattr(mod, "measure_point", lambda *a, **k: [])
+    assert mod.main(["--sizes", "7", "--types", "2", "--scenarios", "", "--out", str(tmp_path / "s.csv")]) == 0
+    assert ("note: --sizes 7 at 2 types is measured as 2types-8 (each type gets whole nodes of 4 GPUs)"
+            in capsys.readouterr().err)
+
+
 def test_ctrl_c_keeps_the_rows_already_measured(monkeypatch, tmp_path, capsys):
     mod = _script()
     calls = []
