@@ -29,7 +29,7 @@ from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.metis_search import metis_search
 from hpp.planner import plan_hpp
-from hpp.profiles.bundled import load_bundled_profile
+from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import get_scenario, make_cluster
@@ -100,8 +100,8 @@ def sweep_points(sizes: Iterable[int], type_counts: Iterable[int], *, model: str
     sizes, type_counts = list(sizes), list(type_counts)
     try:
         profile = load_bundled_profile(model)
-    except HppInputError as exc:       # the benchmark's flag is --model
-        raise HppInputError(exc.message, field="--model", fix=exc.fix) from None
+    except HppInputError as exc:       # the benchmark's flag is --model, and it takes bundled profiles only
+        raise HppInputError(exc.message, field="--model", fix=f"use one of {list(bundled_models())}") from None
     usable = [j for j, mix in sorted(TYPE_MIXES.items()) if set(mix) <= set(profile.device_types)]
     for k in type_counts:
         if k not in TYPE_MIXES:
