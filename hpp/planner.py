@@ -316,6 +316,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                       profile_ref=profile_ref or {"name": profile.model}, cluster_ref=cluster_to_dict(cluster))
     est = estimate_plan(plan, cluster, profile, config=config, estimate_missing=False)
     for name, seed in (seed_plans or {}).items():
+        if not space.mixed_tp_pipelines and any(len({s.tp_degree for s in pipe.stages}) > 1
+                                                for pipe in seed.pipelines):
+            continue                # a seed outside the space (several TP degrees in one pipeline)
         seed_est = estimate_plan(seed, cluster, profile, config=config, estimate_missing=False)
         if seed_est.fits_memory and seed_est.iteration_time_s < est.iteration_time_s * (1 - 1e-12):
             plan, est = seed, seed_est

@@ -29,7 +29,8 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.rules import PruningOptions
 
 __all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates",
-           "remove_dominated", "tp_capacity", "common_micro_batch_sizes", "usable_cores", "PARALLEL_MIN_PAIRS"]
+           "remove_dominated", "tp_capacity", "model_head_counts", "runnable_tp_degrees",
+           "common_micro_batch_sizes", "usable_cores", "PARALLEL_MIN_PAIRS"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,12 @@ class SearchSpace:
         Most device types in one pipeline.
     allow_recompute : bool
         Stages may use full activation recomputation (``--no-recompute`` forbids it).
+    mixed_tp_pipelines : bool
+        A pipeline's stages may have different TP degrees (e.g. A100 TP 2 then V100 TP 4).
+        Off by default: ``hpp run`` runs a pipeline as TP lanes (lane k = the k-th TP rank of
+        every stage, one ``torch.distributed.pipelining`` stage group per lane), which needs one
+        TP degree per pipeline; different pipelines may still have different TP degrees.
+        ``--mixed-tp-pipelines`` searches the wider space (plans that the runtime refuses).
     """
 
     micro_batch_sizes: tuple[int, ...] | None = None
@@ -57,6 +64,7 @@ class SearchSpace:
     max_stages: int = 8
     max_types_per_pipeline: int = 2
     allow_recompute: bool = True
+    mixed_tp_pipelines: bool = False
 
     def __post_init__(self) -> None:
         if self.max_stages < 1 or self.max_types_per_pipeline < 1:
@@ -100,6 +108,31 @@ def tp_capacity(cluster: Cluster, device_type: str, tp_degree: int) -> int:
     return sum(n.num_devices // tp_degree for n in cluster.nodes if n.device_type == device_type)
 
 
+def model_head_counts(profile: ModelProfile) -> tuple[int, ...]:
+    """The model's attention-head counts that a TP degree must divide, from the profile's meta.
+
+    Reads ``hyper_parameters.num_heads`` / ``num_kv_heads`` (profiles written by ``hpp
+    profile``) or ``heads`` (the converted public profiles); empty when the profile says none.
+
+    >>> from hpp.profiles.bundled import load_bundled_profile
+    >>> model_head_counts(load_bundled_profile("OPT-350"))
+    (16,)
+    """
+    hp = profile.meta.get("hyper_parameters") or {}
+    counts = [hp.get("num_heads", profile.meta.get("heads")), hp.get("num_kv_heads")]
+    return tuple(int(c) for c in counts if isinstance(c, int) and c > 0)
+
+
+def runnable_tp_degrees(profile: ModelProfile) -> tuple[int, ...]:
+    """The profile's TP degrees that divide every head count of the model (:func:`model_head_counts`).
+
+    A TP degree that does not divide the heads cannot be run (each TP rank holds whole heads), so
+    the planner never emits it.
+    """
+    heads = model_head_counts(profile)
+    return tuple(t for t in sorted({k[1] for k in profile.entries}) if all(h % t == 0 for h in heads))
+
+
 def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> dict[str, tuple[StageKind, ...]]:
     """Stage kinds per device type of the cluster: every measured TP degree that fits a node and ``max_tp``.
 
@@ -109,13 +142,15 @@ def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> 
         A device type of the cluster has no profile (named), or no usable TP degree.
     """
     out: dict[str, tuple[StageKind, ...]] = {}
+    runnable = set(runnable_tp_degrees(profile))
     for dtype in sorted(cluster.count_by_type()):
         if dtype not in profile.device_types:
             raise HppInputError(f"GPU type {dtype!r} of the cluster has no profile for {profile.model}",
                                 field="nodes[*].device_type",
                                 fix=f"profile {dtype} or use types in {list(profile.device_types)}")
         largest_node = max(n.num_devices for n in cluster.nodes if n.device_type == dtype)
-        tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)]
+        tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)
+               and t in runnable]
         if not tps:
             raise HppInputError(f"{profile.model} on {dtype} is profiled only at TP {list(profile.tp_degrees(dtype))}, "
                                 f"which does not fit nodes of {largest_node} devices or --max-tp",
@@ -137,6 +172,8 @@ def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], 
         for subset in itertools.combinations(types, r):
             orders = [_type_order(cluster, subset)] if pruning.canonical_order else list(itertools.permutations(subset))
             for kind_choice in itertools.product(*(kinds[t] for t in subset)):
+                if not space.mixed_tp_pipelines and len({k.tp_degree for k in kind_choice}) > 1:
+                    continue                          # one TP degree per pipeline (see SearchSpace)
                 by_type = dict(zip(subset, kind_choice))
                 limits = [min(max_stages, tp_capacity(cluster, t, by_type[t].tp_degree)) for t in subset]
                 for counts in itertools.product(*(range(1, lim + 1) for lim in limits)):
