@@ -4,7 +4,234 @@ Every data-parallel replica may be a different pipeline (device types, stage
 count, layer boundaries); the global batch is split unevenly across pipelines so
 that all finish together (data balance) while layers are balanced within each
 pipeline under each device's memory (stage balance). See README.md.
+
+The Python API (the ``hpp`` command line calls the same library):
+
+- :func:`load_cluster` -- a cluster from a JSON file or object (format: ``hpp plan --help``);
+- :func:`load_profile` -- a model profile: a bundled model name or a profile JSON file;
+- :func:`plan` -- the best HPP plan for a cluster, a profile and a global batch size;
+- :func:`estimate` -- the cost model's prediction of a plan (iteration time, memory per stage).
+
+Bad input raises :class:`HppInputError` (the message names the file, the field and the fix).
+
+Examples
+--------
+>>> import hpp
+>>> cluster = hpp.load_cluster({
+...     "nodes": [{"device_type": "A100-40", "num_devices": 4, "intra_node_bandwidth_bytes_per_s": 2.4e11},
+...               {"device_type": "V100-16", "num_devices": 4, "intra_node_bandwidth_bytes_per_s": 1.5e11}],
+...     "inter_node_bandwidth_bytes_per_s": 2.5e10})
+>>> result = hpp.plan(cluster, "OPT-350", global_batch_size=64, workers=1)
+>>> sum(p.num_samples for p in result.plan.pipelines)
+64
+>>> result.composition.status in ("OPTIMAL", "FEASIBLE")
+True
+>>> est = hpp.estimate(result.plan, cluster, "OPT-350")
+>>> est.iteration_time_s == result.estimate.iteration_time_s and est.fits_memory
+True
 """
 
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from hpp.errors import HppInputError
+# The submodule hpp.plan (the Plan data) is loaded first: importing a submodule binds its name on the
+# package, so loading it here, before ``def plan`` below, leaves ``hpp.plan`` the function. Import the
+# module's names with ``from hpp.plan import Plan`` (``import hpp.plan as m`` would get the function).
+from hpp import plan as _plan_module  # noqa: E402,F401
+
+if TYPE_CHECKING:       # the heavy modules (OR-Tools, numpy) load on first use, not on ``import hpp``
+    from hpp.formulation.cost_model import PlanEstimate
+    from hpp.plan import Plan
+    from hpp.planner import PlannerResult
+    from hpp.profiles.cluster import Cluster
+    from hpp.profiles.model_profile import ModelProfile
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["__version__", "HppInputError", "load_cluster", "load_profile", "plan", "estimate"]
+
+
+def load_cluster(source: "str | Path | Mapping[str, Any] | Cluster") -> "Cluster":
+    """A cluster from a JSON file, a JSON object (dict) or a bundled scenario's name.
+
+    Parameters
+    ----------
+    source : str, Path, Mapping or Cluster
+        A path to an ``hpp-cluster`` JSON file (format: ``hpp plan --help`` or the README), the
+        parsed object itself, the name of a bundled scenario (``hpp scenarios``), or a
+        :class:`~hpp.profiles.cluster.Cluster` (returned as is).
+
+    Returns
+    -------
+    Cluster
+
+    Raises
+    ------
+    HppInputError
+        A missing file, bad JSON, an unknown key (the closest valid one is named), a node without
+        ``num_devices``, an unknown device type.
+
+    Examples
+    --------
+    >>> load_cluster("opt350-a100x8-v100x8").count_by_type()
+    {'A100-40': 8, 'V100-16': 8}
+    """
+    from hpp.profiles.cluster import Cluster, cluster_from_dict
+    from hpp.profiles.cluster import load_cluster as _load
+
+    if isinstance(source, Cluster):
+        return source
+    if isinstance(source, Mapping):
+        return cluster_from_dict(source, source="<cluster object>")
+    if isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
+        from hpp.scenarios import SCENARIOS, get_scenario
+        if source in SCENARIOS:
+            return get_scenario(source).cluster()
+    return _load(source)
+
+
+def load_profile(source: "str | Path | ModelProfile") -> "ModelProfile":
+    """A model's per-layer profile: a bundled model name or a native profile JSON file.
+
+    Parameters
+    ----------
+    source : str, Path or ModelProfile
+        ``"OPT-350"``, ``"GPT-Neo-2.7"``, ``"LLAMA-3-8"``, ``"gpt-tiny"``, ... (bundled), a path to
+        a file written by ``hpp profile``, or a :class:`~hpp.profiles.model_profile.ModelProfile`.
+
+    Returns
+    -------
+    ModelProfile
+
+    Raises
+    ------
+    HppInputError
+        Neither a bundled name (the message lists them) nor a readable profile file.
+
+    Examples
+    --------
+    >>> load_profile("OPT-350").num_layers
+    26
+    """
+    from hpp.profiles.bundled import bundled_models, load_bundled_profile
+    from hpp.profiles.model_profile import ModelProfile
+    from hpp.profiles.model_profile import load_profile as _load
+
+    if isinstance(source, ModelProfile):
+        return source
+    path = Path(source)
+    if path.suffix == ".json" or path.exists():
+        return _load(path)
+    if str(source) not in bundled_models() and not any(str(source).lower() == m.lower() for m in bundled_models()):
+        raise HppInputError(f"{str(source)!r} is neither a bundled model nor a profile file", field="profile",
+                            fix=f"use one of {list(bundled_models())} or a JSON file written by `hpp profile`")
+    return load_bundled_profile(str(source))
+
+
+def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Path | ModelProfile",
+         global_batch_size: int = 1024, *, micro_batch_sizes: Sequence[int] | None = None,
+         max_tp: int | None = None, max_stages: int = 8, max_types_per_pipeline: int = 2,
+         allow_recompute: bool = True, mixed_tp_pipelines: bool = False, time_limit_s: float = 10.0,
+         workers: int = 0, seed: int = 0,
+         baselines: bool = False, baseline_time_limit_s: float = 10.0) -> "PlannerResult":
+    """The HPP plan with the shortest predicted iteration time (what ``hpp plan`` prints).
+
+    Parameters
+    ----------
+    cluster : as :func:`load_cluster` takes it.
+    profile : as :func:`load_profile` takes it.
+    global_batch_size : int
+        Samples per iteration, any positive integer.
+    micro_batch_sizes, max_tp, max_stages, max_types_per_pipeline, allow_recompute, mixed_tp_pipelines
+        The search space (``hpp plan``'s flags of those names; None = every measured size / TP;
+        ``mixed_tp_pipelines``: stages of one pipeline may have different TP degrees, which
+        ``hpp run`` refuses).
+    time_limit_s : float
+        Time limit [s] of the composition solve (LP bound and CP-SAT, at least 0.5 s for CP-SAT).
+    workers : int
+        CP-SAT workers and stage-balance processes (0 = one per core).
+    seed : int
+        CP-SAT's random seed.
+    baselines : bool
+        Also run the uniform and single-shape baselines (together within ``baseline_time_limit_s``)
+        and return a baseline's plan where the cost model prices it lower (``stats["seeded_from"]``).
+
+    Returns
+    -------
+    PlannerResult
+        ``.plan`` (write it with :func:`hpp.plan.write_plan_json`), ``.estimate`` (the cost model's
+        prediction), ``.composition`` (status, objective, bound and gap), ``.wall_s``, ``.stats``.
+
+    Raises
+    ------
+    HppInputError
+        Bad input (see :func:`load_cluster`, :func:`load_profile`) or a bad search-space value.
+    InfeasibleError
+        No plan fits memory (the message says by how much the best shape falls short).
+    """
+    from hpp.formulation.candidates import SearchSpace
+    from hpp.formulation.composition import SolverSettings
+    from hpp.planner import check_micro_batch_sizes, plan_hpp
+    from hpp.resolve import profile_ref_for
+
+    cl, prof = load_cluster(cluster), load_profile(profile)
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise HppInputError(f"global_batch_size={global_batch_size!r}", field="global_batch_size",
+                            fix="give a positive integer number of samples")
+    space = SearchSpace(micro_batch_sizes=tuple(micro_batch_sizes) if micro_batch_sizes else None, max_tp=max_tp,
+                        max_stages=max_stages, max_types_per_pipeline=max_types_per_pipeline,
+                        allow_recompute=allow_recompute, mixed_tp_pipelines=mixed_tp_pipelines)
+    settings = SolverSettings(max_time_in_seconds=time_limit_s, num_workers=workers, random_seed=seed)
+    seeds = None
+    if baselines:
+        from hpp.baselines import run_baselines
+        check_micro_batch_sizes(cl, prof, space)
+        found = run_baselines(cl, prof, global_batch_size, space=space, time_budget_s=baseline_time_limit_s)
+        seeds = {k: b.plan for k, b in found.items() if b.plan is not None}
+    return plan_hpp(cl, prof, global_batch_size, space=space, settings=settings, profile_ref=profile_ref_for(prof),
+                    seed_plans=seeds)
+
+
+def estimate(plan_or_path: "Plan | str | Path", cluster: "str | Path | Mapping[str, Any] | Cluster | None" = None,
+             profile: "str | Path | ModelProfile | None" = None) -> "PlanEstimate":
+    """The cost model's prediction of a plan (what ``hpp estimate`` prints).
+
+    Parameters
+    ----------
+    plan_or_path : Plan, or a path to a plan file (hpp's; Sailor's and Metis's are converted)
+    cluster, profile : optional
+        Needed for a :class:`~hpp.plan.Plan` object unless it embeds its cluster / names its
+        profile (plans from :func:`plan` and ``hpp plan --out`` do); given, they override the file's.
+
+    Returns
+    -------
+    PlanEstimate
+        ``iteration_time_s``, ``throughput_samples_per_s``, ``peak_memory_bytes``, ``fits_memory``,
+        per pipeline and stage: compute, p2p, bubble, gradient sync, memory and capacity.
+
+    Raises
+    ------
+    HppInputError
+        A plan that is invalid on the cluster (the message names the field), a missing file.
+    """
+    from hpp.formulation.cost_model import estimate_plan
+    from hpp.plan import Plan
+    from hpp.resolve import resolve_cluster, resolve_profile
+    from hpp.validate import validate_plan
+
+    cl = load_cluster(cluster) if cluster is not None else None
+    prof = load_profile(profile) if profile is not None else None
+    if isinstance(plan_or_path, Plan):
+        p = plan_or_path
+        cl = cl or resolve_cluster(p.cluster_ref, base=Path("."), source="<plan>")
+        prof = prof or resolve_profile(p.profile_ref, base=Path("."), source="<plan>")
+        validate_plan(p, cl, prof, source="<plan>")
+    elif cl is not None:                 # an hpp plan file on the given cluster
+        from hpp.resolve import load_plan_inputs
+        p, cl, prof = load_plan_inputs(Path(plan_or_path), profile=prof, cluster=cl)
+    else:
+        from hpp.interop import load_any_plan
+        p, cl, prof = load_any_plan(Path(plan_or_path), profile=prof)
+    return estimate_plan(p, cl, prof)

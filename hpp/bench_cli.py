@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -20,10 +21,12 @@ from typing import Any, Sequence
 from hpp.cliparse import Parser
 from hpp.errors import HppInputError
 
-__all__ = ["main", "instances_main", "bench_solvers_main", "DEFAULT_OUT_DIR"]
+__all__ = ["main", "instances_main", "bench_solvers_main", "format_table", "DEFAULT_OUT_DIR"]
 
 log = logging.getLogger("hpp")
-DEFAULT_OUT_DIR = Path("experiments/results")
+#: Where ``hpp bench-solvers`` writes by default: a folder of its own in the working directory, never the
+#: repository's tracked results (``--out-dir experiments/results --force`` regenerates those).
+DEFAULT_OUT_DIR = Path("bench_solvers_out")
 
 
 def _num(x: Any) -> Any:
@@ -35,6 +38,22 @@ def _csv_ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def format_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells under their headers, each column as wide as its widest cell (``<`` left, ``>`` right).
+
+    Examples
+    --------
+    >>> print(format_table([("name", "<"), ("n", ">")], [["a", "1"], ["bbb", "22"]]))
+    name  n
+    a     1
+    bbb  22
+    """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, (h, _) in enumerate(columns)]
+    lines = [[h for h, _ in columns], *rows]
+    return "\n".join(" ".join(f"{c:{a}{w}}" for c, (_, a), w in zip(line, columns, widths)).rstrip()
+                     for line in lines)
 
 
 def _instances_parser() -> argparse.ArgumentParser:
@@ -90,12 +109,12 @@ def instances_main(argv: Sequence[str]) -> int:
         if args.json:
             print(json.dumps({"suite": args.suite, "instances": rows}))
             return 0
-        print(f"{'name':<34} {'family':<22} {'model':<28} {'GPUs':>5} {'types':>5} {'G':>6} {'stages':>6} "
-              f"{'tp':>3} mbs")
-        for r in rows:
-            print(f"{r['name']:<34} {r['family']:<22} {str(r['model']):<28} {r['num_gpus']:>5} "
-                  f"{r['num_types']:>5} {r['global_batch_size']:>6} {r['max_stages']:>6} {str(r['max_tp'] or '-'):>3} "
-                  f"{r['micro_batch_sizes'] or 'all'}")
+        cols = [("name", "<"), ("family", "<"), ("model", "<"), ("GPUs", ">"), ("types", ">"), ("G", ">"),
+                ("stages", ">"), ("tp", ">"), ("mbs", "<")]
+        cells = [[r["name"], r["family"], str(r["model"]), str(r["num_gpus"]), str(r["num_types"]),
+                  str(r["global_batch_size"]), str(r["max_stages"]), str(r["max_tp"] or "-"),
+                  ",".join(map(str, r["micro_batch_sizes"])) if r["micro_batch_sizes"] else "all"] for r in rows]
+        print(format_table(cols, cells))
         return 0
     if args.action == "export":
         insts = [get_instance(n) for n in args.names] if args.names else library(args.suite)
@@ -142,6 +161,29 @@ def instances_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _check_outputs(paths: list[Path], *, force: bool) -> None:
+    """Refuse to overwrite existing output files without ``--force``; create the folder.
+
+    Raises
+    ------
+    HppInputError
+        An output file exists (and no ``--force``), or the folder cannot be created or written.
+    """
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise HppInputError(f"{existing[0]} exists" + (f" (and {len(existing) - 1} more output files)"
+                                                       if len(existing) > 1 else ""), field="--out-dir",
+                            fix="give another --out-dir or --prefix, or --force to overwrite")
+    folder = paths[0].parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HppInputError(f"cannot create {folder} ({exc.strerror})", field="--out-dir",
+                            fix="give a writable folder") from None
+    if not os.access(folder, os.W_OK):
+        raise HppInputError(f"cannot write to {folder}", field="--out-dir", fix="give a writable folder")
+
+
 def bench_solvers_main(argv: Sequence[str]) -> int:
     """``hpp bench-solvers ...`` (arguments after ``bench-solvers``); returns the exit code."""
     from hpp.instances import get_instance, library
@@ -155,8 +197,10 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     ap.add_argument("--solvers", default=",".join(SOLVER_NAMES), help="comma-separated (default: all)")
     ap.add_argument("--instances", help="comma-separated instance names (default: the whole suite)")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers (default 1; HiGHS uses one)")
-    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
-    ap.add_argument("--prefix", default="bench_solvers", help="output file prefix (default bench_solvers)")
+    ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
+                    help="folder for the CSV, plots and summary (created if missing)")
+    ap.add_argument("--prefix", default="bench_solvers", help="output file prefix")
+    ap.add_argument("--force", action="store_true", help="overwrite output files that exist already")
     ap.add_argument("--json", action="store_true", help="print one JSON object (rows, violations, files)")
     args = ap.parse_args(list(argv))
     solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
@@ -168,10 +212,11 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
         print(f"{r.instance:<34} {r.solver:<9} {r.status:<9} obj {r.objective_s:10.5f} s  gap "
               f"{r.gap:8.3%}  {r.wall_s:6.2f} s", file=sys.stderr, flush=True)
 
-    rows = run_bench(insts, solvers=solvers, options=options, on_row=progress)
     out = args.out_dir
     files = {"csv": out / f"{args.prefix}.csv", "time_to_best_png": out / f"{args.prefix}_time_to_best.png",
              "performance_profile_png": out / f"{args.prefix}_profile.png", "summary_txt": out / f"{args.prefix}.txt"}
+    _check_outputs(list(files.values()), force=args.force)      # before minutes of solving, not after
+    rows = run_bench(insts, solvers=solvers, options=options, on_row=progress)
     write_csv(rows, files["csv"])
     plot_time_to_best(rows, files["time_to_best_png"], time_limit_s=limit)
     plot_performance_profile(rows, files["performance_profile_png"])
@@ -206,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"hpp {argv[0]}: interrupted", file=sys.stderr)
+        return 1
+    except BrokenPipeError:   # e.g. `hpp instances list | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

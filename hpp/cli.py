@@ -1,4 +1,4 @@
-"""The ``hpp`` command line: thin (parse, call the library, print). See shared CONTRACT.md.
+"""The ``hpp`` command line: thin (parse, call the library, print). See docs/CONTRACT.md.
 
 Exit codes: 0 success; 2 bad input or no feasible plan (one line on stderr naming the
 file and field, or the memory shortfall); 1 anything else.
@@ -9,175 +9,109 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from hpp.cliparse import Parser
+from hpp.cli_inputs import DEFAULT_GBS, check_plan_args, check_writable, left_out_types, plan_inputs
+from hpp.cli_output import estimate_json, idle_devices_note, num, plan_source, print_estimate
+from hpp.cliparse import DefaultsRawFormatter, Parser
 from hpp.errors import HppInputError
 
 __all__ = ["main"]
 
 log = logging.getLogger("hpp")
 
-
-def _num(x: float) -> Any:
-    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
-
-
-def _estimate_json(est) -> dict[str, Any]:
-    return {
-        "iteration_time_s": est.iteration_time_s,
-        "pipeline_time_s": est.pipeline_time_s,
-        "grad_sync_s": est.grad_sync_s,
-        "grad_sync_block_s": est.grad_sync_block_s,
-        "grad_sync_layer_s": est.grad_sync_layer_s,
-        "optimizer_s": est.optimizer_s,
-        "throughput_samples_per_s": est.throughput_samples_per_s,
-        "throughput_tokens_per_s": est.throughput_tokens_per_s,
-        "peak_memory_bytes": est.peak_memory_bytes,
-        "fits_memory": est.fits_memory,
-        "uses_estimated_profile": est.uses_estimated_profile,
-        "pipelines": [{
-            "time_s": p.time_s, "num_micro_batches": p.num_micro_batches, "micro_batch_size": p.micro_batch_size,
-            "num_samples": p.num_samples, "bottleneck_s": p.bottleneck_s,
-            "stages": [{"layers": [s.layer_start, s.layer_stop], "device_type": s.device_type,
-                        "tp_degree": s.tp_degree, "recompute": s.recompute, "forward_s": s.forward_s,
-                        "backward_s": s.backward_s, "p2p_s": s.p2p_s, "busy_s": s.busy_s, "bubble_s": s.bubble_s,
-                        "optimizer_s": s.optimizer_s, "grad_sync_s": s.grad_sync_s,
-                        "in_flight_micro_batches": s.in_flight_micro_batches, "memory_bytes": s.memory_bytes,
-                        "capacity_bytes": s.capacity_bytes, "headroom_bytes": s.headroom_bytes}
-                       for s in p.stages]} for p in est.pipelines],
-        "blocks": [{"layers": [b.layer_start, b.layer_stop], "holder_stages": list(b.holders),
-                    "bytes": b.num_bytes, "allreduce_s": b.allreduce_s} for b in est.blocks],
-    }
+#: Default ``--baseline-time-limit`` [s]: both baselines together (and ``hpp plan`` on 4,096 GPUs in < 30 s).
+DEFAULT_BASELINE_TIME_LIMIT_S = 10.0
 
 
-def _mem(x: float, unit: float) -> str:
-    return f"{x / unit:.1f}"
-
-
-def _mem_unit(capacity_bytes: float) -> tuple[float, str]:
-    """GiB for GPU-sized capacities, MiB below 1 GiB (emulated CPU devices)."""
-    return (2**30, "GiB") if capacity_bytes >= 2**30 else (2**20, "MiB")
-
-
-def _print_estimate(est, plan, out=None) -> None:
-    w = (out or sys.stdout).write          # sys.stdout at call time (it may be replaced after import)
-    unit, uname = _mem_unit(min(s.capacity_bytes for p in est.pipelines for s in p.stages))
-    w(f"{'pipe':>4} {'stage':>5} {'device':>12} {'tp':>2} {'layers':>9} {'rec':>4} {'mb':>3} {'#mb':>4} "
-      f"{'fwd+bwd ms':>10} {'p2p ms':>7} {'bubble s':>8} {'sync s':>7} {'memory / capacity':>17}\n")
-    for i, (p, pe) in enumerate(zip(plan.pipelines, est.pipelines)):
-        for j, (s, se) in enumerate(zip(p.stages, pe.stages)):
-            w(f"{i:>4} {j:>5} {s.device_type:>12} {s.tp_degree:>2} {f'[{s.layer_start},{s.layer_stop})':>9} "
-              f"{s.recompute[:4]:>4} {p.micro_batch_size:>3} {p.num_micro_batches:>4} "
-              f"{1e3 * (se.forward_s + se.backward_s):>10.2f} {1e3 * se.p2p_s:>7.2f} {se.bubble_s:>8.3f} "
-              f"{se.grad_sync_s:>7.3f} {_mem(se.memory_bytes, unit):>6}/{_mem(se.capacity_bytes, unit):>6} {uname}\n")
-        w(f"     pipeline {i}: {p.num_samples} samples, {pe.time_s:.3f} s\n")
-    w(f"blocks: {len(est.blocks)}; gradient sync block-wise {est.grad_sync_block_s:.3f} s "
-      f"(per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
-    w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
-      f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "
-      f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {_mem(est.peak_memory_bytes, unit)} {uname}\n")
-    if not est.fits_memory:
-        w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
-    for msg in est.warnings:
-        w(f"note: {msg}\n")
+_num = num                      # older name, kept for callers
 
 
 # ----------------------------------------------------------------------------- commands
 
 
-def _check_writable(out: Path | None) -> None:
-    """Refuse an ``--out`` whose folder is missing or read-only before any work is done."""
-    if out is None:
-        return
-    parent = Path(out).resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise HppInputError(f"cannot write {out}: folder {parent} does not exist or is not writable",
-                            field="--out", fix="create the folder first or give a writable path")
+_check_writable = check_writable           # older names, kept for callers
+_check_plan_args = check_plan_args
 
 
-def _check_plan_args(args) -> None:
-    """Refuse out-of-range numbers before anything is computed (exit 2, naming the flag)."""
-    checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--max-stages", args.max_stages, 1),
-              ("--max-types-per-pipeline", args.max_types_per_pipeline, 1),
-              ("--workers", args.workers, 0))
-    for flag, value, minimum in checks:
-        if value is not None and value < minimum:
-            raise HppInputError(f"{flag} {value}", field=flag, fix=f"give an integer >= {minimum}")
-    if not args.time_limit > 0:
-        raise HppInputError(f"--time-limit {args.time_limit}", field="--time-limit", fix="give a positive number of seconds")
-    if not args.baseline_time_limit > 0:
-        raise HppInputError(f"--baseline-time-limit {args.baseline_time_limit}", field="--baseline-time-limit",
-                            fix="give a positive number of seconds (--no-baselines skips the baselines)")
-    if args.micro_batch_sizes is not None and (not args.micro_batch_sizes or min(args.micro_batch_sizes) < 1):
-        raise HppInputError(f"--micro-batch-sizes {args.micro_batch_sizes}", field="--micro-batch-sizes",
-                            fix="give positive integers, e.g. 1,2,4")
-    _check_writable(getattr(args, "out", None))
-    if args.scenario and (args.cluster or args.profile or args.model):
-        raise HppInputError("--scenario cannot be combined with --cluster/--profile/--model", field="--scenario",
-                            fix="use either a bundled scenario or your own cluster and profile")
+def _seed_from_previous(inp, seeds: dict, say) -> float:
+    """Add the surviving pipelines of ``--previous`` to ``seeds`` (as "previous"); returns the time taken [s]."""
+    if inp.previous is None:
+        return 0.0
+    from hpp.replan import SEED_NAME, seed_from_previous
+
+    t = time.perf_counter()
+    ids = inp.id_map if inp.id_map is not None else {d.device_id: d.device_id for d in inp.cluster.devices}
+    seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
+    if seed is not None:
+        seeds[SEED_NAME] = seed
+    say(f"--previous: {len(seed.pipelines) if seed else 0} of its {len(inp.previous.pipelines)} pipelines survive "
+        f"as a seed ({time.perf_counter() - t:.2f} s)")
+    return time.perf_counter() - t
 
 
-def _inputs_from_args(args) -> tuple[Any, Any, int, str]:
-    from hpp.profiles.bundled import load_bundled_profile
-    from hpp.profiles.cluster import load_cluster
-    from hpp.profiles.model_profile import load_profile
-    from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
-
-    _check_plan_args(args)
-    if args.cluster or args.profile or args.model:
-        if args.profile and args.model:
-            raise HppInputError("give --profile or --model, not both", field="--model",
-                                fix="--profile FILE for your own profile, --model NAME for a bundled one")
-        # the profile first: an unknown --model is named as such, whatever the cluster
-        try:
-            profile = load_profile(args.profile) if args.profile else load_bundled_profile(args.model or "OPT-350")
-        except HppInputError as exc:          # the library names its argument; here it is the flag
-            if args.profile:
-                raise
-            raise HppInputError(exc.message, field="--model", fix=exc.fix) from None
-        if not args.cluster:
-            raise HppInputError("--cluster is required with --profile/--model", field="--cluster",
-                                fix="give a cluster JSON file, or use --scenario")
-        cluster = load_cluster(args.cluster)
-        gbs = args.gbs if args.gbs is not None else 1024
-        return cluster, profile, gbs, Path(args.cluster).stem
-    sc = get_scenario(args.scenario or DEFAULT_SCENARIO)
-    return sc.cluster(), load_bundled_profile(sc.model), args.gbs if args.gbs is not None else sc.global_batch_size, \
-        sc.name
+def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
+    """``search.replan`` of the JSON output (None without --exclude-*/--previous)."""
+    if not inp.excluded and inp.previous is None:
+        return None
+    from hpp.replan import SEED_NAME
+    return {"excluded_device_ids": sorted(inp.excluded), "devices_before": inp.full_cluster.num_devices,
+            "devices_after": inp.cluster.num_devices,
+            "device_map": {str(k): v for k, v in (inp.id_map or {}).items()},
+            "seeded_from_previous": res.stats.get("seeded_from") == SEED_NAME,
+            "seed_s": seed_s, "wall_s": seed_s + res.wall_s}
 
 
 def cmd_plan(args) -> int:
+    from dataclasses import replace
+
     from hpp.baselines import run_baselines
     from hpp.formulation.candidates import SearchSpace
     from hpp.formulation.composition import SolverSettings
     from hpp.plan import plan_to_dict, write_plan_json
     from hpp.planner import check_micro_batch_sizes, plan_hpp
+    from hpp.profiles.cluster import cluster_notes
     from hpp.resolve import profile_ref_for
     from hpp.validate import validate_plan
 
-    cluster, profile, gbs, name = _inputs_from_args(args)
+    t0 = time.perf_counter()
+    inp = plan_inputs(args)
+    cluster, profile, gbs, name, said = inp.cluster, inp.profile, inp.global_batch_size, inp.name, inp.said
     space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
-                        max_types_per_pipeline=args.max_types_per_pipeline)
+                        max_types_per_pipeline=args.max_types_per_pipeline,
+                        mixed_tp_pipelines=args.mixed_tp_pipelines)
     settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed,
                               cpsat_on_subset=args.cpsat_on_subset)
+    left_out = left_out_types(cluster, profile, space)
+    notes = cluster_notes(cluster) + list(left_out.values())
     check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
-    if not args.no_baselines and progress:
-        progress(f"baselines: uniform, and single-shape (capped at {args.baseline_time_limit:g} s)")
+    say = progress or (lambda _msg: None)
+    say(f"planning {profile.model} on {name}: {cluster.num_devices} devices, global batch {gbs}")
+    for line in said:
+        say(f"using {line}")
+    for line in notes:
+        say(f"note: {line}")
+    t_base = time.perf_counter()
+    if not args.no_baselines:
+        say(f"baselines (together at most {args.baseline_time_limit:g} s; --baseline-time-limit S, "
+            f"--no-baselines)")
     baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space,
-                                                                 time_budget_s=args.baseline_time_limit)
+                                                                 time_budget_s=args.baseline_time_limit,
+                                                                 progress=progress)
+    base_s = time.perf_counter() - t_base
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
+    seed_s = _seed_from_previous(inp, seeds, say)
+    say(f"HPP search (composition solve at most {args.time_limit:g} s; --time-limit S)")
     res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, solver=args.solver,
                    profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
-    from dataclasses import replace
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
                  "throughput_samples_per_s": res.estimate.throughput_samples_per_s,
                  "throughput_tokens_per_s": res.estimate.throughput_tokens_per_s,
@@ -186,23 +120,30 @@ def cmd_plan(args) -> int:
     if args.out:
         write_plan_json(plan, args.out)
     comp = res.composition
-    search = {"wall_s": res.wall_s, "status": comp.status, "gap": _num(comp.gap), "objective_s": _num(comp.objective_s),
-              "bound_s": _num(comp.bound_s), "solver": comp.solver, "solve_s": comp.wall_s,
-              "num_candidates": comp.num_candidates,
-              "stats": {k: (_num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
-    base_json = {k: {"iteration_time_s": _num(b.iteration_time_s), "throughput_samples_per_s": _num(b.throughput),
-                     "speedup_of_hpp": _num(b.iteration_time_s / res.estimate.iteration_time_s)
+    source, source_line = plan_source(res.stats, comp)
+    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()))
+    if idle:
+        notes.append(idle)
+    search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
+              "bound_s": num(comp.bound_s), "solver": comp.solver, "solve_s": comp.wall_s, "source": source,
+              "num_candidates": comp.num_candidates, "baselines_s": base_s,
+              "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
+              "replan": _replan_json(inp, res, seed_s),
+              "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
+    base_json = {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
+                     "speedup_of_hpp": num(b.iteration_time_s / res.estimate.iteration_time_s)
                      if b.iteration_time_s else None, "wall_s": b.wall_s, "description": b.description,
-                     "feasible": b.feasible}
+                     "feasible": b.feasible, "candidates": b.candidates}
                  for k, b in baselines.items()}
     if args.json:
-        out = {"scenario": name, "predicted": _estimate_json(res.estimate), "search": search,
+        out = {"scenario": name, "model": profile.model, "global_batch_size": gbs, "notes": notes,
+               "predicted": estimate_json(res.estimate), "search": search,
                "baselines": base_json, "plan": plan_to_dict(plan)}   # the summary first, the long plan last
         print(json.dumps(out, indent=1))
         return 0
     print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
-    _print_estimate(res.estimate, plan)
+    print_estimate(res.estimate, plan)
     seen = res.stats.get("cpsat_candidates")
     if seen == 0:
         how = f" (more than {settings.max_candidates}: CP-SAT skipped, the LP bound covers all)"
@@ -210,21 +151,24 @@ def cmd_plan(args) -> int:
         how = f" (CP-SAT saw the best {seen}; the bound covers all)"
     else:
         how = ""
-    if comp.solver == "cp-sat" and res.stats.get("plan_from") == "heuristic":
-        how += "; the plan is the heuristic incumbent (CP-SAT found none better)"
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s, "
           f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates{how}")
-    if res.stats.get("seeded_from"):
-        print(f"plan returned: the {res.stats['seeded_from']} baseline's, which the cost model prices below the "
-              f"search's ({comp.objective_s:.3f} s objective); the objective, bound and gap above are the search's")
+    print(source_line)
+    if inp.excluded or inp.previous is not None:
+        from hpp.replan import SEED_NAME
+        print(f"re-plan: {inp.full_cluster.num_devices} -> {cluster.num_devices} devices in {seed_s + res.wall_s:.2f} s"
+              f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
     for k, b in baselines.items():
         if b.feasible:
-            print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter ({b.description}); HPP speedup "
-                  f"{b.iteration_time_s / res.estimate.iteration_time_s:.2f}x")
+            print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter, HPP speedup "
+                  f"{b.iteration_time_s / res.estimate.iteration_time_s:.2f}x ({b.description})")
         else:
             print(f"baseline {k:>12}: no feasible plan ({b.description})")
+    for line in notes:
+        print(f"note: {line}")
     if args.out:
         print(f"plan written to {args.out}")
+    say(f"done in {time.perf_counter() - t0:.1f} s (baselines {base_s:.1f} s, HPP search {res.wall_s:.1f} s)")
     return 0
 
 
@@ -244,12 +188,12 @@ def cmd_estimate(args) -> int:
         write_plan_json(plan, args.out)
     if args.json:
         print(json.dumps({"plan": str(args.plan), "format": plan.predicted.get("imported_from", "hpp"),
-                          "model": plan.model, "predicted": _estimate_json(est)}, indent=1))
+                          "model": plan.model, "predicted": estimate_json(est)}, indent=1))
         return 0
     src = plan.predicted.get("imported_from")
     print(f"plan {args.plan}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
           f"{plan.num_devices} devices, global batch {plan.global_batch_size}")
-    _print_estimate(est, plan)
+    print_estimate(est, plan)
     if args.out:
         print(f"hpp plan written to {args.out}")
     return 0
@@ -285,35 +229,67 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
 
 
+_PLAN_EPILOG = """\
+defaults: with no arguments, the bundled scenario opt350-a100x8-v100x8 (OPT-350, global batch
+1024, 8 A100-40 + 8 V100-16); --model/--profile with --scenario replace its model; with
+--cluster FILE, --model NAME or --profile FILE is required and --gbs defaults to 1024. The
+first progress lines name every default in use. Time limits: --baseline-time-limit bounds both baselines together
+(about S + 1 s), --time-limit the HPP composition solve (LP bound + CP-SAT, which always gets
+at least 0.5 s); building the candidates (seconds at 4,096 GPUs) is outside both.
+
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = Parser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.")
-    ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr")
+    from hpp.profiles.bundled import bundled_models
+    from hpp.profiles.cluster import CLUSTER_FORMAT_HELP
+
+    ap = Parser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.",
+                epilog="Global options (-v, -vv) go before the command: hpp -v run PLAN.json --steps 1")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("plan", help="search the best HPP plan (no arguments: the bundled default scenario)")
-    p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`)")
-    p.add_argument("--cluster", type=Path, help="cluster JSON file (instead of --scenario)")
-    p.add_argument("--profile", type=Path, help="native profile JSON file (with --cluster)")
-    p.add_argument("--model", help="bundled model profile (with --cluster): OPT-350, GPT-Neo-2.7, LLAMA-3-8, gpt-tiny")
-    p.add_argument("--gbs", type=int, help="global batch size [samples]")
+    p = sub.add_parser("plan", help="search the best HPP plan (no arguments: the bundled default scenario)",
+                       formatter_class=DefaultsRawFormatter, epilog=_PLAN_EPILOG + CLUSTER_FORMAT_HELP)
+    p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`; default opt350-a100x8-v100x8)")
+    p.add_argument("--cluster", type=Path, help="cluster JSON file instead of --scenario (format below)")
+    p.add_argument("--profile", type=Path,
+                   help="native profile JSON file (with --cluster, or replacing a --scenario's model)")
+    p.add_argument("--model", help=f"bundled model profile (with --cluster, or replacing a --scenario's model): "
+                                   f"{', '.join(bundled_models())}")
+    p.add_argument("--gbs", type=int, help=f"global batch size [samples] (default: the scenario's; {DEFAULT_GBS} "
+                                             f"with --cluster)")
     p.add_argument("--micro-batch-sizes", type=_int_list,
                    help="comma-separated micro-batch sizes to consider (default: all measured)")
-    p.add_argument("--max-tp", type=int, help="largest TP degree")
-    p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline (default 8)")
+    p.add_argument("--max-tp", type=int, help="largest TP degree (default: the largest measured that fits a node)")
+    p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline")
     p.add_argument("--max-types-per-pipeline", type=int, default=2,
-                   help="most GPU types in one pipeline (default 2; 3 searches far more shapes)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT time limit [s] (default 10)")
+                   help="most GPU types in one pipeline (3 searches far more shapes)")
+    p.add_argument("--time-limit", type=float, default=10.0,
+                   help="time limit [s] of the composition solve: LP bound and CP-SAT (CP-SAT gets what the bound "
+                        "leaves, at least 0.5 s); candidate building and baselines are outside it")
     p.add_argument("--workers", type=int, default=0,
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--cpsat-on-subset", action="store_true",
                    help="with more than 200 candidates, still run CP-SAT on the best 200 (it may improve the plan "
                         "but cannot certify it; default: skip it there)")
-    p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"])
+    p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"], help="composition solver")
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
+    p.add_argument("--mixed-tp-pipelines", action="store_true",
+                   help="let a pipeline's stages have different TP degrees (hpp run refuses such plans)")
     p.add_argument("--no-baselines", action="store_true", help="skip the baselines")
-    p.add_argument("--baseline-time-limit", type=float, default=30.0,
-                   help="cap on the single-shape baseline's enumeration [s] (default 30)")
+    p.add_argument("--baseline-time-limit", type=float, default=DEFAULT_BASELINE_TIME_LIMIT_S,
+                   help="bound on both baselines together [s] (uniform up to half, single-shape the rest; each "
+                        "stops at its deadline with its best plan so far)")
+    p.add_argument("--exclude-devices", metavar="IDS",
+                   help="comma-separated device ids to leave out (lost GPUs; ids of the cluster before excluding, "
+                        "numbered node by node); the rest is renumbered node by node")
+    p.add_argument("--exclude-nodes", metavar="IDS", help="comma-separated node indices to leave out")
+    p.add_argument("--previous", type=Path, metavar="PLAN.json",
+                   help="the plan made before the loss: its pipelines that use no excluded device seed the search "
+                        "(the result is never predicted slower than them); without --scenario/--cluster, its "
+                        "cluster, profile and global batch are used")
     p.add_argument("--out", type=Path, help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -342,19 +318,54 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+_DISPATCHED = ("run", "profile", "instances", "bench-solvers")
+
+
+def _global_flags(argv: list[str]) -> tuple[int, list[str]]:
+    """(verbosity, the rest): the global flags (-v, -vv, --verbose) before the command are taken off.
+
+    Examples
+    --------
+    >>> _global_flags(["-vv", "--verbose", "run", "p.json", "-v"])
+    (3, ['run', 'p.json', '-v'])
+    """
+    verbose, i = 0, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--verbose":
+            verbose += 1
+        elif len(a) > 1 and a[0] == "-" and set(a[1:]) == {"v"}:
+            verbose += len(a) - 1
+        else:
+            break
+        i += 1
+    return verbose, argv[i:]
+
+
+def _configure_logging(verbose: int) -> None:
+    """WARNING, INFO (-v) or DEBUG (-vv) for hpp's loggers, on stderr."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hpp").setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hpp`` console script; returns the exit code."""
+    """Entry point of the ``hpp`` console script; returns the exit code.
+
+    Global flags (``-v``/``-vv``/``--verbose``) go before the command and work for every command.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("run", "profile"):   # runtime commands live in hpp.runtime (torch imported only there)
-        from hpp.runtime.cli import main as runtime_main
-        return runtime_main(argv)
-    if argv and argv[0] in ("instances", "bench-solvers"):   # the solver-benchmark commands
-        from hpp.bench_cli import main as bench_main
-        return bench_main(argv)
+    verbose, rest = _global_flags(argv)
+    if rest and rest[0] in _DISPATCHED:
+        _configure_logging(verbose)
+        if rest[0] in ("run", "profile"):       # runtime commands live in hpp.runtime (torch imported only there)
+            from hpp.runtime.cli import main as runtime_main
+            return runtime_main(rest)
+        from hpp.bench_cli import main as bench_main   # the solver-benchmark commands
+        return bench_main(rest)
     ap = _parser()
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    _configure_logging(args.verbose)
     try:
         return args.func(args)
     except HppInputError as exc:

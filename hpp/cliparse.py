@@ -1,9 +1,12 @@
-"""argparse with the project's one-line errors.
+"""argparse with the project's one-line errors and defaults shown in ``--help``.
 
 A parse error (an unknown flag, a value of the wrong type, a missing argument) prints
 ``PROG: error: MESSAGE. Fix: see PROG --help`` on stderr and exits with 2, like every
 other bad input of the command-line tools, instead of argparse's usage block.
 Subcommands' parsers inherit it (``add_subparsers`` uses the parent's class).
+
+Every option with a default shows it in ``--help`` (``(default: 10.0)``) unless its help
+text already says ``default``; flags (``store_true``) and unset (None) defaults show nothing.
 """
 
 from __future__ import annotations
@@ -11,17 +14,43 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-__all__ = ["Parser"]
+__all__ = ["Parser", "DefaultsFormatter", "DefaultsRawFormatter"]
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help formatter that appends ``(default: X)`` to options whose default is not None/False/0-count.
+
+    Examples
+    --------
+    >>> p = Parser(prog="x")
+    >>> _ = p.add_argument("--n", type=int, default=3, help="how many")
+    >>> "how many (default: 3)" in p.format_help()
+    True
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = (argparse._CountAction, argparse._HelpAction, argparse._VersionAction)
+        if ("default" in text or not action.option_strings or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or isinstance(action, quiet)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+class DefaultsRawFormatter(DefaultsFormatter, argparse.RawDescriptionHelpFormatter):
+    """:class:`DefaultsFormatter` that keeps the description's and epilog's line breaks (formats, tables)."""
 
 
 class Parser(argparse.ArgumentParser):
     """:class:`argparse.ArgumentParser` whose :meth:`error` prints one line (exit code 2).
 
     ``help_command``: the command the fix points to (default ``PROG --help``; a script
-    gives its own, e.g. ``python experiments/search_overhead.py --help``).
+    gives its own, e.g. ``python experiments/search_overhead.py --help``). The help shows
+    defaults (:class:`DefaultsFormatter`) unless another ``formatter_class`` is given.
     """
 
     def __init__(self, *args, help_command: str | None = None, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self.help_command = help_command
 

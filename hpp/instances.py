@@ -14,7 +14,7 @@ JSON form (version 1)::
      "profile": {"bundled": "OPT-350"} | {"file": "profile.json"} | {"embedded": {... hpp-profile ...}},
      "global_batch_size": 256,
      "options": {"max_tp": 2, "micro_batch_sizes": [1, 2], "max_stages": 4,
-                 "max_types_per_pipeline": 2, "allow_recompute": true},
+                 "max_types_per_pipeline": 2, "allow_recompute": true, "mixed_tp_pipelines": false},
      "generator": {"num_types": 3, "num_gpus": 32, ..., "seed": 1}}
 
 A ``file`` profile is relative to the instance file. ``generator`` (synthetic instances only)
@@ -64,10 +64,12 @@ class InstanceOptions:
     max_stages: int = 8
     max_types_per_pipeline: int = 2
     allow_recompute: bool = True
+    mixed_tp_pipelines: bool = False
 
     def search_space(self) -> SearchSpace:
         return SearchSpace(micro_batch_sizes=self.micro_batch_sizes, max_tp=self.max_tp, max_stages=self.max_stages,
-                           max_types_per_pipeline=self.max_types_per_pipeline, allow_recompute=self.allow_recompute)
+                           max_types_per_pipeline=self.max_types_per_pipeline, allow_recompute=self.allow_recompute,
+                           mixed_tp_pipelines=self.mixed_tp_pipelines)
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,8 @@ def _options_from(d: Any, source: str) -> InstanceOptions:
     return InstanceOptions(max_tp=None if max_tp is None else pos_int("max_tp", max_tp), micro_batch_sizes=mbs,
                            max_stages=pos_int("max_stages", d.get("max_stages", 8)),
                            max_types_per_pipeline=pos_int("max_types_per_pipeline", d.get("max_types_per_pipeline", 2)),
-                           allow_recompute=bool(d.get("allow_recompute", True)))
+                           allow_recompute=bool(d.get("allow_recompute", True)),
+                           mixed_tp_pipelines=bool(d.get("mixed_tp_pipelines", False)))
 
 
 def instance_from_dict(d: Any, *, source: str = "<dict>", base_dir: Path | None = None) -> Instance:

@@ -152,6 +152,42 @@ def _finish(model: str, profile: ModelProfile, gbs: int, pipes: list[Pipeline], 
     return plan, cluster
 
 
+def _layer_list(layers: list[int]) -> str:
+    """``layers 19-25`` / ``layer 25`` (runs of consecutive layers)."""
+    runs: list[list[int]] = []
+    for x in layers:
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"layer{'s' if len(layers) > 1 else ''} {text}"
+
+
+def _missing_layers(covered: set[int], L: int) -> str:
+    """What a partition leaves out, e.g. ``layers 19-25 are missing (no stage holds them)``; '' if none."""
+    gone = [x for x in range(L) if x not in covered]
+    if not gone:
+        return ""
+    verb = "are" if len(gone) > 1 else "is"
+    return f"{_layer_list(gone)} {verb} missing (no stage holds {'them' if len(gone) > 1 else 'it'})"
+
+
+def _metis_coverage_defect(data: Any, L: int) -> str:
+    """The layer coverage of a Metis plan's ``layer_partition`` in one phrase ('' when it covers [0, L) or
+    cannot be read): missing layers, layers beyond the model."""
+    part = data.get("layer_partition") if isinstance(data, Mapping) else None
+    if not isinstance(part, list) or len(part) < 2 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                                for x in part):
+        return ""
+    covered = {x for lo, hi in zip(part, part[1:]) for x in range(max(lo, 0), hi)}
+    out = [_missing_layers(covered, L)]
+    beyond = sorted(x for x in covered if x >= L)
+    if beyond:
+        out.append(f"layers beyond the model: {_layer_list(beyond).split(' ', 1)[1]}")
+    return "; ".join(x for x in out if x)
+
+
 def _contiguous(layers: Any, lo_expected: int, L: int, *, source: str, field: str) -> tuple[int, int]:
     """[lo, hi) of a stage's explicit layer list; refuses empty, unordered, skipping or out-of-model lists."""
     layers = _list(layers, source=source, field=field, what="layer indices")
@@ -232,8 +268,9 @@ def plan_from_sailor(data: Mapping[str, Any], profile: ModelProfile, *, source: 
             bounds.append((lo2, hi))
             lo = hi
         if lo != L:
-            raise HppInputError(f"the layer partition stops at layer {lo} but {profile.model} has {L} layers",
-                                source=source, field=f"{w}layers_per_stage", fix=f"cover layers [0, {L}) exactly once")
+            raise HppInputError(f"the layer partition stops at layer {lo} but {profile.model} has {L} layers: "
+                                f"{_missing_layers(set(range(lo)), L)}", source=source,
+                                field=f"{w}layers_per_stage", fix=f"cover layers [0, {L}) exactly once")
         dps = _list(_req(pd, "dp", source=source, where=w, fix="give the dp degree of each stage"),
                     source=source, field=f"{w}dp", what="dp degrees")
         if len(dps) != S:
@@ -355,8 +392,22 @@ def plan_from_metis(data: Mapping[str, Any], profile: ModelProfile, *, source: s
     Raises
     ------
     HppInputError
-        Any defect, naming ``source`` and the field (e.g. ``layer_partition``).
+        The first defect found, naming ``source`` and the field (e.g. ``layer_partition``); when
+        the layer partition is wrong too, the message adds its coverage ("also layer_partition:
+        layers 19-25 are missing"), so one line reports both.
     """
+    try:
+        return _plan_from_metis(data, profile, source=source, gbs=gbs)
+    except HppInputError as exc:
+        coverage = _metis_coverage_defect(data, profile.num_layers)
+        if not coverage or exc.field == "layer_partition":
+            raise
+        raise HppInputError(f"{exc.message}; also layer_partition: {coverage}", source=exc.source,
+                            field=exc.field, fix=exc.fix) from None
+
+
+def _plan_from_metis(data: Mapping[str, Any], profile: ModelProfile, *, source: str,
+                     gbs: int | None) -> tuple[Plan, Cluster]:
     if not isinstance(data, Mapping):
         raise HppInputError("a Metis plan must be a JSON object", source=source, fix="see hpp/interop.py")
     L = profile.num_layers
@@ -430,9 +481,8 @@ def plan_from_metis(data: Mapping[str, Any], profile: ModelProfile, *, source: s
     for i, x in enumerate(part):
         _int(x, source=source, field=f"layer_partition[{i}]", minimum=0)
     if part[0] != 0 or part[-1] != L:
-        beyond = part[-1] > L
         raise HppInputError(f"the partition {part} covers [{part[0]}, {part[-1]}) but {profile.model} has layers "
-                            f"[0, {L})" + (": layers beyond the model" if beyond else ""), source=source,
+                            f"[0, {L}): {_metis_coverage_defect(data, L)}", source=source,
                             field="layer_partition", fix=f"start at 0 and end at {L}")
     for s in range(S):
         if part[s] >= part[s + 1]:

@@ -87,7 +87,13 @@ def test_cluster_file_errors(tmp_path, capsys):
     (["plan", "--time-limit", "-1"], "--time-limit -1"),
     (["plan", "--max-stages", "0"], "--max-stages 0"),
     (["plan", "--model", "nope"], "field '--model': no bundled profile for model 'nope'"),
-    (["plan", "--scenario", "opt350-512", "--model", "OPT-350"], "cannot be combined"),
+    (["plan", "--scenario", "opt350-512", "--cluster", "c.json"], "--scenario cannot be combined with --cluster"),
+    (["plan", "--model", "OPT-350", "--profile", "p.json"], "give --profile or --model, not both"),
+    (["plan", "--scenario", "opt350-3types-40", "--exclude-devices", "40"],
+     "field '--exclude-devices': device id 40 is not in the cluster (valid: 0..39)"),
+    (["plan", "--scenario", "opt350-a100x4-v100x4", "--exclude-nodes", "0,1"],
+     "leaves none of the cluster's 8"),
+    (["plan", "--scenario", "opt350-3types-40", "--exclude-devices", "3,x"], "'3,x' is not a list of ids"),
 ])
 def test_plan_flags_out_of_range(argv, message, capsys):
     assert main(argv) == 2

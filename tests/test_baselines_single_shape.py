@@ -15,6 +15,8 @@ from hpp.scenarios import make_cluster
 from hpp.validate import validate_plan
 
 GBS = 64
+#: Metis/AMP mix TP degrees inside a pipeline; HPP's default space does not (SearchSpace.mixed_tp_pipelines)
+MIXED = SearchSpace(mixed_tp_pipelines=True)
 
 
 # --- Metis's merge rule and permutations, hand-computed -------------------------------------------
@@ -77,7 +79,7 @@ def test_max_permute_len_must_be_positive():
 def tiny():
     cl = make_cluster("tiny", {"A100-40": 4, "V100-16": 4})
     prof = load_bundled_profile("OPT-350")
-    return cl, prof, {n: single_shape_baseline(cl, prof, GBS, max_permute_len=n) for n in (None, 1, 4)}
+    return cl, prof, {n: single_shape_baseline(cl, prof, GBS, space=MIXED, max_permute_len=n) for n in (None, 1, 4)}
 
 
 def _canonical_shapes(cl, prof, space):
@@ -97,7 +99,7 @@ def _canonical_shapes(cl, prof, space):
 
 def test_group_orders_add_shapes_to_the_canonical_ones(tiny):
     cl, prof, _ = tiny
-    space = SearchSpace()
+    space = MIXED
     canonical = set(_canonical_shapes(cl, prof, space))
     shapes = list(_single_shape_candidates(cl, prof, space, 4))
     assert len(set(shapes)) == len(shapes)
@@ -109,7 +111,7 @@ def test_group_orders_add_shapes_to_the_canonical_ones(tiny):
 
 def test_default_enumerates_exactly_the_canonical_shapes_in_order(tiny):
     cl, prof, res = tiny
-    space = SearchSpace()
+    space = MIXED
     assert list(_single_shape_candidates(cl, prof, space)) == _canonical_shapes(cl, prof, space)
     canonical_cands = sum(len(common_micro_batch_sizes(prof, shape, space))
                           for _, shape in _canonical_shapes(cl, prof, space) if len(shape) <= prof.num_layers)
@@ -119,7 +121,7 @@ def test_default_enumerates_exactly_the_canonical_shapes_in_order(tiny):
 
 def test_more_candidates_and_never_slower_than_without_permutations(tiny):
     cl, prof, res = tiny
-    space = SearchSpace()
+    space = MIXED
     canonical_cands = sum(len(common_micro_batch_sizes(prof, shape, space))
                           for _, shape in _canonical_shapes(cl, prof, space) if len(shape) <= prof.num_layers)
     # per-type counts 4, 2, 1 of powers of two merge into one block at max_permute_len=1: one order per split
@@ -143,8 +145,8 @@ def test_plan_validates_and_fits(tiny):
 
 def test_candidate_cap_truncates(tiny):
     cl, prof, _ = tiny
-    res = single_shape_baseline(cl, prof, GBS, max_candidates=10)
+    res = single_shape_baseline(cl, prof, GBS, space=MIXED, max_candidates=10)
     # the cap is checked before each shape, whose micro-batch sizes are then all priced
-    assert 10 <= res.candidates < 10 + max(len(common_micro_batch_sizes(prof, shape, SearchSpace()))
-                                            for _, shape in _single_shape_candidates(cl, prof, SearchSpace(), 4))
+    assert 10 <= res.candidates < 10 + max(len(common_micro_batch_sizes(prof, shape, MIXED))
+                                            for _, shape in _single_shape_candidates(cl, prof, MIXED, 4))
     assert f"truncated after {res.candidates} candidates" in res.description

@@ -24,7 +24,12 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     assert main(["plan", "--cluster", str(cl), "--profile", str(prof), "--gbs", "12", "--time-limit", "5",
                  "--out", str(plan), "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
-    assert planned["search"]["status"] == "OPTIMAL"
+    # OPTIMAL needs CP-SAT to close the gap within its patience, which a loaded machine may not give it
+    # (issue 20.6): what is deterministic is a valid plan, its bound below it and the gap between them
+    search = planned["search"]
+    assert search["status"] in ("OPTIMAL", "FEASIBLE")
+    assert search["bound_s"] <= search["objective_s"] * (1 + 1e-9) and 0 <= search["gap"] < 1
+    assert (search["gap"] == 0) == (search["status"] == "OPTIMAL")
     assert sum(p["num_samples"] for p in planned["plan"]["pipelines"]) == 12
     assert main(["run", str(plan), "--steps", "3", "--launcher", "fork", "--json"]) == 0
     ran = json.loads(capsys.readouterr().out)
@@ -79,4 +84,6 @@ def test_emulated_caps_too_small_for_the_model_end_in_a_clear_error(tmp_path, ca
     path.write_text(json.dumps(cluster))
     assert main(["plan", "--cluster", str(path), "--model", "gpt-tiny", "--gbs", "8", "--no-baselines"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "gpt-tiny does not fit in memory" in err[0] and "falls short by" in err[0]
+    errors = [line for line in err if line.startswith("hpp plan: error:")]    # the rest are progress lines
+    assert len(errors) == 1 and err[-1] == errors[0]
+    assert "gpt-tiny does not fit in memory" in errors[0] and "falls short by" in errors[0]

@@ -159,15 +159,15 @@ def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
     assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
     out = capsys.readouterr()
     assert "solver cp-sat" in out.out and "(CP-SAT saw the best" in out.out
-    assert "the plan is the heuristic incumbent (CP-SAT found none better)" in out.out
+    assert "plan returned: the search's, " in out.out
 
 
 def test_plan_cli_says_when_a_baseline_plan_is_returned(capsys):
     from hpp.cli import main
-    assert main(["plan", "--scenario", "llama8-3types-40", "--workers", "1"]) == 0
+    assert main(["plan", "--scenario", "llama8-3types-40", "--workers", "1", "--mixed-tp-pipelines"]) == 0
     out = capsys.readouterr()
     assert "plan returned: the single-shape baseline's" in out.out
-    assert "[hpp plan] baselines: uniform, and single-shape (capped at 30 s)" in out.err
+    assert "[hpp plan] baselines (together at most 10 s; --baseline-time-limit S, --no-baselines)" in out.err
 
 
 @pytest.mark.parametrize("flag", ["0", "-1"])

@@ -19,8 +19,8 @@ EXPECTED = {  # model -> (device types, layers, sequence length)
 DATA = resources.files("hpp.profiles").joinpath("data")
 
 
-def test_bundled_models_are_the_three_converted_ones_and_our_cpu_profile():
-    assert bundled_models() == tuple(sorted([*EXPECTED, "gpt-tiny"]))
+def test_bundled_models_are_the_three_converted_ones_and_our_cpu_profiles():
+    assert bundled_models() == tuple(sorted([*EXPECTED, "gpt-tiny", "opt-tiny", "gpt-neo-tiny", "llama-tiny"]))
     tiny = load_bundled_profile("gpt-tiny")
     assert "hpp profile" in tiny.source and "cpu" in tiny.device_types
 

@@ -33,11 +33,15 @@ def profile_ref():
 
 def _plan(path, *, profile=None, stages0=((0, 3), (3, 6)), tp=1, num_layers=6, model="gpt-tiny", recompute="none"):
     s0 = tuple(Stage(lo, hi, "cpu", 1, (i,), recompute) for i, (lo, hi) in enumerate(stages0))
-    if tp == 2:
-        s0 = (Stage(0, num_layers, "cpu", 2, (0, 1)),)
     p0 = Pipeline(s0, 2, 10)
     p1 = Pipeline((Stage(0, 2, "cpu-2x", 1, (2,)), Stage(2, num_layers, "cpu-2x", 1, (3,))), 2, 6)
-    plan = Plan(model, num_layers, 16, (p0, p1), sequence_length=128, profile_ref=profile or {}, cluster_ref=CLUSTER)
+    cluster = CLUSTER
+    if tp > 1:      # one node of 4 cpu devices: a TP-tp stage, then a one-device pipeline
+        cluster = dict(CLUSTER, device_types={"cpu": {"memory_bytes": 4 * 2**30, "gpus_per_node": 4}},
+                       nodes=[{"device_type": "cpu", "num_devices": 4, "intra_node_bandwidth_bytes_per_s": 1e9}])
+        p0 = Pipeline((Stage(0, num_layers, "cpu", tp, tuple(range(tp))),), 2, 10)
+        p1 = Pipeline((Stage(0, num_layers, "cpu", 1, (tp,)),), 2, 6)
+    plan = Plan(model, num_layers, 16, (p0, p1), sequence_length=128, profile_ref=profile or {}, cluster_ref=cluster)
     write_plan_json(plan, path)
     return str(path)
 
@@ -50,19 +54,45 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(run_mod, "launch_forked", boom)
 
 
+def not_a_model():
+    """``--model tests.test_runtime_cli:not_a_model``: no runtime model protocol."""
+    return object()
+
+
+def other_six_layers():
+    """A 6-layer model named differently from the plan's gpt-tiny."""
+    from hpp.runtime.models import LegacyGPT, ModelConfig
+    return LegacyGPT(ModelConfig("other", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256))
+
+
 @pytest.mark.parametrize("case,args,needle", [
     ("world", ["--world-size", "3"], "the plan has 4 devices but the world size is 3"),
-    ("tp", [], "tensor-parallel degree 1 only"),
+    ("tp", [], "TP degree 3 does not divide gpt-tiny's 4 attention heads"),
     ("invalid", [], "skips layers"),
-    ("model", ["--model", "gpt-nope"], "the runtime has no model 'gpt-nope'"),
-    ("layers", [], "model gpt-tiny has 6 layers but the plan has 7"),
+    ("model", ["--model", "gpt-nope"], "the runtime has no model 'gpt-nope'. Fix: use one of gpt-tiny, gpt-small, "
+                                       "opt-tiny, gpt-neo-tiny, llama-tiny"),
+    ("import", ["--model", "no_such_module_h3:build"], "cannot import 'no_such_module_h3' (ModuleNotFoundError"),
+    ("object", ["--model", "tests.test_runtime_cli:not_a_model"], "returned a object, which has no 'spec'"),
+    ("layers", [], "model gpt-tiny has 6 layers but the plan"),
+    ("profile-layers", [], "the plan has num_layers=7 but the profile of gpt-tiny has 6 layers"),
+    ("name", ["--model", "tests.test_runtime_cli:other_six_layers"],
+     "the plan is for model 'gpt-tiny' but the runtime model is 'other'"),
     ("steps", ["--steps", "0"], "run at least 1 step"),
     ("selective", [], "selective activation recomputation is not supported by hpp run"),
+    ("data-missing", ["--data", "no-such-file.txt"], "--data file 'no-such-file.txt' does not exist"),
+    ("data-short", ["--data", "SHORT"], "is too short for one global batch: 1000 tokens = 7 windows of 128 + 1, "
+                                        "the plan's global batch needs 16 samples"),
+    ("optimizer", ["--lr", "-1"], "training lr = -1.0"),
 ])
-def test_bad_input_is_refused_before_any_process(tmp_path, capsys, no_launch, case, args, needle):
-    kw = {"tp": {"tp": 2}, "invalid": {"stages0": ((0, 2), (3, 6))}, "layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7))},
+def test_bad_input_is_refused_before_any_process(tmp_path, capsys, no_launch, profile_ref, case, args, needle):
+    kw = {"tp": {"tp": 3}, "invalid": {"stages0": ((0, 2), (3, 6))},
+          "layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7))},
+          "profile-layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7)), "profile": profile_ref},
           "selective": {"recompute": "selective"}}.get(case, {})
     path = _plan(tmp_path / "p.json", **kw)
+    if "SHORT" in args:
+        (tmp_path / "short.txt").write_bytes(b"x" * 1000)
+        args = [a if a != "SHORT" else str(tmp_path / "short.txt") for a in args]
     steps = [] if "--steps" in args else ["--steps", "2"]
     assert run_main([path, *steps, *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -76,20 +106,55 @@ def test_more_devices_than_the_host_can_run(tmp_path, capsys, no_launch, monkeyp
     assert "needs 4 devices but this host can run at most 2 CPU ranks" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def emulated_run(tmp_path_factory, profile_ref):
+    """One emulated fork run (3 steps, --json, --timeline), shared by the tests below."""
+    import contextlib
+    import io
+    tmp = tmp_path_factory.mktemp("emulated")
+    path = _plan(tmp / "p.json", profile=profile_ref)
+    png = tmp / "t.png"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = run_main([path, "--steps", "3", "--emulate-speed", "--launcher", "fork", "--json", "--quiet",
+                         "--timeline", str(png)])
+    assert code == 0
+    return json.loads(out.getvalue()), png, tmp
+
+
 @pytest.mark.distributed
-def test_fork_run_emulated_json_and_timeline(tmp_path, capsys, profile_ref):
-    path = _plan(tmp_path / "p.json", profile=profile_ref)
-    png = tmp_path / "t.png"
-    assert run_main([path, "--steps", "3", "--emulate-speed", "--launcher", "fork", "--json",
-                     "--timeline", str(png)]) == 0
-    rep = json.loads(capsys.readouterr().out)
+def test_fork_run_emulated_json_and_timeline(emulated_run):
+    rep, png, tmp = emulated_run
     assert rep["measured"]["iteration_time_s"] > 0 and rep["measured"]["throughput_samples_per_s"] > 0
     assert rep["predicted"]["iteration_time_s"] > 0
+    for key in ("loss", "tokens_per_s", "mfu"):                                    # CONTRACT.md's run keys
+        assert key in rep["measured"]
+    assert rep["measured"]["mfu"] is None and rep["measured"]["loss"] > 0          # CPU: no peak FLOP/s
     assert rep["collectives"]["count"] == 3 and rep["collectives"]["bytes"] > 0     # 3 shared blocks
     assert len(rep["ranks"]) == 4 and all(r["peak_memory_bytes"] > 0 for r in rep["ranks"])
-    slow = [r for r in rep["ranks"] if r["device_type"] == "cpu-2x"]
-    assert all(r["padding_s"] > 0.25 * r["compute_s"] for r in slow)   # padded (loose: the host may be busy)
-    assert png.stat().st_size > 10_000 and not list(tmp_path.glob("*.tmp*"))
+    assert png.stat().st_size > 10_000 and not list(tmp.glob("*.tmp*"))
+
+
+@pytest.mark.distributed
+@pytest.mark.timing
+def test_emulated_slow_ranks_are_padded(emulated_run):
+    """Needs an unloaded host: the emulation's padding is wall-clock."""
+    slow = [r for r in emulated_run[0]["ranks"] if r["device_type"] == "cpu-2x"]
+    assert all(r["padding_s"] > 0.25 * r["compute_s"] for r in slow)
+
+
+def test_timeline_has_a_legend_in_every_panel(tmp_path):
+    from hpp.plan import plan_from_dict, read_plan_json
+    from hpp.runtime.timeline import write_timeline_png
+    plan = plan_from_dict(read_plan_json(_plan(tmp_path / "p.json")))
+    ev = [{"kind": k, "micro_batch": 0, "start_s": t, "stop_s": t + 0.1} for k, t in (("F", 0.0), ("B", 0.2))]
+    results = [{"pipeline": p, "stage": s, "device_type": "cpu", "events": ev} for p in range(2) for s in range(2)]
+    stages = {"stages": [{"forward_s": 0.1, "backward_s": 0.2}] * 2}
+    fig = write_timeline_png(tmp_path / "t.png", plan=plan, results=results,
+                             predicted={"pipelines": [stages, stages]})
+    assert len(fig.axes) == 2 and all(ax.get_legend() is not None for ax in fig.axes)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        "forward (label: micro-batch)", "backward (label: micro-batch)"]
 
 
 @pytest.mark.distributed

@@ -78,10 +78,12 @@ def test_blocks_holders_and_groups():
         (0, 0, 0, 4), (0, 1, 0, 4), (0, 2, 0, 4), (1, 0, 7, 1), (1, 1, 7, 1), (2, 0, 8, 2)]
 
 
-def test_tp_greater_than_one_is_refused():
+def test_tp_degrees_that_differ_within_a_pipeline_are_refused():
     plan = Plan("micro", 6, 4, (Pipeline((_st(0, 3, 0, tp=2), _st(3, 6, 2)), 2, 4),))
-    with pytest.raises(HppInputError, match="tensor-parallel degree 1 only"):
+    with pytest.raises(HppInputError, match=r"pipeline 0 mixes TP degrees \[1, 2\]") as info:
         rank_roles(plan)
+    assert info.value.fix == "re-plan; hpp plan emits one TP degree per pipeline"
+    assert info.value.field == "pipelines[0].stages[*].tp_degree"
 
 
 def test_samples_that_miss_the_global_batch_are_refused_before_any_rank_runs():

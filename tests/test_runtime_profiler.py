@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import load_profile, profile_to_dict
@@ -47,7 +48,8 @@ def test_unknown_model_and_tp_are_refused_without_a_file(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert profile_main(["--model", "gpt-huge", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "unknown model 'gpt-huge'" in err and "gpt-tiny" in err and len(err.splitlines()) == 1
+    assert "the runtime has no model 'gpt-huge'" in err and "gpt-tiny" in err and "llama-tiny" in err
+    assert len(err.splitlines()) == 1
     assert profile_main(["--model", "gpt-tiny", "--tp", "2", "--out", str(out)]) == 2
     assert "TP degree 1 only" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
@@ -80,3 +82,70 @@ def test_out_of_memory_names_the_largest_micro_batch_that_fits(monkeypatch, tmp_
     err = capsys.readouterr().err
     assert "micro-batch size 4 runs out of memory" in err and "the largest size that fits is 2" in err
     assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "examples.user_model:build"])
+def test_profiles_any_runtime_model_through_the_protocol(name):
+    from hpp.runtime.zoo import load_runtime_model
+    model = load_runtime_model(name)
+    prof = profile_model(name, micro_batch_sizes=(1,), warmup=0, repeats=1)
+    assert prof.model == model.spec.name and prof.num_layers == model.spec.num_layers
+    assert prof.meta["runtime_model"] == name
+    hp = prof.meta["hyper_parameters"]
+    assert (hp["num_heads"], hp["num_kv_heads"], hp["ffn_size"]) == (
+        model.spec.num_heads, model.spec.num_kv_heads, model.spec.ffn_size)
+    e = prof.entries[("cpu", 1, 1)]
+    assert all(t > 0 for t in e.forward_s + e.backward_s)
+    expect = [sum(p.numel() * p.element_size() for p in model.build_layer(l, seed=0, dtype=torch.float32).parameters())
+              for l in range(model.spec.num_layers)]
+    assert list(e.param_bytes) == expect
+    assert e.output_bytes[-1] == model.spec.seq_len * model.spec.vocab_size * 4
+
+
+def test_bad_module_function_is_one_line(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert profile_main(["--model", "no_such_module_xyz:build", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot import 'no_such_module_xyz'" in err and len(err.splitlines()) == 1
+    assert profile_main(["--model", "json:loads_nothing", "--out", str(out)]) == 2
+    assert "has no function 'loads_nothing'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["opt-tiny", "gpt-neo-tiny", "llama-tiny"])
+def test_bundled_tiny_profiles_match_their_runtime_models(name):
+    from hpp.profiles.bundled import bundled_models, load_bundled_profile
+    from hpp.runtime.zoo import load_runtime_model
+    assert name in bundled_models()
+    prof, model = load_bundled_profile(name), load_runtime_model(name)
+    assert (prof.model, prof.num_layers, prof.sequence_length) == (name, model.spec.num_layers, model.spec.seq_len)
+    assert set(prof.entries) == {(d, t, b) for d in ("cpu", "cpu-2x") for t in (1, 2) for b in (1, 2, 4)}
+    hp = prof.meta["hyper_parameters"]
+    assert (hp["num_heads"], hp["num_kv_heads"], hp["ffn_size"]) == (
+        model.spec.num_heads, model.spec.num_kv_heads, model.spec.ffn_size)
+    assert prof.meta["runtime_model"] == name
+    tp1 = prof.entries[("cpu", 1, 2)]
+    assert list(tp1.param_bytes) == [sum(p.numel() * 4 for p in model.build_layer(l, seed=0, dtype=torch.float32)
+                                         .parameters()) for l in range(model.spec.num_layers)]
+    tp2 = prof.entries[("cpu", 2, 2)]
+    assert "derived, not measured" in tp2.note and "measured by hpp profile" in tp1.note
+    assert tp2.forward_s == tuple(t / 2 for t in tp1.forward_s)
+    assert all(a <= b for a, b in zip(tp2.param_bytes, tp1.param_bytes))
+    assert tp1.param_bytes[1] < 2 * tp2.param_bytes[1] < 1.05 * tp1.param_bytes[1]   # a block: all but norms, some biases halved
+    slow = prof.entries[("cpu-2x", 1, 2)]
+    assert slow.forward_s == tuple(2 * t for t in tp1.forward_s)
+
+
+def test_tiny_model_plans_on_the_cpu_cluster_with_tp_2(tmp_path, capsys):
+    import json
+
+    from hpp.cli import main
+    cluster = tmp_path / "c.json"
+    assert main(["scenarios", "--cluster", "cpu-hetero-4"]) == 0
+    cluster.write_text(capsys.readouterr().out)
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", str(cluster), "--model", "llama-tiny", "--gbs", "8", "--max-tp", "2",
+                 "--no-baselines", "--quiet", "--time-limit", "5", "--out", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert (plan["model"], plan["num_layers"], plan["profile"]) == ("llama-tiny", 7, {"name": "llama-tiny"})
+    assert {s["tp_degree"] for p in plan["pipelines"] for s in p["stages"]} <= {1, 2}

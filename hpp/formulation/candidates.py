@@ -136,12 +136,16 @@ def runnable_tp_degrees(profile: ModelProfile) -> tuple[int, ...]:
 def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> dict[str, tuple[StageKind, ...]]:
     """Stage kinds per device type of the cluster: every measured TP degree that fits a node and ``max_tp``.
 
+    A device type with no such TP degree is left out (not a key of the result; logged, and the
+    CLI says so); the input is refused only when every type is left out.
+
     Raises
     ------
     HppInputError
-        A device type of the cluster has no profile (named), or no usable TP degree.
+        A device type of the cluster has no profile (named), or no type has a usable TP degree.
     """
     out: dict[str, tuple[StageKind, ...]] = {}
+    unusable: list[str] = []
     runnable = set(runnable_tp_degrees(profile))
     for dtype in sorted(cluster.count_by_type()):
         if dtype not in profile.device_types:
@@ -152,10 +156,14 @@ def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> 
         tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)
                and t in runnable]
         if not tps:
-            raise HppInputError(f"{profile.model} on {dtype} is profiled only at TP {list(profile.tp_degrees(dtype))}, "
-                                f"which does not fit nodes of {largest_node} devices or --max-tp",
-                                field="max_tp", fix="raise --max-tp or use larger nodes")
+            unusable.append(f"{dtype} is profiled only at TP {list(profile.tp_degrees(dtype))}, nodes of {largest_node}")
+            log.info("%s left out: no measured TP degree fits its nodes and max_tp", dtype)
+            continue
         out[dtype] = tuple(StageKind(dtype, t) for t in tps)
+    if not out:
+        raise HppInputError(f"no GPU type of the cluster has a TP degree of {profile.model} that fits its nodes "
+                            f"and --max-tp ({'; '.join(unusable)})", field="max_tp",
+                            fix="raise --max-tp or use larger nodes")
     return out
 
 

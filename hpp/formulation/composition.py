@@ -368,8 +368,8 @@ class _Improvements(cp_model.CpSolverSolutionCallback):
     def on_solution_callback(self) -> None:
         self.last = time.perf_counter()
         if self.report is not None:
-            self.report(f"CP-SAT incumbent {self.objective_value / US_PER_S:.4f} s, "
-                        f"bound {self.best_objective_bound / US_PER_S:.4f} s (its model)")
+            self.report(f"CP-SAT solution {self.objective_value / US_PER_S:.4f} s in its relaxed model (sync one "
+                        f"bucket per stage; priced exactly at the end), bound {self.best_objective_bound / US_PER_S:.4f} s")
 
 
 def _solve_with_patience(solver: cp_model.CpSolver, model: cp_model.CpModel, patience_s: float | None,

@@ -46,6 +46,23 @@ entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE devic
   recompute, which also holds one layer's activations while recomputing it),
   w * A_max the backward workspace of the stage's largest layer (v2), buffers the
   point-to-point send/receive tensors. Must stay <= capacity - reserve.
+- Memory from the runtime step's own terms (profiles measured by ``hpp profile``,
+  :mod:`hpp.runtime.memory_profile`; :func:`stage_memory_breakdown`): with P the stage's
+  parameter bytes (fp32 masters also under bf16 mixed precision), n the optimizer's
+  states per parameter (AdamW 2, SGD 0), K = sum of ``step_activation_bytes[lo:hi]``
+  (+ ``loss_activation_bytes`` on the last stage), buffers = m x input bytes (non-first
+  stage) + m x output bytes (non-last): the pipelining library's receive buffers, one
+  per micro-batch, for activations and gradients:
+
+      backward phase:  P (2 + n) + buffers + k_i K + g + max_l (T_l - sum_{j > l} K_j)
+      optimizer phase: P (2 + n) + buffers + o P
+
+  g = one input gradient still held from the previous backward (non-first stage,
+  m > k_i), T_l = ``backward_transient_bytes[l]``, K_j the per-layer terms of the
+  layers after l in the stage (freed by the time l runs backward), o the optimizer
+  step's temporaries per parameter byte. Peak = R_type + max of the two phases.
+  Under full recomputation a layer keeps its output O_l only and its backward first
+  rebuilds the rest of what it saved (T_l + K_l - O_l). Must stay <= capacity (1 - headroom) - reserve.
 """
 
 from __future__ import annotations
@@ -61,9 +78,13 @@ from hpp.profiles.model_profile import LayerProfile, ModelProfile
 __all__ = [
     "FRAMEWORK_BYTES", "CostModelConfig", "StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate",
     "pipeline_time_1f1b_s", "ring_allreduce_s", "in_flight_micro_batches", "stage_activation_bytes",
-    "stage_compute_s", "stage_p2p_wait_s", "stage_time_s", "stage_memory_bytes", "block_decomposition", "estimate_plan",
+    "stage_compute_s", "stage_p2p_wait_s", "stage_time_s", "stage_memory_bytes", "stage_memory_breakdown",
+    "block_decomposition", "estimate_plan", "OPTIMIZER_STATES",
 ]
 
+
+#: Optimizer state tensors per parameter (fp32, like the parameter): AdamW exp_avg + exp_avg_sq, SGD none.
+OPTIMIZER_STATES: dict[str, int] = {"adamw": 2, "sgd": 0}
 
 #: Memory a training process holds outside the model's tensors, per GPU type [bytes].
 #: GH-96 (GH200): 4.76e9, Sailor's calibrated figure for "fused kernel loading, depends on GPU +
@@ -119,6 +140,20 @@ class CostModelConfig:
     grad_sync : str
         ``"block"`` (block-wise aggregation, HPP) or ``"layer"`` (one all-reduce per
         layer, the naive alternative): which one enters the iteration time.
+    memory_headroom : float
+        Fraction of every device's memory kept free, in [0, 1): a stage must fit in
+        ``capacity (1 - memory_headroom) - reserve_bytes``. Default 0.0 (``hpp plan
+        --memory-headroom``).
+    optimizer : str
+        ``"adamw"`` or ``"sgd"``: the optimizer the run uses, whose states
+        (:data:`OPTIMIZER_STATES`) the step-memory terms count. Used only for profiles with
+        the runtime step's memory terms (:attr:`LayerProfile.has_step_memory`); the
+        calibrated formula keeps ``state_bytes_per_param_byte``.
+    optimizer_transient_params : float
+        The optimizer step's temporaries in units of the stage's parameter bytes (step-memory
+        terms only). 1.0: torch's multi-tensor (``foreach``) AdamW, the GPU default,
+        materialises sqrt(v) for every parameter, and foreach SGD with weight decay
+        grad + wd x param (both measured by :mod:`hpp.runtime.memory`: 1.00 P).
     """
 
     state_bytes_per_param_byte: float = 4.0
@@ -127,13 +162,33 @@ class CostModelConfig:
     p2p_waits_per_transfer: float = 2.0
     reserve_bytes: int = 0
     grad_sync: str = "block"
+    memory_headroom: float = 0.0
+    optimizer: str = "adamw"
+    optimizer_transient_params: float = 1.0
 
     def __post_init__(self) -> None:
         if self.grad_sync not in ("block", "layer"):
             raise HppInputError(f"grad_sync={self.grad_sync!r}", field="grad_sync", fix="use 'block' or 'layer'")
-        for name in ("state_bytes_per_param_byte", "backward_workspace_layers", "p2p_waits_per_transfer"):
+        for name in ("state_bytes_per_param_byte", "backward_workspace_layers", "p2p_waits_per_transfer",
+                     "optimizer_transient_params"):
             if not getattr(self, name) >= 0:
                 raise HppInputError(f"{name}={getattr(self, name)!r}", field=name, fix="use a value >= 0")
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise HppInputError(f"memory headroom {self.memory_headroom!r}", field="memory_headroom",
+                                fix="give the fraction of each device's memory to keep free, in [0, 1), e.g. 0.05")
+        if self.optimizer not in OPTIMIZER_STATES:
+            raise HppInputError(f"optimizer {self.optimizer!r}", field="optimizer",
+                                fix=f"use one of {sorted(OPTIMIZER_STATES)}")
+
+    def usable_memory_bytes(self, capacity_bytes: int) -> int:
+        """What a stage may use of a device of ``capacity_bytes``: ``capacity (1 - headroom) - reserve``.
+
+        >>> CostModelConfig(memory_headroom=0.05).usable_memory_bytes(1000)
+        950
+        """
+        if self.memory_headroom == 0.0:
+            return int(capacity_bytes - self.reserve_bytes)
+        return int(capacity_bytes * (1.0 - self.memory_headroom)) - self.reserve_bytes
 
     def framework_bytes_of(self, device_type: str) -> int:
         """Framework memory [bytes] of one device of ``device_type`` (0 if not listed).
@@ -307,7 +362,15 @@ def stage_time_s(e: LayerProfile, lo: int, hi: int, recompute: str, *, link_in: 
 def stage_memory_bytes(e: LayerProfile, lo: int, hi: int, *, position: int, num_stages: int,
                        num_micro_batches: int, recompute: str = "none", schedule: str = "1F1B",
                        config: CostModelConfig = CostModelConfig()) -> int:
-    """Peak memory of one device of a stage [bytes] (see the module docstring for the formula)."""
+    """Peak memory of one device of a stage [bytes] (see the module docstring for the formula).
+
+    Profiles with the runtime step's memory terms (``e.has_step_memory``) are priced by
+    :func:`stage_memory_breakdown`; the others by the calibrated formula.
+    """
+    if e.has_step_memory:
+        return stage_memory_breakdown(e, lo, hi, position=position, num_stages=num_stages,
+                                      num_micro_batches=num_micro_batches, recompute=recompute, schedule=schedule,
+                                      config=config)["peak"]
     weights = config.state_bytes_per_param_byte * sum(e.param_bytes[lo:hi])
     kept, working = stage_activation_bytes(e, lo, hi, recompute, config=config)
     k = in_flight_micro_batches(position, num_stages, max(num_micro_batches, 1), schedule)
@@ -317,6 +380,79 @@ def stage_memory_bytes(e: LayerProfile, lo: int, hi: int, *, position: int, num_
     if position < num_stages - 1:
         buffers += 2 * e.output_bytes[hi - 1]   # sent activation + received gradient
     return int(config.framework_bytes_of(e.device_type) + weights + k * kept + working + buffers)
+
+
+def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, num_stages: int,
+                           num_micro_batches: int, recompute: str = "none", schedule: str = "1F1B",
+                           config: CostModelConfig = CostModelConfig()) -> dict[str, int]:
+    """Peak memory of one device of a stage and its parts [bytes].
+
+    With the runtime step's memory terms (``e.has_step_memory``; module docstring):
+
+    ``parameters``, ``gradients``, ``optimizer_states`` (P, P, n P); ``pipeline_buffers``
+    (receive buffers + a held input gradient); ``embedding`` (k x the embedding's term on
+    the first stage), ``head_and_loss`` (k x the head's and the loss's terms on the last
+    stage), ``activations`` (k x the other layers' terms); ``backward_transient``;
+    ``optimizer_step`` (the optimizer's temporaries); ``framework``; ``peak`` = framework +
+    states + buffers + the larger phase (``phase``: 0 = backward, 1 = optimizer step).
+
+    Without them (calibrated formula): ``framework``, ``weights_and_states``,
+    ``activations``, ``backward_workspace``, ``pipeline_buffers``, ``peak``.
+
+    Examples
+    --------
+    >>> from hpp.profiles.model_profile import LayerProfile
+    >>> e = LayerProfile("X", 1, 1, (1.0,) * 3, (2.0,) * 3, (0.1,) * 3, (10,) * 3, (10,) * 3, (5, 6, 7),
+    ...                  step_activation_bytes=(5, 20, 30), backward_transient_bytes=(4, 8, 40),
+    ...                  loss_activation_bytes=9)
+    >>> d = stage_memory_breakdown(e, 0, 3, position=0, num_stages=1, num_micro_batches=2,
+    ...                            config=CostModelConfig(optimizer="sgd", framework_bytes=()))
+    >>> d["peak"], d["head_and_loss"], d["backward_transient"], d["phase"]   # 2 x 30 + (5 + 20 + 39) + 40
+    (164, 39, 40, 0)
+    """
+    k = in_flight_micro_batches(position, num_stages, max(num_micro_batches, 1), schedule)
+    framework = config.framework_bytes_of(e.device_type)
+    if not e.has_step_memory:
+        kept, working = stage_activation_bytes(e, lo, hi, recompute, config=config)
+        weights = int(config.state_bytes_per_param_byte * sum(e.param_bytes[lo:hi]))
+        buffers = (2 * e.output_bytes[lo - 1] if position > 0 else 0) + \
+            (2 * e.output_bytes[hi - 1] if position < num_stages - 1 else 0)
+        parts = {"framework": framework, "weights_and_states": weights, "activations": k * kept,
+                 "backward_workspace": working, "pipeline_buffers": buffers}
+        return parts | {"peak": stage_memory_bytes(e, lo, hi, position=position, num_stages=num_stages,
+                                                   num_micro_batches=num_micro_batches, recompute=recompute,
+                                                   schedule=schedule, config=config)}
+    if recompute not in ("none", "full"):
+        raise HppInputError(f"recompute {recompute!r} with the runtime step's memory terms", field="recompute",
+                            fix="use 'none' or 'full' (the runtime executes no other mode)")
+    L = e.num_layers
+    m = max(num_micro_batches, 1)
+    params = sum(e.param_bytes[lo:hi])
+    act = list(e.step_activation_bytes[lo:hi])                 # type: ignore[index]
+    trans = list(e.backward_transient_bytes[lo:hi])            # type: ignore[index]
+    if recompute == "full":         # a layer keeps its output; its backward first rebuilds what it saved
+        out = e.output_bytes[lo:hi]
+        trans = [t + max(0, a - o) for t, a, o in zip(trans, act, out)]
+        act = list(out)
+    if hi == L:
+        act[-1] += e.loss_activation_bytes                     # type: ignore[operator]
+    freed_after, transient = 0, 0
+    for a, t in zip(reversed(act), reversed(trans)):           # backward runs the layers last to first
+        transient = max(transient, t - freed_after)
+        freed_after += a
+    buffers = m * (e.output_bytes[lo - 1] if position > 0 else 0) + \
+        m * (e.output_bytes[hi - 1] if position < num_stages - 1 else 0)
+    held = e.output_bytes[lo - 1] if position > 0 and m > k else 0
+    first = k * act[0] if lo == 0 and hi - lo > 1 else 0
+    last = k * act[-1] if hi == L else 0
+    parts = {"framework": framework, "parameters": params, "gradients": params,
+             "optimizer_states": OPTIMIZER_STATES[config.optimizer] * params, "pipeline_buffers": buffers + held,
+             "embedding": first, "head_and_loss": last, "activations": k * sum(act) - first - last,
+             "backward_transient": transient, "optimizer_step": int(config.optimizer_transient_params * params)}
+    backward = k * sum(act) + held + transient
+    optimizer = parts["optimizer_step"]
+    base = framework + params * (2 + OPTIMIZER_STATES[config.optimizer]) + buffers
+    return parts | {"peak": int(base + max(backward, optimizer)), "phase": int(optimizer > backward)}
 
 
 def block_decomposition(boundaries: Sequence[Sequence[int]]) -> list[tuple[int, int, tuple[int, ...]]]:
@@ -369,7 +505,8 @@ class StageEstimate:
     grad_sync_s: float          # this device's serialised block all-reduces
     in_flight_micro_batches: int
     memory_bytes: int
-    capacity_bytes: int
+    capacity_bytes: int                 # usable: device memory (1 - headroom) - reserve
+    memory_breakdown: dict = field(default_factory=dict)   # stage_memory_breakdown's parts [bytes]
 
     @property
     def headroom_bytes(self) -> int:
@@ -507,14 +644,16 @@ def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
         for i, (s, e) in enumerate(zip(p.stages, entries)):
             opt = sum(e.optimizer_s[s.layer_start:s.layer_stop])
             max_opt = max(max_opt, opt)
-            mem = stage_memory_bytes(e, s.layer_start, s.layer_stop, position=i, num_stages=S,
-                                     num_micro_batches=m, recompute=s.recompute, schedule=p.schedule, config=config)
-            cap = cluster.device_types[s.device_type].memory_bytes - config.reserve_bytes
+            parts = stage_memory_breakdown(e, s.layer_start, s.layer_stop, position=i, num_stages=S,
+                                           num_micro_batches=m, recompute=s.recompute, schedule=p.schedule,
+                                           config=config)
+            mem = parts["peak"]
+            cap = config.usable_memory_bytes(cluster.device_types[s.device_type].memory_bytes)
             stages.append(StageEstimate(
                 s.layer_start, s.layer_stop, s.device_type, s.tp_degree, s.recompute, fb[i][0], fb[i][1],
                 p2p[i] if i < S - 1 else 0.0, m * comp[i], t_p - m * comp[i], opt,
                 max(device_sync.get(d, 0.0) for d in s.device_ids),
-                in_flight_micro_batches(i, S, max(m, 1), p.schedule), mem, cap))
+                in_flight_micro_batches(i, S, max(m, 1), p.schedule), mem, cap, parts))
         pipes.append(PipelineEstimate(t_p, m, p.micro_batch_size, p.num_samples, max(comp), tuple(stages)))
 
     t_pipe = max(pe.time_s for pe in pipes)

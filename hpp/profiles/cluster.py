@@ -9,21 +9,13 @@ optionally Sailor's measured fit (``network/*.json`` in the public data), where 
 bandwidth for a message of ``x`` bytes is ``(a*L^2 + b*L + c) GB/s`` with
 ``L = log2(x / 1e6)``, capped at the peak.
 
-JSON form (version 1)::
-
-    {"format": "hpp-cluster", "version": 1, "name": "...",
-     "device_types": {"A100-40": {"memory_bytes": ..., "gpus_per_node": 4}, ...},
-     "nodes": [{"device_type": "A100-40", "num_devices": 4,
-                "intra_node_bandwidth_bytes_per_s": 2.4e11}, ...],
-     "inter_node_bandwidth_bytes_per_s": 2.4e9, "latency_s": 1e-5}
-
-``device_types`` may be omitted for the bundled GPU types; a link may be given as
-an object ``{"max_bytes_per_s": ..., "fit_gb_per_s": [a, b, c], "latency_s": ...}``
-instead of a number.
+JSON form (version 1): see :data:`CLUSTER_FORMAT_HELP` (also in ``hpp plan --help``).
+Every key is checked: an unknown or misspelled one is refused, naming the closest valid key.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass, field
@@ -37,11 +29,52 @@ from hpp.profiles.devices import (BUNDLED_DEVICE_TYPES, DeviceType, device_type_
                                   device_type_to_dict)
 
 __all__ = ["Link", "Node", "Device", "Cluster", "cluster_from_dict", "cluster_to_dict",
-           "load_cluster", "save_cluster", "DEFAULT_LATENCY_S"]
+           "load_cluster", "save_cluster", "cluster_notes", "DEFAULT_LATENCY_S", "CLUSTER_FORMAT_HELP"]
 
 #: Default per-message latency [s] when a cluster gives none (order of a NCCL/ethernet hop).
 DEFAULT_LATENCY_S = 1e-5
 _BYTES_PER_GB = 1e9
+
+#: The cluster file format, for users (``hpp plan --help`` shows it; the README has the same text).
+CLUSTER_FORMAT_HELP = """\
+cluster file (--cluster FILE; JSON; `hpp scenarios --cluster NAME` prints one to edit):
+  {"format": "hpp-cluster", "version": 1, "name": "my-cluster",
+   "device_types": {"A100-40": {"memory_bytes": 42338615296, "gpus_per_node": 4}},
+   "nodes": [{"device_type": "A100-40", "num_devices": 4,
+              "intra_node_bandwidth_bytes_per_s": 2.4e11},
+             {"device_type": "V100-16", "num_devices": 4,
+              "intra_node_bandwidth_bytes_per_s": {"max_bytes_per_s": 1.5e11,
+                                                   "fit_gb_per_s": [0.5, 10.0, 40.0]}}],
+   "inter_node_bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}
+  nodes (required): one entry per host; devices get ids (ranks) node by node.
+    device_type: a bundled type (A100-40, A100-80, V100-16, GH-96, Titan-RTX, RTX-2080,
+      RTX-3090) or one defined under device_types; the profile must cover it.
+    num_devices (required): the devices this node has. A TP group and the intra-node link
+      stay inside one node.
+    intra_node_bandwidth_bytes_per_s (required): the link between two devices of the node.
+  inter_node_bandwidth_bytes_per_s (required): the link between devices of different nodes.
+  device_types (optional for bundled types): memory_bytes = memory of one device [bytes];
+    gpus_per_node = the type's usual node size: `hpp scenarios` cuts GPU counts into nodes
+    of it; in a cluster file each node's num_devices is what counts. A node with more
+    devices than gpus_per_node is planned as one node of that many (TP groups up to its
+    size, its intra-node link between all of them; hpp plan notes it). slowdown (>= 1,
+    emulated CPU devices only): compute is padded to slowdown x the measured time.
+  A link is bytes/s (a number) or {"max_bytes_per_s": peak, "latency_s": s per message,
+    "fit_gb_per_s": [a, b, c]}: Sailor's measured fit, the bandwidth for one message of x
+    bytes is (a*L^2 + b*L + c) GB/s with L = log2(x / 1e6), capped at the peak (without a
+    fit, or where it is not positive: always the peak).
+  latency_s (optional, default 1e-05): per-message latency of links given as numbers.
+  format, version (1), name, description: optional. Unknown keys are refused."""
+
+_TOP_KEYS = ("format", "version", "name", "description", "device_types", "nodes",
+             "inter_node_bandwidth_bytes_per_s", "latency_s")
+_NODE_KEYS = ("device_type", "num_devices", "intra_node_bandwidth_bytes_per_s")
+_TYPE_KEYS = ("memory_bytes", "gpus_per_node", "slowdown")
+_LINK_KEYS = ("max_bytes_per_s", "latency_s", "fit_gb_per_s")
+#: Keys users write for a node's device count or type that difflib does not map well.
+_NODE_ALIASES = {"gpus": "num_devices", "num_gpus": "num_devices", "gpus_per_node": "num_devices",
+                 "count": "num_devices", "devices": "num_devices", "n": "num_devices",
+                 "type": "device_type", "gpu": "device_type", "gpu_type": "device_type"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +227,13 @@ class Cluster:
 
 
 def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: float) -> Link:
+    if isinstance(value, Mapping):
+        _check_keys(value, _LINK_KEYS, source=source, where=f"{field_name}.")
+        fit = value.get("fit_gb_per_s")
+        if fit is not None and (not isinstance(fit, list) or len(fit) != 3
+                                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fit)):
+            raise HppInputError(f"fit_gb_per_s={fit!r}", source=source, field=f"{field_name}.fit_gb_per_s",
+                                fix="give three numbers [a, b, c]: (a*L^2 + b*L + c) GB/s at L = log2(bytes / 1e6)")
     try:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return Link(float(value), default_latency_s)
@@ -209,19 +249,77 @@ def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: f
                         fix="give bytes/s as a number > 0, or {\"max_bytes_per_s\": ..., \"fit_gb_per_s\": [a, b, c]}")
 
 
+def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
+    """The valid key most like ``key`` (an alias first, then difflib's best ratio)."""
+    if aliases and key.lower() in aliases:
+        return aliases[key.lower()]
+    return max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
+
+
+def _check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, where: str,
+                aliases: Mapping[str, str] | None = None) -> None:
+    """Refuse the first key of ``d`` not in ``valid``, naming the closest valid one (one line)."""
+    unknown = [k for k in d if k not in valid]
+    if not unknown:
+        return
+    key = str(unknown[0])
+    more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:4]))})" if len(unknown) > 1 else ""
+    raise HppInputError(f"unknown key {key!r}{more}", source=source, field=f"{where}{key}",
+                        fix=f"did you mean {_closest(key, valid, aliases)!r}? valid keys here: {', '.join(valid)}")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluster:
-    """Build a :class:`Cluster` from its JSON object (see the module docstring).
+    """Build a :class:`Cluster` from its JSON object (:data:`CLUSTER_FORMAT_HELP`).
 
     Raises
     ------
     HppInputError
-        Missing fields, unknown device types, non-positive counts or bandwidths.
+        An unknown key anywhere (naming the closest valid key), a missing field (a node's
+        ``num_devices`` included), unknown device types, non-positive counts or bandwidths.
+
+    Examples
+    --------
+    >>> c = cluster_from_dict({"nodes": [{"device_type": "A100-40", "num_devices": 2,
+    ...                                   "intra_node_bandwidth_bytes_per_s": 2e11}],
+    ...                        "inter_node_bandwidth_bytes_per_s": 2e10})
+    >>> c.count_by_type()
+    {'A100-40': 2}
+    >>> try:
+    ...     cluster_from_dict({"nodes": [{"device_type": "A100-40", "num_device": 2,
+    ...                                   "intra_node_bandwidth_bytes_per_s": 2e11}],
+    ...                        "inter_node_bandwidth_bytes_per_s": 2e10}, source="c.json")
+    ... except HppInputError as exc:
+    ...     print(exc.field, "->", exc.fix.split("?")[0])
+    nodes[0].num_device -> did you mean 'num_devices'
     """
     if not isinstance(d, Mapping):
-        raise HppInputError("a cluster must be a JSON object", source=source, fix="see hpp/profiles/cluster.py")
+        raise HppInputError("a cluster must be a JSON object", source=source, fix="see `hpp plan --help`")
+    _check_keys(d, _TOP_KEYS, source=source, where="")
+    if d.get("format", "hpp-cluster") != "hpp-cluster":
+        raise HppInputError(f"format is {d['format']!r}, expected 'hpp-cluster'", source=source, field="format",
+                            fix='set "format": "hpp-cluster" or leave it out')
+    if d.get("version", 1) != 1:
+        raise HppInputError(f"version {d['version']!r} is not supported", source=source, field="version",
+                            fix="use version 1")
     latency = d.get("latency_s", DEFAULT_LATENCY_S)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency >= 0:
+        raise HppInputError(f"latency_s={latency!r}", source=source, field="latency_s",
+                            fix="give the per-message latency in seconds, >= 0")
     types: dict[str, DeviceType] = dict(BUNDLED_DEVICE_TYPES)
-    for name, td in (d.get("device_types") or {}).items():
+    own = d.get("device_types") or {}
+    if not isinstance(own, Mapping):
+        raise HppInputError("device_types must be an object {name: {memory_bytes, gpus_per_node}}", source=source,
+                            field="device_types", fix='e.g. {"A100-40": {"memory_bytes": 42338615296, '
+                                                     '"gpus_per_node": 4}}')
+    for name, td in own.items():
+        if not isinstance(td, Mapping):
+            raise HppInputError(f"device type {name!r} is not an object", source=source, field=f"device_types.{name}",
+                                fix='give {"memory_bytes": BYTES, "gpus_per_node": N}')
+        _check_keys(td, _TYPE_KEYS, source=source, where=f"device_types.{name}.")
         types[name] = device_type_from_dict(name, td, source=source)
     if "nodes" not in d or not isinstance(d["nodes"], list):
         raise HppInputError("no 'nodes' list", source=source, field="nodes",
@@ -233,15 +331,27 @@ def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluste
                        field_name="inter_node_bandwidth_bytes_per_s", default_latency_s=latency)
     nodes = []
     for i, nd in enumerate(d["nodes"]):
-        if not isinstance(nd, Mapping) or "device_type" not in nd:
+        if not isinstance(nd, Mapping):
+            raise HppInputError(f"node {i} is not an object", source=source, field=f"nodes[{i}]",
+                                fix='give {"device_type": ..., "num_devices": ..., '
+                                    '"intra_node_bandwidth_bytes_per_s": ...}')
+        _check_keys(nd, _NODE_KEYS, source=source, where=f"nodes[{i}].", aliases=_NODE_ALIASES)
+        if "device_type" not in nd:
             raise HppInputError("node without device_type", source=source, field=f"nodes[{i}].device_type",
                                 fix="name the node's device type")
         dt = nd["device_type"]
         if dt not in types:
+            near = difflib.get_close_matches(str(dt), list(types), n=1, cutoff=0.4)
             raise HppInputError(f"unknown GPU type {dt!r}", source=source, field=f"nodes[{i}].device_type",
-                                fix=f"use one of {sorted(types)} or define it under device_types")
-        count = nd.get("num_devices", types[dt].gpus_per_node)
-        if not isinstance(count, int) or count <= 0:
+                                fix=(f"did you mean {near[0]!r}? " if near else "")
+                                + f"use one of {sorted(types)} or define it under device_types")
+        if "num_devices" not in nd:
+            raise HppInputError(f"node {i} ({dt}) gives no device count", source=source,
+                                field=f"nodes[{i}].num_devices",
+                                fix=f"add \"num_devices\": N, the devices this node has (e.g. "
+                                    f"{types[dt].gpus_per_node}, the type's usual node size)")
+        count = nd["num_devices"]
+        if not _count(count):
             raise HppInputError(f"num_devices={count!r}", source=source, field=f"nodes[{i}].num_devices",
                                 fix="give a positive integer")
         if "intra_node_bandwidth_bytes_per_s" not in nd:
@@ -255,6 +365,36 @@ def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluste
         return Cluster(str(d.get("name", Path(source).stem)), types, tuple(nodes), inter)
     except HppInputError as exc:
         raise exc.with_source(source) from None
+
+
+def cluster_notes(cluster: Cluster) -> list[str]:
+    """What the planner makes of unusual but valid nodes, one line each (empty list if nothing to say).
+
+    A node with more devices than its type's ``gpus_per_node`` is accepted and planned as one
+    node of that many devices: TP groups may be as large as the node allows (and the profile
+    measured), and every pair of its devices uses the node's intra-node link.
+
+    Examples
+    --------
+    >>> from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
+    >>> c = Cluster("c", dict(BUNDLED_DEVICE_TYPES), (Node("A100-40", 6, Link(2e11)),), Link(2e10))
+    >>> cluster_notes(c)[0].startswith("node 0 has 6 A100-40 devices, more than the type's gpus_per_node 4")
+    True
+    """
+    big: dict[tuple[str, int], list[int]] = {}
+    for i, n in enumerate(cluster.nodes):
+        per = cluster.device_types[n.device_type].gpus_per_node
+        if n.num_devices > per:
+            big.setdefault((n.device_type, n.num_devices), []).append(i)
+    out = []
+    for (t, k), idx in big.items():
+        per = cluster.device_types[t].gpus_per_node
+        which = f"node {idx[0]} has" if len(idx) == 1 else \
+            f"nodes {', '.join(map(str, idx[:5]))}{', ...' if len(idx) > 5 else ''} ({len(idx)}) have"
+        out.append(f"{which} {k} {t} devices, more than the type's gpus_per_node {per}: planned as one node of "
+                   f"{k} (TP groups up to {k} devices, the node's intra-node link between all of them); split it "
+                   f"into nodes of {per} if each host has {per}")
+    return out
 
 
 def _link_to(link: Link) -> Any:

@@ -13,6 +13,16 @@ that type running one micro-batch:
 - ``attention_activation_bytes[l]`` (optional): the share of ``activation_bytes``
   that selective recomputation (Megatron) drops; ``None`` = not measured.
 
+Optional memory terms of the runtime's own training step (issue 17; measured by
+:mod:`hpp.runtime.memory_profile` with FakeTensor + MemTracker; ``None`` = not measured,
+and the cost model then uses its calibrated formula on ``activation_bytes``):
+
+- ``step_activation_bytes[l]``: bytes layer ``l`` adds to its stage per micro-batch in
+  flight (what its forward saves for backward plus its output; its input not counted);
+- ``backward_transient_bytes[l]``: how far memory rises above its level at the start of
+  layer ``l``'s backward while it runs (the last layer's includes the loss's backward);
+- ``loss_activation_bytes`` (one number): what the loss keeps per micro-batch in flight.
+
 Precondition for the planner: every entry of one profile has the same layer count.
 
 Native JSON format (version 1)::
@@ -23,6 +33,9 @@ Native JSON format (version 1)::
                   "forward_s": [...], "backward_s": [...], "optimizer_s": [...],
                   "param_bytes": [...], "activation_bytes": [...], "output_bytes": [...],
                   "estimated": false}, ...]}
+
+(the optional fields, when measured, are more keys of an entry: ``"attention_activation_bytes"``,
+``"step_activation_bytes"``, ``"backward_transient_bytes"`` (lists) and ``"loss_activation_bytes"``.)
 
 Missing combinations: :meth:`ModelProfile.layer_profile` refuses a (device type,
 TP) pair that has no measurement at all. For a missing micro-batch size of a
@@ -48,6 +61,8 @@ __all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict
 PROFILE_FORMAT = "hpp-profile"
 PROFILE_VERSION = 1
 _PER_LAYER_FIELDS = ("forward_s", "backward_s", "optimizer_s", "param_bytes", "activation_bytes", "output_bytes")
+#: Optional per-layer fields (``None`` = not measured).
+_OPTIONAL_PER_LAYER_FIELDS = ("attention_activation_bytes", "step_activation_bytes", "backward_transient_bytes")
 
 Key = tuple[str, int, int]  # (device_type, tp_degree, micro_batch_size)
 
@@ -71,6 +86,9 @@ class LayerProfile:
     attention_activation_bytes: tuple[int, ...] | None = None
     estimated: bool = False
     note: str = ""
+    step_activation_bytes: tuple[int, ...] | None = None
+    backward_transient_bytes: tuple[int, ...] | None = None
+    loss_activation_bytes: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -79,6 +97,12 @@ class LayerProfile:
     @property
     def key(self) -> Key:
         return (self.device_type, self.tp_degree, self.micro_batch_size)
+
+    @property
+    def has_step_memory(self) -> bool:
+        """The runtime step's memory terms were measured (all three optional fields are set)."""
+        return (self.step_activation_bytes is not None and self.backward_transient_bytes is not None
+                and self.loss_activation_bytes is not None)
 
     def validate(self, *, source: str, where: str) -> None:
         """Check lengths, signs and finiteness.
@@ -92,9 +116,7 @@ class LayerProfile:
         if n == 0:
             raise HppInputError("entry has no layers", source=source, field=f"{where}.forward_s",
                                 fix="give one value per layer")
-        fields = list(_PER_LAYER_FIELDS)
-        if self.attention_activation_bytes is not None:
-            fields.append("attention_activation_bytes")
+        fields = list(_PER_LAYER_FIELDS) + [f for f in _OPTIONAL_PER_LAYER_FIELDS if getattr(self, f) is not None]
         for name in fields:
             vals = getattr(self, name)
             if len(vals) != n:
@@ -104,6 +126,10 @@ class LayerProfile:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                     raise HppInputError(f"layer {i} has {v!r}", source=source, field=f"{where}.{name}[{i}]",
                                         fix="use finite values >= 0 (seconds or bytes)")
+        loss = self.loss_activation_bytes
+        if loss is not None and not (isinstance(loss, int) and loss >= 0):
+            raise HppInputError(f"loss_activation_bytes is {loss!r}", source=source,
+                                field=f"{where}.loss_activation_bytes", fix="use an integer >= 0 (bytes)")
         if self.tp_degree < 1 or self.micro_batch_size < 1:
             raise HppInputError(f"tp_degree={self.tp_degree}, micro_batch_size={self.micro_batch_size}",
                                 source=source, field=where, fix="both must be integers >= 1")
@@ -233,18 +259,30 @@ def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int
     def ints(t: Iterable[float]) -> tuple[int, ...]:
         return tuple(int(round(v)) for v in t)
 
-    att = None
-    if e0.attention_activation_bytes is not None and (e1 is None or e1.attention_activation_bytes is not None):
-        att = ints(fit("attention_activation_bytes"))
+    optional = {}
+    for name in _OPTIONAL_PER_LAYER_FIELDS:
+        both = getattr(e0, name) is not None and (e1 is None or getattr(e1, name) is not None)
+        optional[name] = ints(fit(name)) if both else None
+    loss = None
+    if e0.loss_activation_bytes is not None and (e1 is None or e1.loss_activation_bytes is not None):
+        y0 = e0.loss_activation_bytes
+        slope = (y0 / b0 if e1 is None
+                 else (e1.loss_activation_bytes - y0) / (e1.micro_batch_size - b0))  # type: ignore[operator]
+        loss = int(round(max(0.0, y0 + (micro_batch_size - b0) * slope)))
+    if optional["step_activation_bytes"] is None or optional["backward_transient_bytes"] is None or loss is None:
+        optional.update(step_activation_bytes=None, backward_transient_bytes=None)
+        loss = None
     return replace(e0, micro_batch_size=micro_batch_size, forward_s=fit("forward_s"),
                    backward_s=fit("backward_s"), activation_bytes=ints(fit("activation_bytes")),
-                   output_bytes=ints(fit("output_bytes")), attention_activation_bytes=att, estimated=True,
+                   output_bytes=ints(fit("output_bytes")), **optional, loss_activation_bytes=loss, estimated=True,
                    note=f"estimated from measured micro-batch sizes {sorted({b0, near[1] if e1 else b0})}")
 
 
 def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerProfile:
     try:
-        att = d.get("attention_activation_bytes")
+        opt = {name: (tuple(int(x) for x in d[name]) if d.get(name) is not None else None)
+               for name in _OPTIONAL_PER_LAYER_FIELDS}
+        loss = d.get("loss_activation_bytes")
         e = LayerProfile(
             device_type=str(d["device_type"]), tp_degree=int(d["tp_degree"]),
             micro_batch_size=int(d["micro_batch_size"]),
@@ -254,7 +292,7 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
             param_bytes=tuple(int(x) for x in d["param_bytes"]),
             activation_bytes=tuple(int(x) for x in d["activation_bytes"]),
             output_bytes=tuple(int(x) for x in d["output_bytes"]),
-            attention_activation_bytes=tuple(int(x) for x in att) if att is not None else None,
+            **opt, loss_activation_bytes=int(loss) if loss is not None else None,
             estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
     except KeyError as exc:
         raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
@@ -317,8 +355,11 @@ def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
                               "micro_batch_size": e.micro_batch_size}
         for name in _PER_LAYER_FIELDS:
             ed[name] = list(getattr(e, name))
-        if e.attention_activation_bytes is not None:
-            ed["attention_activation_bytes"] = list(e.attention_activation_bytes)
+        for name in _OPTIONAL_PER_LAYER_FIELDS:
+            if getattr(e, name) is not None:
+                ed[name] = list(getattr(e, name))
+        if e.loss_activation_bytes is not None:
+            ed["loss_activation_bytes"] = e.loss_activation_bytes
         if e.estimated:
             ed["estimated"] = True
         if e.note:

@@ -1,7 +1,8 @@
 """Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`).
 
 Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
-(the line names the failed rank).
+(the line names the failed rank, or says it timed out) or a ``--verify`` that found a
+difference above its tolerance.
 """
 
 from __future__ import annotations
@@ -24,7 +25,24 @@ def _run_parser() -> argparse.ArgumentParser:
     p = Parser(prog="hpp run", description="Execute an HPP plan with torch.distributed.")
     p.add_argument("plan", help="plan JSON (hpp plan --out)")
     p.add_argument("--steps", type=int, required=True, help="optimizer steps")
-    p.add_argument("--model", help="runtime model (default: the plan's model), e.g. gpt-tiny")
+    p.add_argument("--model", help="runtime model NAME or MODULE:FUNCTION (default: the plan's model)")
+    p.add_argument("--verify", action="store_true",
+                   help="run in float64 and compare every rank's parameters with single-device training on the "
+                        "same batches; exit 1 above 1e-9")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"),
+                   help="float32 (default), float64, or bfloat16 (autocast mixed precision, fp32 master weights)")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="default adamw")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: the training config's)")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="constant (default) or cosine decay after the warm-up")
+    p.add_argument("--lr-warmup-steps", "--warmup-steps-lr", dest="lr_warmup_steps", type=int, default=0,
+                   help="linear learning-rate warm-up steps (default 0)")
+    p.add_argument("--clip-grad-norm", type=float, help="clip gradients to this global norm (default: off)")
+    p.add_argument("--data", help="training data: a local .txt (byte-level tokens) or .npy of token ids "
+                                  "(default: synthetic tokens)")
+    p.add_argument("--metrics-jsonl", help="write one JSON line of metrics per step here")
+    p.add_argument("--quiet", action="store_true", help="no per-step lines on stderr")
     p.add_argument("--emulate-speed", action="store_true", help="pad compute by the device types' slowdown")
     p.add_argument("--time-scale", type=float,
                    help="with --emulate-speed: slow every device by this common factor >= 1 "
@@ -36,15 +54,17 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--launcher", choices=("torchrun", "fork"), default="torchrun",
                    help="torchrun (default) or fork (fast start, single host)")
-    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the median time (default 1)")
     p.add_argument("--world-size", type=int, help="refuse unless the plan has exactly this many devices")
-    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--group-timeout", type=float, default=120.0, help="process-group timeout [s]")
-    p.add_argument("--run-timeout", type=float, default=1800.0, help="whole-run timeout [s]")
+    p.add_argument("--run-timeout", type=float, default=1800.0,
+                   help="whole-run timeout [s]: every rank is then killed and the run fails")
     return p
+
+
+def _fmt(x: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{unit}"
 
 
 def _human_run(rep: dict) -> str:
@@ -53,16 +73,21 @@ def _human_run(rep: dict) -> str:
             else f"n/a ({pr.get('reason')})")
     if pr.get("time_scale", 1.0) != 1.0 and pr.get("plan_iteration_time_s") is not None:
         pred += f" (time scale {pr['time_scale']:g}; the plan's own {pr['plan_iteration_time_s']:.4f} s)"
+    tr = rep.get("training") or {}
     lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
-             f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'})",
+             f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
+             f"{tr.get('optimizer')} lr {tr.get('lr')})",
              f"  iteration time   measured {m['iteration_time_s']:.4f} s (median after warm-up)   predicted {pred}",
-             f"  throughput       measured {m['throughput_samples_per_s']:.2f} samples/s"
+             f"  throughput       measured {m['throughput_samples_per_s']:.2f} samples/s, "
+             f"{m['tokens_per_s']:.0f} tokens/s"
              + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
                 if pr.get("throughput_samples_per_s") is not None else ""),
+             f"  loss             {_fmt(m.get('loss'), '.4f')} (last step)   MFU {_fmt(m.get('mfu'), '.2%')}",
              f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks)",
-             "  rank pipe stage device          layers   rec   mbs  peak_mem_MB  compute_s  padding_s"]
+             "  rank pipe stage  tp device          layers   rec   mbs  peak_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
-        lines.append(f"  {r['rank']:>4} {r['pipeline']:>4} {r['stage']:>5} {r['device_type']:<15} "
+        tp = f"{r.get('tp_rank') or 0}/{r.get('tp_degree') or 1}"
+        lines.append(f"  {r['rank']:>4} {r['pipeline']:>4} {r['stage']:>5} {tp:>3} {r['device_type']:<15} "
                      f"[{r['layers'][0]:>2},{r['layers'][1]:>3}) {(r.get('recompute') or 'none'):>5} "
                      f"{r['num_micro_batches']:>4} "
                      f"{r['peak_memory_bytes'] / 2**20:>12.1f} {r['compute_s']:>10.4f} {r['padding_s']:>10.4f}")
@@ -72,17 +97,28 @@ def _human_run(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _verify_line(v: dict) -> str:
+    tail = f"; {len(v['missing'])} parameter(s) saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
+    return (f"verify: max |difference| {v['max_abs_difference']:.3g} over {v['num_parameters']} parameters "
+            f"({v['num_copies']} copies on the ranks; tolerance {v['tolerance']:g}): "
+            f"{'ok' if v['passed'] else 'FAILED'}{tail}")
+
+
 def run_main(argv: Sequence[str] | None = None) -> int:
-    """``hpp run PLAN.json --steps N [...]``."""
+    """``hpp run PLAN.json --steps N [...]``; exit 1 if ``--verify`` finds a difference above 1e-9."""
     from hpp.runtime.run import RunFailedError, run_plan
     args = _run_parser().parse_args(argv)
     try:
-        rep = run_plan(args.plan, steps=args.steps, model=args.model, emulate_speed=args.emulate_speed,
-                       naive_allreduce=args.naive_allreduce, timeline=args.timeline, launcher=args.launcher,
-                       device=args.device, warmup_steps=args.warmup_steps, world_size=args.world_size,
-                       seed=args.seed, dtype=args.dtype, optimizer=args.optimizer, lr=args.lr,
-                       group_timeout_s=args.group_timeout, run_timeout_s=args.run_timeout,
-                       time_scale=args.time_scale, num_threads=args.threads).to_dict()
+        rep = run_plan(args.plan, steps=args.steps, model=args.model, verify=args.verify,
+                       emulate_speed=args.emulate_speed, naive_allreduce=args.naive_allreduce,
+                       timeline=args.timeline, launcher=args.launcher, device=args.device,
+                       warmup_steps=args.warmup_steps, world_size=args.world_size, seed=args.seed, dtype=args.dtype,
+                       optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule,
+                       lr_warmup_steps=args.lr_warmup_steps, clip_grad_norm=args.clip_grad_norm,
+                       weight_decay=args.weight_decay, data=args.data, metrics_jsonl=args.metrics_jsonl,
+                       progress=not args.quiet, group_timeout_s=args.group_timeout,
+                       run_timeout_s=args.run_timeout, time_scale=args.time_scale,
+                       num_threads=args.threads).to_dict()
     except HppInputError as exc:
         sys.stderr.write(f"hpp run: error: {exc}\n")
         return 2
@@ -90,12 +126,17 @@ def run_main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"hpp run: error: run failed: {exc}\n")
         return 1
     print(json.dumps(rep) if args.json else _human_run(rep))
+    if rep.get("verify") is not None:
+        line = _verify_line(rep["verify"])
+        (sys.stderr if args.json else sys.stdout).write(line + "\n")
+        return 0 if rep["verify"]["passed"] else 1
     return 0
 
 
 def _profile_parser() -> argparse.ArgumentParser:
     p = Parser(prog="hpp profile", description="Measure a runtime model's per-layer profile.")
-    p.add_argument("--model", required=True, help="e.g. gpt-tiny, gpt-small, opt-350")
+    p.add_argument("--model", required=True,
+                   help="runtime model NAME (e.g. llama-tiny, opt-350) or MODULE:FUNCTION (your own model)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--micro-batch-sizes", default="1,2,4", help="comma-separated, e.g. 1,2,4")
     p.add_argument("--tp", type=int, default=1)

@@ -1,25 +1,50 @@
-"""Block-wise gradient aggregation across heterogeneous pipelines.
+"""Block-wise gradient aggregation across heterogeneous pipelines, with mixed TP degrees.
 
 Each block (a layer range no stage boundary cuts, :func:`hpp.runtime.layout.blocks`)
-is held by one stage of every pipeline; its gradients are SUM-all-reduced among
-exactly those holders, on the block's own process group. Because every pipeline's
-loss is already divided by the global batch size, the sum is the full-batch mean
-gradient and no rescaling follows.
+is held by one stage of every pipeline, at that pipeline's TP degree ``t_h``. Every
+parameter's full gradient must be summed exactly once over the pipelines; the loss
+is already divided by the global batch's target-token count, so the sum is the
+full-batch gradient and nothing is rescaled.
+
+Finest common shard (as HexiScale does for mixed TP). For a block with
+``T = lcm(t_h)``, a parameter sharded along dim ``d`` (a ``Shard(d)`` DTensor; a
+plain tensor on a TP-1 stage holds all of it) is cut into ``T`` pieces along ``d``.
+Piece ``j`` lies inside the shard of TP rank ``j * t_h // T`` of every holder stage,
+so it is SUM-all-reduced among exactly those ranks, one per pipeline: each piece's
+gradient is summed once over the pipelines. Replicated parameters (norms, rowwise
+biases, anything the TP plan leaves whole) are equal on all TP ranks of a stage;
+they are all-reduced over every rank of every holder with TP rank 0 of each stage
+contributing its gradient and the others zeros, which is exact and leaves every
+copy with the sum. Tied parameters (embedding and head) are one more unit over the
+stages that hold a copy, sharded or not.
+
+Pricing (what :func:`hpp.formulation.cost_model.estimate_plan` assumes). The cost
+model prices a block as ``ring_allreduce_s(B, H, link)`` per device, with ``H`` the
+number of pipelines and ``B`` the largest per-device parameter bytes of the block
+among its holders, i.e. ``block bytes / t_min`` for the holder with the smallest TP
+degree. Here a rank of a TP-``t`` holder all-reduces ``T / t`` pieces of ``1 / T`` of
+each sharded parameter, in groups of ``H`` ranks: sharded bytes ``/ t``, largest at
+``t_min``, which is the cost model's ``B``. Replicated parameters add their full bytes
+on every TP rank, in a group of ``sum(t_h)`` ranks; the profiles fold them into the
+per-device bytes, where they are small (norms and biases). :class:`CollectiveStats`
+records every collective's ranks and bytes so a test checks these sizes.
 
 Two modes:
 
-- bucketed (default): a rank's share of each block is cut into buckets of at most
-  ``bucket_bytes`` (parameters in reverse layer order, as backward produces them).
-  With ``overlap=True`` a bucket's all-reduce is launched asynchronously from a
-  post-accumulate-grad hook as soon as the last micro-batch's backward has
-  finalised all its gradients, so the collective runs while backward continues
-  on earlier layers. Buckets launch strictly in one fixed order on every rank (as
-  in DDP), so ranks that share several groups never wait on each other crosswise.
-- naive: one blocking all-reduce per layer after backward, for comparison.
+- bucketed (default): a block's pieces are grouped by the rank set that reduces
+  them and cut into buckets of at most ``bucket_bytes`` (parameters in reverse layer
+  order, as backward produces them). With ``overlap=True`` a bucket's all-reduce is
+  launched asynchronously from a post-accumulate-grad hook once the last micro-batch
+  has finalised all its gradients, while backward continues. Buckets launch in one
+  fixed global order (block, rank set, chunk), so ranks that share several groups
+  never wait on each other crosswise.
+- naive: one blocking all-reduce per layer and rank set after backward (comparison).
 
-A tied embedding (copies on first and last stages) is taken out of the blocks and
-all-reduced over every rank that holds a copy, so that every copy receives the
-sum of both uses over all pipelines and stays equal to the single-device weight.
+No gradient copies: where a bucket holds whole local gradients (every case but a
+shard that a mixed-TP block cuts further), the parameters' ``.grad`` are views into
+the bucket's flat buffer, which is all-reduced in place (DDP's
+``gradient_as_bucket_view``); only cut shards go through a per-step buffer. Grads
+must therefore be zeroed in place (``zero_grad(set_to_none=False)``).
 
 A pipeline with zero micro-batches never fires a hook; :meth:`GradSync.finish`
 launches its buckets with the zero gradients it holds.
@@ -28,127 +53,298 @@ launches its buckets with the zero gradients it holds.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from hpp.runtime.models import StageModule
+from hpp.errors import HppInputError
+from hpp.runtime.layout import GroupLayout, RankRole, ShardGroups
+from hpp.runtime.model_api import RuntimeModel
+from hpp.runtime.stage import StageModule, split_global_name
+from hpp.runtime.tensor_parallel import local_tensor, shard_dim
 
-__all__ = ["Bucket", "CollectiveStats", "GradSync"]
+__all__ = ["CollectiveStats", "Entry", "Bucket", "SyncUnit", "sync_units", "GradSync"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class CollectiveStats:
-    """Gradient collectives of one step, counted once per collective (by the group's smallest rank).
+    """Gradient collectives of one step.
 
     Attributes
     ----------
-    count : int
-        All-reduces led by this rank.
-    bytes : int
-        Their payload [bytes] (each all-reduce counted once, not per participant).
-    joined_count : int
-        All-reduces this rank took part in.
+    count, bytes : int
+        All-reduces led by this rank (the group's smallest rank) and their payload [bytes]:
+        summed over ranks, each collective is counted once.
+    joined_count, joined_bytes : int
+        All-reduces this rank took part in, and the bytes it contributed to them.
     launched_in_backward : int
         Of those, launched from a backward hook (overlapping the rest of backward).
+    records : list of (label, ranks, bytes)
+        Every collective this rank joined: its unit (``"block [lo, hi)"`` or ``"tied a-b"``),
+        its sorted ranks and its payload [bytes].
     """
 
     count: int = 0
     bytes: int = 0
     joined_count: int = 0
+    joined_bytes: int = 0
     launched_in_backward: int = 0
+    records: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A slice of one parameter's local gradient: ``length`` rows from ``start`` along ``dim`` (or all of it)."""
+
+    param: torch.nn.Parameter
+    dim: int | None
+    start: int
+    length: int
+    contribute: bool
+
+    def grad_slice(self) -> torch.Tensor:
+        g = local_tensor(self.param.grad)
+        return g if self.dim is None else g.narrow(self.dim, self.start, self.length)
+
+    @property
+    def numel(self) -> int:
+        loc = local_tensor(self.param)
+        return loc.numel() if self.dim is None else loc.numel() // max(loc.shape[self.dim], 1) * self.length
 
 
 @dataclass
 class Bucket:
-    """Parameters all-reduced together on one group; ``ranks`` are the group's members."""
+    """Gradient slices all-reduced together on one group; ``ranks`` are the group's members."""
 
-    params: list[torch.nn.Parameter]
+    entries: list[Entry]
     group: dist.ProcessGroup | None
     ranks: tuple[int, ...]
     label: str
+    hooked: bool = True
     ready: int = 0
     work: object | None = None
     flat: torch.Tensor | None = None
+    views: bool = False                     # the params' grads are views of ``flat`` (kept between steps)
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.params = list({id(e.param): e.param for e in self.entries}.values())
 
     @property
     def num_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.params)
+        return sum(e.numel * e.param.element_size() for e in self.entries)
+
+
+@dataclass(frozen=True)
+class SyncUnit:
+    """One block or tied pair that this rank syncs.
+
+    Attributes
+    ----------
+    label : str
+    order : tuple
+        Global launch order key (same on every rank).
+    groups : ShardGroups
+    entries : tuple of (layer, Entry, rank-set index)
+        This rank's slices with the index (in ``groups.rank_sets()``) of the rank set reducing each.
+    """
+
+    label: str
+    order: tuple
+    groups: ShardGroups
+    entries: tuple[tuple[int, Entry, int], ...]
+
+
+def _chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """torch's ``Shard`` chunking: part ``i`` is ``[i c, (i + 1) c)`` clipped to ``n``, ``c = ceil(n / parts)``."""
+    c = -(-n // parts)
+    return [(min(i * c, n), min((i + 1) * c, n)) for i in range(parts)]
+
+
+def _param_entries(name: str, p: torch.nn.Parameter, *, groups: ShardGroups, holder_names: list[str],
+                   model: RuntimeModel, module, tp_rank: int, my_holder: int,
+                   naive_tp: bool) -> list[tuple[Entry, tuple[int, ...]]]:
+    """This rank's slices of ``p`` and the rank set that reduces each."""
+    degrees = [len(h) for h in groups.holders]
+    dims = [shard_dim(model, n, t, module=module if i == my_holder else None) if t > 1 else None
+            for i, (n, t) in enumerate(zip(holder_names, degrees))]
+    sharded = {d for d in dims if d is not None}
+    if not sharded:                                              # replicated everywhere: TP rank 0 contributes
+        return [(Entry(p, None, 0, 0, naive_tp or tp_rank == 0), groups.all_ranks)]
+    mixed = [degrees[i] for i, d in enumerate(dims) if d is None and degrees[i] > 1]
+    if len(sharded) > 1 or mixed:
+        raise HppInputError(f"{name} is sharded along dims {sorted(sharded)} at TP degrees "
+                            f"{[t for t, d in zip(degrees, dims) if d is not None]} and replicated at TP {mixed} "
+                            "by other pipelines", field="tp_plan",
+                            fix="shard a parameter alike at every TP degree the plan uses, or re-plan with one TP "
+                                "degree for all pipelines")
+    d = sharded.pop()
+    n, T = p.shape[d], groups.num_pieces
+    pieces = _chunk_bounds(n, T)
+    for t in degrees:                                            # every piece inside one shard of every holder
+        shards = _chunk_bounds(n, t)
+        for j, (a, b) in enumerate(pieces):
+            lo, hi = shards[j * t // T]
+            if a < b and not (lo <= a and b <= hi):
+                raise HppInputError(f"{name}: dim {d} of size {n} splits unevenly at TP degrees {sorted(set(degrees))}",
+                                    field="tp_plan", fix=f"use TP degrees whose lcm {T} divides {n}, or one TP degree")
+    t = degrees[my_holder]
+    my_lo, my_hi = _chunk_bounds(n, t)[tp_rank]
+    if local_tensor(p).shape[d] != my_hi - my_lo:
+        raise RuntimeError(f"{name}: local shard has {local_tensor(p).shape[d]} rows along dim {d}, "
+                           f"expected {my_hi - my_lo} (torch changed its Shard chunking?)")
+    mine = [j for j, (a, b) in enumerate(pieces) if a < b and j * t // T == tp_rank]
+    if len(mine) == 1 and pieces[mine[0]] == (my_lo, my_hi):
+        return [(Entry(p, None, 0, 0, True), groups.piece_ranks(mine[0]))]
+    return [(Entry(p, d, pieces[j][0] - my_lo, pieces[j][1] - pieces[j][0], True), groups.piece_ranks(j))
+            for j in mine]
+
+
+def sync_units(layout: GroupLayout, role: RankRole, roles: tuple[RankRole, ...], stage: StageModule,
+               model: RuntimeModel, *, naive_tp: bool = False) -> list[SyncUnit]:
+    """The blocks and tied pairs this rank syncs, with its slices of each parameter.
+
+    ``naive_tp`` is the control experiment: replicated parameters are summed from every
+    TP rank (each stage's contribution counted ``t`` times), which must NOT train right.
+
+    Raises
+    ------
+    HppInputError
+        A parameter sharded differently by pipelines of different TP degrees.
+    """
+    tied_pairs = tuple(model.tied_parameters())
+    tied_names = {n for pair in tied_pairs for n in pair}
+    modules = {name: stage.get_submodule(name.rpartition(".")[0]) for _l, name, _p in stage.layer_parameters()}
+    by_name = {name: (layer, p) for layer, name, p in stage.layer_parameters()}
+    holder_of = {r.rank: r for r in roles}
+    units: list[SyncUnit] = []
+
+    def build(label: str, order: tuple, groups: ShardGroups, names: dict[str, list[str]]) -> None:
+        if not groups.needs_sync or role.rank not in groups.all_ranks:
+            return
+        my_holder = next(i for i, h in enumerate(groups.holders) if role.rank in h)
+        sets = groups.rank_sets()
+        entries = []
+        for name, holder_names in names.items():
+            layer, p = by_name[name]
+            for entry, ranks in _param_entries(name, p, groups=groups, holder_names=holder_names, model=model,
+                                               module=modules[name], tp_rank=role.tp_rank, my_holder=my_holder,
+                                               naive_tp=naive_tp):
+                entries.append((layer, entry, sets.index(ranks)))
+        if entries:
+            units.append(SyncUnit(label, order, groups, tuple(entries)))
+
+    for i, groups in enumerate(layout.blocks):
+        names = {name: [name] * len(groups.holders) for name, (layer, _p) in by_name.items()
+                 if layer in groups.layers and name not in tied_names}
+        build(f"block [{groups.layers[0]}, {groups.layers[-1] + 1})", (0, -i), groups, names)
+    for i, ((a, b), groups) in enumerate(zip(tied_pairs, layout.tied)):
+        la = split_global_name(a)[0]
+        holder_names = [a if holder_of[h[0]].layer_start <= la < holder_of[h[0]].layer_stop else b
+                        for h in groups.holders]
+        mine = [n for n in (a, b) if n in by_name][:1]           # one Parameter if the stage holds both ends
+        build(f"tied {a}-{b}", (1, i), groups, {n: holder_names for n in mine})
+    return units
 
 
 class GradSync:
-    """Block-wise gradient all-reduce for one rank's stage.
+    """Block-wise (finest-common-shard) gradient all-reduce for one rank's stage.
 
     Parameters
     ----------
-    module : StageModule
-        This rank's stage (layers ``[layer_start, layer_stop)``).
+    stage : StageModule
+        This rank's stage (after TP sharding). Its parameters' ``.grad`` are set here.
     rank : int
-    local_blocks : list of ((lo, hi), ranks, group)
-        The blocks inside this stage with their holder ranks and process group
-        (``None`` where only this rank holds the block).
-    tied : (param, ranks, group) or None
-        The tied-embedding parameter of this stage, if it holds a copy.
+    units : list of SyncUnit
+        From :func:`sync_units` (empty: no sync, e.g. the control run).
+    groups : {rank set: ProcessGroup}
+        The process groups of :meth:`hpp.runtime.layout.GroupLayout.creation_order`.
     bucket_bytes : int
         Largest bucket [bytes].
     overlap : bool
         Launch buckets from backward hooks (else all after backward).
     naive : bool
-        One blocking all-reduce per layer instead of buckets.
+        One blocking all-reduce per layer and rank set instead of buckets.
     """
 
-    def __init__(self, module: StageModule, *, rank: int,
-                 local_blocks: list[tuple[tuple[int, int], tuple[int, ...], dist.ProcessGroup | None]],
-                 tied: tuple[torch.nn.Parameter, tuple[int, ...], dist.ProcessGroup | None] | None = None,
-                 bucket_bytes: int = 25 * 2**20, overlap: bool = True, naive: bool = False) -> None:
+    def __init__(self, stage: StageModule, *, rank: int, units: list[SyncUnit],
+                 groups: dict[tuple[int, ...], dist.ProcessGroup], bucket_bytes: int = 25 * 2**20,
+                 overlap: bool = True, naive: bool = False) -> None:
         self.rank = rank
         self.naive = naive
         self.overlap = overlap and not naive
         self.stats = CollectiveStats()
         self._expected = 0
         self._next = 0
-        self._tied = tied
-        tied_id = id(tied[0]) if tied is not None else None
-        by_layer: dict[int, list[torch.nn.Parameter]] = {}
-        for layer, _name, p in module.layer_parameters():
-            if id(p) != tied_id:
-                by_layer.setdefault(layer, []).append(p)
         self.buckets: list[Bucket] = []
-        for (lo, hi), ranks, group in sorted(local_blocks, key=lambda b: -b[0][0]):
-            if len(ranks) < 2:
-                continue
-            if naive:
-                for layer in range(hi - 1, lo - 1, -1):
-                    self._add_bucket(list(by_layer.get(layer, [])), group, ranks, f"layer {layer}")
-                continue
-            params = [p for layer in range(hi - 1, lo - 1, -1) for p in reversed(by_layer.get(layer, []))]
-            current: list[torch.nn.Parameter] = []
-            size = 0
-            for p in params:
-                nbytes = p.numel() * p.element_size()
-                if current and size + nbytes > bucket_bytes:
-                    self._add_bucket(current, group, ranks, f"block [{lo}, {hi})")
-                    current, size = [], 0
-                current.append(p)
-                size += nbytes
-            self._add_bucket(current, group, ranks, f"block [{lo}, {hi})")
-        self._bucket_of: dict[int, int] = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
+        keyed: list[tuple[tuple, Bucket]] = []
+        for u in units:
+            sets = u.groups.rank_sets()
+            hooked = u.order[0] == 0
+            by_key: dict[tuple, list[Entry]] = {}
+            for layer, e, s in sorted(u.entries, key=lambda x: -x[0]):      # reverse layer order
+                by_key.setdefault((-layer if naive else 0, s), []).append(e)
+            for (lkey, s), entries in sorted(by_key.items()):
+                chunks = [entries] if naive else self._chunk(entries, bucket_bytes)
+                for c, chunk in enumerate(chunks):
+                    label = u.label if not naive else f"{u.label} layer {-lkey}"
+                    keyed.append(((u.order, lkey, s, c), Bucket(chunk, groups.get(sets[s]), sets[s], label, hooked)))
+        self.buckets = [b for _k, b in sorted(keyed, key=lambda kb: kb[0])]
+        self._buckets_of: dict[int, list[Bucket]] = {}
+        for b in self.buckets:
+            for p in b.params:
+                self._buckets_of.setdefault(id(p), []).append(b)
+        self._view_ptr: dict[int, int] = {}
+        for b in self.buckets:
+            if all(e.dim is None and len(self._buckets_of[id(e.param)]) == 1 for e in b.entries):
+                self._make_views(b)
+        for _l, _n, p in stage.layer_parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         self._count: dict[int, int] = {}
         self._handles = []
         if self.overlap:
-            for b in self.buckets:
-                for p in b.params:
-                    self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+            for p in {id(p): p for b in self.buckets if b.hooked for p in b.params}.values():
+                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         logger.debug("rank %d: %d gradient buckets (%s)", rank, len(self.buckets),
-                     ", ".join(f"{b.label}: {b.num_bytes} B" for b in self.buckets))
+                     ", ".join(f"{b.label} {b.ranks}: {b.num_bytes} B" for b in self.buckets))
 
-    def _add_bucket(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None,
-                    ranks: tuple[int, ...], label: str) -> None:
-        if params:
-            self.buckets.append(Bucket(params, group, ranks, label))
+    @staticmethod
+    def _chunk(entries: list[Entry], bucket_bytes: int) -> list[list[Entry]]:
+        out: list[list[Entry]] = [[]]
+        size = 0
+        for e in entries:
+            nbytes = e.numel * e.param.element_size()
+            if out[-1] and (size + nbytes > bucket_bytes or e.param.dtype != out[-1][0].param.dtype):
+                out.append([])
+                size = 0
+            out[-1].append(e)
+            size += nbytes
+        return [c for c in out if c]
+
+    def _make_views(self, b: Bucket) -> None:
+        """Allocate the bucket's flat buffer once and make each parameter's grad a view of it."""
+        from torch.distributed.tensor import DTensor
+
+        p0 = b.entries[0].param
+        b.flat = torch.zeros(sum(e.numel for e in b.entries), dtype=p0.dtype, device=local_tensor(p0).device)
+        offset = 0
+        for e in b.entries:
+            loc = local_tensor(e.param)
+            view = b.flat[offset:offset + loc.numel()].view(loc.shape)
+            if e.param.grad is not None:
+                view.copy_(local_tensor(e.param.grad))
+            if isinstance(e.param, DTensor):
+                e.param.grad = DTensor.from_local(view, e.param.device_mesh, e.param.placements, shape=e.param.shape,
+                                                  stride=e.param.stride(), run_check=False)
+            else:
+                e.param.grad = view
+            self._view_ptr[id(e.param)] = view.data_ptr()
+            offset += loc.numel()
+        b.views = True
 
     def begin_step(self, num_micro_batches: int) -> None:
         """Reset for a step in which this stage runs ``num_micro_batches`` backward passes."""
@@ -157,56 +353,71 @@ class GradSync:
         self._count = {}
         self.stats = CollectiveStats()
         for b in self.buckets:
-            b.ready, b.work, b.flat = 0, None, None
+            b.ready, b.work = 0, None
+            if not b.views:
+                b.flat = None
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         c = self._count.get(id(p), 0) + 1
         self._count[id(p)] = c
         if c == self._expected:
-            self.buckets[self._bucket_of[id(p)]].ready += 1
+            for b in self._buckets_of[id(p)]:
+                b.ready += 1
             self._launch_ready()
 
     def _launch_ready(self) -> None:
-        while self._next < len(self.buckets) and self.buckets[self._next].ready == len(self.buckets[self._next].params):
-            self._launch(self.buckets[self._next], async_op=True)
+        while self._next < len(self.buckets):
+            b = self.buckets[self._next]
+            if not (b.hooked and b.ready == len(b.params)):
+                return
+            self._launch(b, async_op=True)
             self.stats.launched_in_backward += 1
             self._next += 1
 
     def _launch(self, b: Bucket, *, async_op: bool) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in b.params]
-        b.flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+        if b.views:
+            for e in b.entries:
+                if local_tensor(e.param.grad).data_ptr() != self._view_ptr[id(e.param)]:
+                    raise RuntimeError("GradSync: a gradient was replaced, not accumulated in place; zero grads "
+                                       "with zero_grad(set_to_none=False)")
+                if not e.contribute:
+                    local_tensor(e.param.grad).zero_()
+        else:
+            b.flat = torch.empty(sum(e.numel for e in b.entries), dtype=b.entries[0].param.dtype,
+                                 device=local_tensor(b.entries[0].param).device)
+            offset = 0
+            for e in b.entries:
+                part = b.flat[offset:offset + e.numel]
+                if e.contribute:
+                    part.view(e.grad_slice().shape).copy_(e.grad_slice())
+                else:
+                    part.zero_()
+                offset += e.numel
         b.work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=b.group, async_op=async_op)
-        self._count_collective(b.ranks, b.num_bytes)
-
-    def _count_collective(self, ranks: tuple[int, ...], nbytes: int) -> None:
+        nbytes = b.num_bytes
         self.stats.joined_count += 1
-        if self.rank == min(ranks):
+        self.stats.joined_bytes += nbytes
+        self.stats.records.append((b.label, b.ranks, nbytes))
+        if self.rank == min(b.ranks):
             self.stats.count += 1
             self.stats.bytes += nbytes
 
     def finish(self) -> None:
-        """Launch what backward did not, wait for everything, write the sums back into ``.grad``."""
+        """Launch what backward did not, wait for everything, write the sums back where they are copies."""
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next], async_op=not self.naive)
             self._next += 1
         for b in self.buckets:
             if b.work is not None and hasattr(b.work, "wait"):
                 b.work.wait()
+            b.work = None
+            if b.views:
+                continue
             offset = 0
-            for p in b.params:
-                n = p.numel()
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad.copy_(b.flat[offset:offset + n].view_as(p))
-                offset += n
-            b.flat, b.work = None, None
-        if self._tied is not None:
-            p, ranks, group = self._tied
-            if len(ranks) > 1:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
-                self._count_collective(ranks, p.numel() * p.element_size())
+            for e in b.entries:
+                e.grad_slice().copy_(b.flat[offset:offset + e.numel].view(e.grad_slice().shape))
+                offset += e.numel
+            b.flat = None
 
     def close(self) -> None:
         """Remove the backward hooks."""

@@ -1,24 +1,20 @@
-"""GPT-style decoders whose layer list lines up with the profile's layer numbering.
+"""The legacy GPT-style decoders (``gpt-tiny``, ``gpt-small``) and their protocol adapter.
 
 Layer 0 is the embedding (token + position), layers ``1 .. N`` are transformer
 blocks and layer ``N + 1`` is the head (final LayerNorm + output projection).
 The loss is applied outside the layers (:func:`lm_loss`), so a pipeline stage
 that holds layers ``[lo, hi)`` is just those layers applied in order
-(:class:`StageModule`).
+(:class:`hpp.runtime.stage.StageModule`, re-exported here with
+``check_recompute``; recomputation is documented there).
 
-Activation recomputation (a plan stage's ``recompute``): ``"full"`` wraps each of
-the stage's layers in ``torch.utils.checkpoint`` (non-reentrant), so a micro-batch
-in flight keeps only each layer's input and the layer's activations are rebuilt
-during its backward: one extra forward, which is what the cost model charges
-(:func:`hpp.formulation.cost_model.stage_compute_s`). ``"selective"`` (Megatron's
-recomputation of the attention core only) is refused: these models use the fused
-``scaled_dot_product_attention``, which already keeps no ``s x s`` attention matrix,
-and the profiler does not measure an attention share, so there is nothing
-selective could drop that the planner could price.
+:class:`LegacyGPT` wraps a :class:`ModelConfig` in the runtime model protocol
+(:mod:`hpp.runtime.model_api`), so the stage builder, the zoo and the profiler
+treat these models like any other; :func:`build_stage_module` is the old entry
+point, kept for callers that hold a :class:`ModelConfig`.
 
 Initialisation is deterministic and per layer: layer ``l`` draws its parameters
-from its own generator seeded by ``(seed, l)``, so a stage builds only its own
-layers and still gets exactly the weights that the whole model has. With tied
+from :func:`hpp.runtime.model_api.layer_generator` ``(seed, l)``, so a stage builds only
+its own layers and still gets exactly the weights that the whole model has. With tied
 embeddings the head's output projection is a copy of the embedding's token table
 (drawn from layer 0's generator); in one module (a stage that holds both) the
 two are one parameter. Keeping separate copies in sync across stages is the
@@ -30,44 +26,21 @@ Shapes: tokens ``(b, s)`` int64 -> hidden ``(b, s, h)`` -> logits ``(b, s, V)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from hpp.errors import HppInputError
+from hpp.runtime.model_api import IGNORE_INDEX, ModelSpec, check_tp_degree, layer_generator
+from hpp.runtime.stage import RUNTIME_RECOMPUTE_MODES, StageModule, build_stage, check_recompute
 
 __all__ = ["ModelConfig", "MODEL_CONFIGS", "get_model_config", "Embedding", "Block", "Head",
-           "build_layer", "StageModule", "build_stage_module", "lm_loss", "tied_param_names", "IGNORE_INDEX",
+           "build_layer", "LegacyGPT", "StageModule", "build_stage_module", "lm_loss", "tied_param_names", "IGNORE_INDEX",
            "RUNTIME_RECOMPUTE_MODES", "check_recompute"]
 
-#: Target value of padded positions (a partial last micro-batch is padded to full size).
-IGNORE_INDEX = -100
 _INIT_STD = 0.02
-_SEED_STRIDE = 1_000_003
-#: Recomputation modes the runtime executes (``"selective"`` is refused, see the module docstring).
-RUNTIME_RECOMPUTE_MODES = ("none", "full")
-
-
-def check_recompute(mode: str, *, field: str = "recompute") -> str:
-    """Return ``mode`` if the runtime can execute it.
-
-    Raises
-    ------
-    HppInputError
-        ``"selective"`` (not supported by the runtime) or an unknown mode.
-    """
-    if mode in RUNTIME_RECOMPUTE_MODES:
-        return mode
-    if mode == "selective":
-        raise HppInputError("selective activation recomputation is not supported by hpp run (its models use fused "
-                            "attention, which keeps no attention matrix to drop)", field=field,
-                            fix="plan with recompute 'full' or 'none' for this stage")
-    raise HppInputError(f"unknown recompute mode {mode!r}", field=field, fix="use 'none' or 'full'")
-
-
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Hyper-parameters of a GPT-style decoder.
@@ -121,10 +94,6 @@ def get_model_config(name: str) -> ModelConfig:
         raise HppInputError(f"unknown model {name!r}", field="model",
                             fix=f"use one of {sorted(MODEL_CONFIGS)}")
     return MODEL_CONFIGS[key]
-
-
-def _layer_generator(seed: int, layer: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * _SEED_STRIDE + layer)
 
 
 def _init_(module: nn.Module, gen: torch.Generator) -> None:
@@ -203,10 +172,10 @@ def build_layer(cfg: ModelConfig, layer: int, *, seed: int, dtype: torch.dtype =
         mod = Head(cfg, dtype=dtype)
     else:
         mod = Block(cfg, dtype=dtype)
-    _init_(mod, _layer_generator(seed, layer))
+    _init_(mod, layer_generator(seed, layer))
     if tie_embeddings and layer == cfg.num_layers - 1:
         emb = Embedding(cfg, dtype=dtype)
-        _init_(emb, _layer_generator(seed, 0))
+        _init_(emb, layer_generator(seed, 0))
         with torch.no_grad():
             mod.lm_head.weight.copy_(emb.wte.weight)
     return mod
@@ -217,62 +186,65 @@ def tied_param_names(cfg: ModelConfig) -> tuple[str, str]:
     return ("layers.0.wte.weight", f"layers.{cfg.num_layers - 1}.lm_head.weight")
 
 
-class StageModule(nn.Module):
-    """Layers ``[layer_start, layer_stop)`` applied in order.
+class LegacyGPT:
+    """A :class:`ModelConfig` as a runtime model (:class:`hpp.runtime.model_api.RuntimeModel`).
 
-    Parameter names are global: ``layers.<l>.<...>`` with ``l`` the model's layer
-    index, so that stages and the whole model can be compared name by name.
+    Parameters
+    ----------
+    cfg : ModelConfig
+    tie_embeddings : bool
+        The head's ``lm_head.weight`` is tied to layer 0's ``wte.weight``.
+
+    TP shards the MLP of every block (``fc`` colwise, ``out`` rowwise) and, when the
+    vocabulary divides, the token table and the head; the attention stays replicated
+    (its fused ``qkv`` projection would need a per-part split that plain
+    ``ColwiseParallel`` does not do).
     """
 
-    def __init__(self, layers: dict[int, nn.Module], *, layer_start: int, layer_stop: int,
-                 recompute: str = "none") -> None:
-        super().__init__()
-        self.layer_start, self.layer_stop = layer_start, layer_stop
-        self.recompute = check_recompute(recompute)
-        self.layers = nn.ModuleDict({str(l): layers[l] for l in range(layer_start, layer_stop)})
+    def __init__(self, cfg: ModelConfig, *, tie_embeddings: bool = False) -> None:
+        self.cfg = cfg
+        self.tie_embeddings = tie_embeddings
+        self.spec = ModelSpec(name=cfg.name, num_layers=cfg.num_layers, seq_len=cfg.seq_len,
+                              vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_heads=cfg.num_heads,
+                              num_kv_heads=cfg.num_heads, ffn_size=cfg.ffn_mult * cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers.values():
-            if self.recompute == "full" and torch.is_grad_enabled():
-                x = checkpoint(layer, x, use_reentrant=False)   # keeps x only; re-runs layer in backward
-            else:
-                x = layer(x)
-        return x
+    def build_layer(self, index: int, *, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
+        """Layer ``index`` initialised from ``(seed, index)`` (see :func:`build_layer`)."""
+        return build_layer(self.cfg, index, seed=seed, dtype=dtype, tie_embeddings=self.tie_embeddings)
 
-    def layer_parameters(self) -> Iterator[tuple[int, str, nn.Parameter]]:
-        """``(layer index, global name, parameter)`` in layer order, each parameter once."""
-        seen: set[int] = set()
-        for key, layer in self.layers.items():
-            for name, p in layer.named_parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    yield int(key), f"layers.{key}.{name}", p
+    def tp_plan(self, index: int, tp_degree: int) -> Mapping[str, str]:
+        """Module paths of layer ``index`` to shard at TP degree ``tp_degree`` (empty at TP 1)."""
+        check_tp_degree(self.spec, tp_degree)
+        if tp_degree == 1:
+            return {}
+        vocab_ok = self.cfg.vocab_size % tp_degree == 0
+        if index == 0:
+            return {"wte": "embedding"} if vocab_ok else {}
+        if index == self.cfg.num_layers - 1:
+            return {"lm_head": "output"} if vocab_ok else {}
+        return {"fc": "colwise", "out": "rowwise"}
+
+    def tied_parameters(self) -> tuple[tuple[str, str], ...]:
+        """``(("layers.0.wte.weight", "layers.<L-1>.lm_head.weight"),)`` when tied, else ``()``."""
+        return (tied_param_names(self.cfg),) if self.tie_embeddings else ()
 
 
 def build_stage_module(cfg: ModelConfig, layer_start: int, layer_stop: int, *, seed: int,
                        dtype: torch.dtype = torch.float32, tie_embeddings: bool = False,
                        device: torch.device | str = "cpu", recompute: str = "none") -> StageModule:
-    """A stage holding layers ``[layer_start, layer_stop)`` of ``cfg``.
+    """A stage holding layers ``[layer_start, layer_stop)`` of ``cfg`` (the legacy entry point).
 
-    If the stage holds both layer 0 and the head and ``tie_embeddings`` is set,
-    the two share one parameter (as in single-device training). ``recompute``:
-    ``"none"`` or ``"full"`` (per-layer non-reentrant checkpointing).
+    Same as ``build_stage(LegacyGPT(cfg, tie_embeddings=...), layer_start, layer_stop, ...)``:
+    if the stage holds both layer 0 and the head and ``tie_embeddings`` is set, the two
+    share one parameter. ``recompute``: ``"none"`` or ``"full"``.
 
     Raises
     ------
     HppInputError
         Layers outside the model, or a recompute mode the runtime does not execute.
     """
-    check_recompute(recompute)
-    if not 0 <= layer_start < layer_stop <= cfg.num_layers:
-        raise HppInputError(f"layers [{layer_start}, {layer_stop}) outside [0, {cfg.num_layers}) of {cfg.name}",
-                            field="layers", fix=f"{cfg.name} has {cfg.num_layers} layers")
-    layers = {l: build_layer(cfg, l, seed=seed, dtype=dtype, tie_embeddings=tie_embeddings)
-              for l in range(layer_start, layer_stop)}
-    last = cfg.num_layers - 1
-    if tie_embeddings and layer_start == 0 and layer_stop == cfg.num_layers:
-        layers[last].lm_head.weight = layers[0].wte.weight
-    return StageModule(layers, layer_start=layer_start, layer_stop=layer_stop, recompute=recompute).to(device)
+    return build_stage(LegacyGPT(cfg, tie_embeddings=tie_embeddings), layer_start, layer_stop, seed=seed,
+                       dtype=dtype, device=device, recompute=recompute)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, denominator: int) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """``hpp profile``: measure a runtime model's per-layer profile in the native format.
 
-Per layer ``l`` and micro-batch size ``b`` (one layer at a time, on random inputs
-of the right shape):
+Any runtime model is profiled through its protocol (:mod:`hpp.runtime.model_api`):
+a bundled name or ``MODULE:FUNCTION`` (:func:`hpp.runtime.zoo.load_runtime_model`),
+a legacy :class:`~hpp.runtime.models.ModelConfig`, or a model object. Each layer is
+built once (``build_layer``) and measured at every micro-batch size ``b`` (one layer
+at a time, on random inputs of the right shape):
 
 - ``forward_s``, ``backward_s``: median over ``repeats`` timed runs after
   ``warmup`` untimed ones (CUDA: synchronised); the relative spread
@@ -41,9 +44,10 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile, save_profile
-from hpp.runtime.models import ModelConfig, build_layer, get_model_config
+from hpp.runtime.model_api import RuntimeModel, check_protocol
+from hpp.runtime.models import LegacyGPT, ModelConfig
 
-__all__ = ["profile_model", "scale_profile", "dilate_profile", "write_profile", "measure_layer"]
+__all__ = ["profile_model", "scale_profile", "dilate_profile", "write_profile", "measure_layer", "resolve_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,27 +127,59 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / med if med > 0 else 0.0
 
 
-def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_sizes: Sequence[int] = (1, 2, 4),
-                  tp_degree: int = 1, device_type: str | None = None, warmup: int = 3, repeats: int = 10,
-                  num_threads: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32) -> ModelProfile:
+def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel, str]:
+    """``(runtime model, the name to record)``: a zoo name or ``MODULE:FUNCTION``, a legacy config or a model.
+
+    The recorded name is what :func:`hpp.runtime.zoo.load_runtime_model` loads the model
+    from again (the canonical zoo name, or the ``MODULE:FUNCTION`` string), or the model's
+    ``spec.name`` for an object.
+
+    Raises
+    ------
+    HppInputError
+        Unknown name, import failure, or an object that does not follow the protocol.
+    """
+    if isinstance(model, ModelConfig):
+        return LegacyGPT(model), model.name
+    if isinstance(model, str):
+        from hpp.runtime.zoo import canonical_model_name, load_runtime_model
+        loaded = load_runtime_model(model)
+        return loaded, canonical_model_name(model) or model.strip()
+    obj = check_protocol(model, source=type(model).__name__)
+    return obj, obj.spec.name
+
+
+def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu",
+                  micro_batch_sizes: Sequence[int] = (1, 2, 4), tp_degree: int = 1, device_type: str | None = None,
+                  warmup: int = 3, repeats: int = 10, num_threads: int = 1, seed: int = 0,
+                  dtype: torch.dtype = torch.float32) -> ModelProfile:
     """Measure ``model``'s per-layer profile on ``device`` for each micro-batch size.
 
     Parameters
     ----------
-    model : str or ModelConfig
-        A registered name (:data:`hpp.runtime.models.MODEL_CONFIGS`) or a config.
+    model : str, ModelConfig or RuntimeModel
+        A runtime model name (``hpp.runtime.zoo.runtime_model_names()``, case-insensitive),
+        ``MODULE:FUNCTION``, a legacy config, or an object following the protocol.
     device : ``"cpu"`` or ``"cuda"``
     micro_batch_sizes : sequence of int, each >= 1
     device_type : str, optional
         Name of the entries' device type (default: ``device``).
 
+    Returns
+    -------
+    ModelProfile
+        Named ``model.spec.name``; ``meta["runtime_model"]`` says how to load the model
+        again (zoo name or ``MODULE:FUNCTION``), ``meta["hyper_parameters"]`` holds the
+        sizes (heads, key/value heads, MLP width) the planner checks TP degrees against.
+
     Raises
     ------
     HppInputError
         Unknown model, TP > 1, bad sizes, no CUDA device, or a micro-batch size
-        that runs out of memory (naming the largest size that fits).
+        that runs out of memory (naming the sizes that fit).
     """
-    cfg = model if isinstance(model, ModelConfig) else get_model_config(model)
+    rmodel, runtime_name = resolve_model(model)
+    spec = rmodel.spec
     if tp_degree != 1:
         raise HppInputError(f"--tp {tp_degree}: the profiler measures TP degree 1 only", field="tp",
                             fix="use --tp 1")
@@ -162,45 +198,47 @@ def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_
     old_threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(num_threads)
-    entries: dict[tuple[str, int, int], LayerProfile] = {}
-    spread: dict[str, dict[str, list[float]]] = {}
     gen = torch.Generator().manual_seed(seed)
-    fitted: list[int] = []
+    rows: dict[int, list[dict]] = {b: [] for b in sizes}
     try:
-        for b in sizes:
-            rows = []
-            try:
-                for l in range(cfg.num_layers):
-                    layer = build_layer(cfg, l, seed=seed, dtype=dtype).to(dev)
-
-                    def make_input(l: int = l) -> torch.Tensor:
-                        if l == 0:
-                            return torch.randint(0, cfg.vocab_size, (b, cfg.seq_len), generator=gen).to(dev)
-                        return torch.randn(b, cfg.seq_len, cfg.hidden_size, generator=gen, dtype=dtype).to(
-                            dev).requires_grad_(True)
-
-                    rows.append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats,
-                                              cpu_time=cpu_clock))
-                    del layer
-            except torch.OutOfMemoryError:
-                raise HppInputError(f"micro-batch size {b} runs out of memory on {device}", field="micro_batch_sizes",
-                                    fix=f"the largest size that fits is {fitted[-1] if fitted else 'none'}") from None
-            fitted.append(b)
-            med = {k: tuple(statistics.median(r[k]) for r in rows) for k in ("forward_s", "backward_s", "optimizer_s")}
-            entries[(dtype_name, 1, b)] = LayerProfile(
-                device_type=dtype_name, tp_degree=1, micro_batch_size=b, forward_s=med["forward_s"],
-                backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
-                param_bytes=tuple(int(r["param_bytes"]) for r in rows),
-                activation_bytes=tuple(int(r["activation_bytes"]) for r in rows),
-                output_bytes=tuple(int(r["output_bytes"]) for r in rows),
-                note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up"
-                     + (", CPU time of the compute thread" if cpu_clock else ""))
-            spread[f"{dtype_name}/tp1/mb{b}"] = {k: [round(_spread(r[k]), 4) for r in rows]
-                                                  for k in ("forward_s", "backward_s")}
-            logger.info("profiled %s at micro-batch %d: %.2f ms forward+backward", cfg.name, b,
-                        1e3 * sum(med["forward_s"]) + 1e3 * sum(med["backward_s"]))
+        for l in range(spec.num_layers):
+            layer = rmodel.build_layer(l, seed=seed, dtype=dtype).to(dev)
+            for b in sizes:
+                def make_input(l: int = l, b: int = b) -> torch.Tensor:
+                    if l == 0:
+                        return torch.randint(0, spec.vocab_size, (b, spec.seq_len), generator=gen).to(dev)
+                    return torch.randn(b, spec.seq_len, spec.hidden_size, generator=gen, dtype=dtype).to(
+                        dev).requires_grad_(True)
+                try:
+                    rows[b].append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats,
+                                                 cpu_time=cpu_clock))
+                except torch.OutOfMemoryError:
+                    fits = [x for x in sizes if x < b]
+                    raise HppInputError(f"micro-batch size {b} runs out of memory on {device} (layer {l})",
+                                        field="micro_batch_sizes",
+                                        fix=f"the largest size that fits is {fits[-1]}" if fits
+                                        else "the largest size that fits is none") from None
+                for p in layer.parameters():
+                    p.grad = None
+            del layer
     finally:
         torch.set_num_threads(old_threads)
+    entries: dict[tuple[str, int, int], LayerProfile] = {}
+    spread: dict[str, dict[str, list[float]]] = {}
+    for b in sizes:
+        med = {k: tuple(statistics.median(r[k]) for r in rows[b]) for k in ("forward_s", "backward_s", "optimizer_s")}
+        entries[(dtype_name, 1, b)] = LayerProfile(
+            device_type=dtype_name, tp_degree=1, micro_batch_size=b, forward_s=med["forward_s"],
+            backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
+            param_bytes=tuple(int(r["param_bytes"]) for r in rows[b]),
+            activation_bytes=tuple(int(r["activation_bytes"]) for r in rows[b]),
+            output_bytes=tuple(int(r["output_bytes"]) for r in rows[b]),
+            note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up"
+                 + (", CPU time of the compute thread" if cpu_clock else ""))
+        spread[f"{dtype_name}/tp1/mb{b}"] = {k: [round(_spread(r[k]), 4) for r in rows[b]]
+                                              for k in ("forward_s", "backward_s")}
+        logger.info("profiled %s at micro-batch %d: %.2f ms forward+backward", spec.name, b,
+                    1e3 * sum(med["forward_s"]) + 1e3 * sum(med["backward_s"]))
     meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
             "torch": torch.__version__, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device if device == "cpu" else torch.cuda.get_device_name(dev), "num_threads": num_threads,
@@ -208,9 +246,11 @@ def profile_model(model: str | ModelConfig, *, device: str = "cpu", micro_batch_
             "load_average": {"before": load_before, "after": _load_average(), "cores": os.cpu_count()},
             "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeats": repeats,
             "spread": spread, "spread_definition": "(max - min) / median over repeats, per layer",
-            "hyper_parameters": {"num_blocks": cfg.num_blocks, "hidden_size": cfg.hidden_size,
-                                 "num_heads": cfg.num_heads, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size}}
-    return ModelProfile(model=cfg.name, num_layers=cfg.num_layers, sequence_length=cfg.seq_len, entries=entries,
+            "runtime_model": runtime_name,
+            "hyper_parameters": {"num_blocks": spec.num_blocks, "hidden_size": spec.hidden_size,
+                                 "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
+                                 "ffn_size": spec.ffn_size, "seq_len": spec.seq_len, "vocab_size": spec.vocab_size}}
+    return ModelProfile(model=spec.name, num_layers=spec.num_layers, sequence_length=spec.seq_len, entries=entries,
                         source="measured by hpp profile (hpp.runtime.profiler)", licence="MIT", meta=meta)
 
 

@@ -1,26 +1,41 @@
-"""Single-device reference training, to check that an HPP run updates the model identically.
+"""Single-device reference training: what ``hpp run --verify`` compares a run with.
 
-The reference trains the whole model on the whole global batch of every step
-(:func:`hpp.runtime.layout.synthetic_batch`) with the full-batch mean loss, the
-same initialisation, optimizer and learning rate as the runtime's ranks.
+:func:`train_single_device` trains the whole model (``build_stage(model, 0, L)``,
+:func:`hpp.runtime.stage.build_stage`) on the whole global batch of every step, drawn
+from the same :class:`hpp.runtime.data.BatchSource` as the run's ranks, with the same
+initialisation seed and the same training configuration
+(:class:`hpp.runtime.training.TrainingConfig`: optimizer, learning-rate schedule,
+gradient clipping by the global norm), one :func:`hpp.runtime.training.single_device_step`
+per step. The loss is the summed next-token cross-entropy over the targets that are
+not ``IGNORE_INDEX`` divided by their count in the global batch, which is what the
+run's ranks sum to.
+
+:func:`max_param_difference` then compares every parameter every rank saved with the
+reference (tied copies included). :func:`train_reference` is the legacy entry point
+for :class:`hpp.runtime.models.ModelConfig` models.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from hpp.errors import HppInputError
-from hpp.runtime.layout import synthetic_batch
-from hpp.runtime.models import ModelConfig, build_stage_module, lm_loss, tied_param_names
+from hpp.runtime.model_api import IGNORE_INDEX, RuntimeModel
 
-__all__ = ["make_optimizer", "train_reference", "max_param_difference"]
+__all__ = ["make_optimizer", "train_reference", "train_single_device", "max_param_difference",
+           "VerifyResult", "verify_against", "VERIFY_TOLERANCE"]
+
+#: ``--verify`` fails above this max absolute parameter difference (float64).
+VERIFY_TOLERANCE = 1e-9
 
 
 def make_optimizer(name: str, params: Sequence[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
-    """SGD (no momentum) or AdamW (weight decay 0.01): the runtime's two optimizers.
+    """SGD (no momentum) or AdamW (weight decay 0.01): the legacy runtime's two optimizers.
 
     Raises
     ------
@@ -34,17 +49,53 @@ def make_optimizer(name: str, params: Sequence[torch.nn.Parameter], *, lr: float
     raise HppInputError(f"unknown optimizer {name!r}", field="optimizer", fix="use sgd or adamw")
 
 
-def train_reference(cfg: ModelConfig, *, global_batch_size: int, steps: int, seed: int = 0,
+def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: int, training: Any,
+                        dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+    """Train ``model`` on one device for ``steps`` steps; every parameter by global name (tied: both names).
+
+    Parameters
+    ----------
+    model : RuntimeModel
+    source : hpp.runtime.data.BatchSource
+        ``source.batch(step)`` gives the step's global batch ``(G, s)`` inputs and targets.
+    steps, seed : int
+    training : hpp.runtime.training.TrainingConfig
+        Optimizer, learning rate and schedule, clipping; each step is
+        :func:`hpp.runtime.training.single_device_step`.
+    dtype : torch.dtype
+        The parameters' dtype (float64 for ``--verify``, whose ``training.dtype`` is float64 too).
+    """
+    from hpp.runtime.stage import build_stage
+    from hpp.runtime.training import make_lr_scheduler, make_optimizer as make_opt, single_device_step
+    module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=dtype)
+    named = [(name, p) for _l, name, p in module.layer_parameters()]
+    opt = make_opt([p for _n, p in named], training)
+    sched = make_lr_scheduler(opt, training)
+    for step in range(steps):
+        inputs, targets = source.batch(step)
+        single_device_step(module, opt, sched, inputs, targets, training)
+    out = {name: p.detach().clone() for name, p in named}
+    for first, second in model.tied_parameters():       # one parameter here; the ranks may hold two copies
+        if first in out:
+            out.setdefault(second, out[first])
+    return out
+
+
+def train_reference(cfg: Any, *, global_batch_size: int, steps: int, seed: int = 0,
                     dtype: torch.dtype = torch.float64, tie_embeddings: bool = False, optimizer: str = "sgd",
                     lr: float = 0.1) -> dict[str, torch.Tensor]:
-    """Train on one device; return every parameter by global name (both tied names if tied)."""
+    """Legacy entry point: a :class:`hpp.runtime.models.ModelConfig` on synthetic batches, SGD or AdamW."""
+    from hpp.runtime.models import build_stage_module, tied_param_names
+    from hpp.runtime.model_api import synthetic_batch
     model = build_stage_module(cfg, 0, cfg.num_layers, seed=seed, dtype=dtype, tie_embeddings=tie_embeddings)
     opt = make_optimizer(optimizer, list(model.parameters()), lr=lr)
     for step in range(steps):
         x, y = synthetic_batch(step, seed=seed, global_batch_size=global_batch_size, seq_len=cfg.seq_len,
                                vocab_size=cfg.vocab_size)
         opt.zero_grad()
-        lm_loss(model(x), y, denominator=global_batch_size * cfg.seq_len).backward()
+        logits = model(x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                        reduction="sum").div(int((y != IGNORE_INDEX).sum())).backward()
         opt.step()
     out = {name: p.detach().clone() for _l, name, p in model.layer_parameters()}
     if tie_embeddings:
@@ -59,11 +110,20 @@ def max_param_difference(rank_params: Sequence[Mapping[str, torch.Tensor]],
 
     A NaN compares as a 0.0 difference in ``abs().max()`` arithmetic of some
     reductions, so NaN is reported separately and also forces the difference to inf.
+
+    Raises
+    ------
+    KeyError
+        A rank saved a parameter the reference does not have (a naming bug, not bad input).
     """
     worst, nan, n = 0.0, False, 0
     for params in rank_params:
         for name, value in params.items():
             ref = reference[name]
+            if tuple(value.shape) != tuple(ref.shape):
+                worst = math.inf
+                n += 1
+                continue
             if torch.isnan(value).any() or torch.isnan(ref).any():
                 nan = True
                 worst = math.inf
@@ -71,3 +131,46 @@ def max_param_difference(rank_params: Sequence[Mapping[str, torch.Tensor]],
             worst = max(worst, (value.to(ref.dtype) - ref).abs().max().item())
             n += 1
     return worst, nan, n
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of ``--verify``.
+
+    Attributes
+    ----------
+    max_abs_difference : float
+        Largest ``|run - reference|`` over every value of every parameter every rank holds (inf on NaN
+        or a shape mismatch).
+    num_parameters : int
+        Distinct parameters (global names) compared.
+    num_copies : int
+        (rank, parameter) pairs compared (a parameter held by k ranks counts k times).
+    missing : tuple[str, ...]
+        Reference parameters no rank saved (the run did not cover the model; fails).
+    tolerance : float
+    """
+
+    max_abs_difference: float
+    num_parameters: int
+    num_copies: int
+    missing: tuple[str, ...]
+    tolerance: float = VERIFY_TOLERANCE
+
+    @property
+    def passed(self) -> bool:
+        return not self.missing and self.max_abs_difference <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_abs_difference": self.max_abs_difference, "num_parameters": self.num_parameters,
+                "num_copies": self.num_copies, "missing": list(self.missing), "tolerance": self.tolerance,
+                "passed": self.passed}
+
+
+def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference: Mapping[str, torch.Tensor], *,
+                   tolerance: float = VERIFY_TOLERANCE) -> VerifyResult:
+    """Compare every rank's saved parameters with the reference (see :class:`VerifyResult`)."""
+    worst, _nan, copies = max_param_difference(rank_params, reference)
+    seen = {name for params in rank_params for name in params}
+    missing = tuple(sorted(set(reference) - seen))
+    return VerifyResult(worst, len(seen), copies, missing, tolerance)

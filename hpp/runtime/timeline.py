@@ -89,14 +89,29 @@ def _draw(ax: Any, rows: list[tuple[str, list[tuple[str, int, float, float]]]], 
     ax.invert_yaxis()
     ax.set_xlabel("seconds from iteration start")
     ax.set_title(title, fontsize=9)
+    _legend(ax)
+
+
+def _legend(ax: Any) -> None:
+    """The colour key, in every panel (a panel read alone still says what it shows)."""
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(facecolor="tab:blue", edgecolor="black", label="forward (label: micro-batch)"),
+                       Patch(facecolor="tab:orange", edgecolor="black", label="backward (label: micro-batch)")],
+              fontsize=6, loc="lower right", framealpha=0.8)
 
 
 def write_timeline_png(path: Path, *, plan: Plan, results: list[dict[str, Any] | None],
-                       predicted: dict[str, Any]) -> None:
+                       predicted: dict[str, Any]) -> Any:
     """Write the predicted and the measured timeline of the last step side by side (PNG, tmp + rename).
 
-    ``results`` are the ranks' result dicts (their ``events``); ``predicted`` the
-    run report's predicted section (its ``pipelines`` give per-stage times).
+    ``results`` are the ranks' result dicts (their ``events``; one row per rank, a TP
+    rank labelled ``tp<k>``); ``predicted`` the run report's predicted section (its
+    ``pipelines`` give per-stage times). Every panel carries the colour legend.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure written (closed), for inspection.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -105,7 +120,8 @@ def write_timeline_png(path: Path, *, plan: Plan, results: list[dict[str, Any] |
     measured_rows = []
     for r in (r for r in results if r is not None):
         ops = [(e["kind"], e["micro_batch"], e["start_s"], e["stop_s"]) for e in r["events"]]
-        measured_rows.append((f"p{r['pipeline']} s{r['stage']} ({r['device_type']})", ops))
+        tp = f" tp{r['tp_rank']}" if (r.get("tp_degree") or 1) > 1 else ""
+        measured_rows.append((f"p{r['pipeline']} s{r['stage']}{tp} ({r['device_type']})", ops))
     predicted_rows = []
     for p, pipe in enumerate(plan.pipelines):
         stages = (predicted.get("pipelines") or [None] * plan.num_pipelines)[p]
@@ -119,9 +135,10 @@ def write_timeline_png(path: Path, *, plan: Plan, results: list[dict[str, Any] |
                              sharex=True)
     if predicted_rows:
         _draw(axes[0][0], predicted_rows, "predicted (cost model, 1 iteration)")
-    _draw(axes[0][-1], measured_rows, "measured (last step; blue F, orange B, label = micro-batch)")
+    _draw(axes[0][-1], measured_rows, "measured (last step)")
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     tmp.replace(path)
+    return fig

@@ -1,12 +1,20 @@
-"""One rank of an HPP run: its pipeline stage, the block all-reduces, the optimizer step.
+"""One rank of an HPP run: its (TP-sharded) pipeline stage, the block all-reduces, the optimizer step.
 
 Entry points: :func:`run_worker` (a library call, used by the fork launcher of
 the tests) and ``python -m hpp.runtime.worker CONFIG.json OUT_DIR`` (what
 ``torchrun`` starts; rank and world size come from its environment).
 
-Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its parameters
-if asked) through a temporary file and a rename, or ``rank<r>.error`` with the
-reason when it fails; so a reader never sees a half-written file.
+A rank builds its stage from the model (``model_name`` through
+:func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards it
+over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), runs its lane's
+pipeline schedule (``return_outputs=False``, shape-only placeholders), syncs
+gradients block-wise (:mod:`hpp.runtime.gradsync`), clips and steps
+(:mod:`hpp.runtime.training`).
+
+Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full,
+unsharded parameters if asked) through a temporary file and a rename, or
+``rank<r>.error`` with the reason when it fails, so a reader never sees a
+half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
 """
 
 from __future__ import annotations
@@ -21,23 +29,26 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-from hpp.plan import plan_from_dict
+from hpp.plan import Plan, plan_from_dict
 from hpp.runtime.emulation import Instrument
-from hpp.runtime.gradsync import GradSync
-from hpp.runtime.layout import blocks, group_layout, rank_roles, split_micro_batches, synthetic_batch
-from hpp.runtime.reference import make_optimizer
-from hpp.runtime.models import IGNORE_INDEX, ModelConfig, build_stage_module, lm_loss, tied_param_names
+from hpp.runtime.gradsync import GradSync, sync_units
+from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
+from hpp.runtime.model_api import IGNORE_INDEX, RuntimeModel
+from hpp.runtime.stage import build_stage, split_global_name
+from hpp.runtime.tensor_parallel import is_sharded, local_tensor, parallelize_stage
+from hpp.runtime.training import (TrainingConfig, autocast_context, clip_by_global_norm, lm_loss, make_lr_scheduler,
+                                  make_optimizer, measure_stage_flops, target_count)
 
-__all__ = ["WorkerConfig", "run_worker", "worker_main", "write_atomic", "config_to_json"]
+__all__ = ["WorkerConfig", "StageForward", "make_stage_schedule", "run_schedule_step", "run_worker", "worker_main",
+           "write_atomic", "config_to_json", "resolve_model", "training_config"]
 
 logger = logging.getLogger(__name__)
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -48,26 +59,37 @@ class WorkerConfig:
     ----------
     plan : dict
         The plan's JSON object (:func:`hpp.plan.plan_to_dict`), already validated.
+    model_name : str
+        A name or ``MODULE:FUNCTION`` for :func:`hpp.runtime.zoo.load_runtime_model`.
     model : dict
-        :class:`ModelConfig` fields.
+        Legacy: :class:`hpp.runtime.models.ModelConfig` fields (used when ``model_name`` is empty,
+        with ``tie_embeddings``).
+    training : dict or None
+        :class:`hpp.runtime.training.TrainingConfig` fields; None: from the legacy
+        ``optimizer``/``lr``/``dtype`` (SGD without, AdamW with weight decay 0.01).
+    data : dict or None
+        For :func:`hpp.runtime.data.make_batch_source` (None: synthetic tokens).
     steps, warmup_steps : int
         Optimizer steps; the first ``warmup_steps`` are left out of the median.
+    naive_allreduce, overlap, skip_block_allreduce, naive_tp : bool
+        Gradient sync variants: per-layer blocking; launched from backward hooks; the
+        control without any block sync; the control that sums replicated parameters
+        from every TP rank (both must NOT match single-device training).
     slowdown : dict[str, float]
         Per device type, the emulated slowdown (empty: no emulation).
     time_scale : float
-        Common dilation of every emulated device (>= 1; see :mod:`hpp.runtime.emulation`);
-        applied only when ``slowdown`` is not empty.
+        Common dilation of every emulated device (>= 1; see :mod:`hpp.runtime.emulation`).
     timeout_s : float
         Process-group timeout [s]: a dead peer makes this rank fail within it.
-    fail_rank, fail_step : int
-        Fault injection for tests: that rank fails at that step (-1: never).
-    fail_mode : str
-        ``"exit"`` (the process dies at once) or ``"hang"`` (it stops answering for
-        ``2 * timeout_s``, then dies).
+    fail_rank, fail_step, fail_mode :
+        Fault injection for tests: that rank fails at that step (-1: never), ``"exit"`` or ``"hang"``.
     """
 
     plan: dict
-    model: dict
+    model: dict = field(default_factory=dict)
+    model_name: str = ""
+    training: dict | None = None
+    data: dict | None = None
     steps: int = 3
     warmup_steps: int = 1
     seed: int = 0
@@ -78,6 +100,7 @@ class WorkerConfig:
     naive_allreduce: bool = False
     overlap: bool = True
     skip_block_allreduce: bool = False
+    naive_tp: bool = False
     bucket_bytes: int = 25 * 2**20
     slowdown: dict = field(default_factory=dict)
     time_scale: float = 1.0
@@ -88,6 +111,23 @@ class WorkerConfig:
     fail_rank: int = -1
     fail_step: int = -1
     fail_mode: str = "exit"
+
+
+def resolve_model(cfg: WorkerConfig) -> RuntimeModel:
+    """The run's runtime model: ``model_name`` from the zoo, else the legacy ``model`` dict."""
+    if cfg.model_name:
+        from hpp.runtime.zoo import load_runtime_model
+        return load_runtime_model(cfg.model_name)
+    from hpp.runtime.models import LegacyGPT, ModelConfig
+    return LegacyGPT(ModelConfig(**cfg.model), tie_embeddings=cfg.tie_embeddings)
+
+
+def training_config(cfg: WorkerConfig) -> TrainingConfig:
+    """``cfg.training``, or the legacy fields as a :class:`TrainingConfig`."""
+    if cfg.training is not None:
+        return TrainingConfig.from_dict({"total_steps": max(1, cfg.steps), **cfg.training})
+    return TrainingConfig(optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=0.01 if cfg.optimizer == "adamw" else 0.0,
+                          total_steps=max(1, cfg.steps), dtype=cfg.dtype)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -103,6 +143,74 @@ def _peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
+class StageForward(torch.nn.Module):
+    """The stage under autocast, its output cast to one fixed dtype (pipelining checks dtypes)."""
+
+    def __init__(self, stage: torch.nn.Module, *, training: TrainingConfig, device: torch.device, is_last: bool):
+        super().__init__()
+        self.stage = stage
+        self.training_cfg = training
+        self.device_type = device.type
+        self.out_dtype = training.logits_dtype if is_last else training.activation_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.training_cfg, self.device_type):
+            y = self.stage(x)
+        return y.to(self.out_dtype)
+
+
+def make_stage_schedule(module: torch.nn.Module, *, stage_index: int, num_stages: int, num_micro_batches: int,
+                        micro_batch_size: int, seq_len: int, hidden_size: int, vocab_size: int,
+                        training: TrainingConfig, device: torch.device, group, schedule: str = "1F1B",
+                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """``(PipelineStage, schedule)`` of one lane's stage; placeholders are shape-only (meta).
+
+    ``module`` is the (sharded) stage; it is wrapped in :class:`StageForward`. Works on
+    fake tensors too (:mod:`hpp.runtime.memory` measures this very step).
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    is_first, is_last = stage_index == 0, stage_index == num_stages - 1
+    b, s = micro_batch_size, seq_len
+    meta = torch.device("meta")
+    in_arg = (torch.empty(b, s, dtype=torch.long, device=meta) if is_first       # requires_grad: gradients flow
+              else torch.empty(b, s, hidden_size, dtype=training.activation_dtype, device=meta, requires_grad=True))
+    out_arg = (torch.empty(b, s, vocab_size, dtype=training.logits_dtype, device=meta, requires_grad=True) if is_last
+               else torch.empty(b, s, hidden_size, dtype=training.activation_dtype, device=meta, requires_grad=True))
+    wrapped = StageForward(module, training=training, device=device, is_last=is_last)
+    stage = PipelineStage(wrapped, stage_index, num_stages, device, input_args=in_arg, output_args=out_arg,
+                          group=group)
+    cls = Schedule1F1B if schedule == "1F1B" else ScheduleGPipe
+    return stage, cls(stage, num_micro_batches, loss_fn=loss_fn, scale_grads=False)
+
+
+def run_schedule_step(schedule, inputs: torch.Tensor | None, targets: torch.Tensor | None, *, is_first: bool,
+                      is_last: bool) -> list[torch.Tensor]:
+    """One schedule step (outputs not kept); returns the last stage's per-micro-batch losses (else [])."""
+    losses: list[torch.Tensor] = []
+    args = (inputs,) if is_first else ()
+    kwargs = {"target": targets, "losses": losses} if is_last else {}
+    schedule.step(*args, return_outputs=False, **kwargs)
+    return losses
+
+
+def _tied_second_names(model: RuntimeModel) -> set[str]:
+    return {b for _a, b in model.tied_parameters()}
+
+
+def _full_params(stage, model: RuntimeModel) -> dict[str, torch.Tensor]:
+    """Every parameter the stage holds, unsharded, on the CPU; a tied pair held twice under both names."""
+    from torch.distributed.tensor import DTensor
+
+    out = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+           for _l, name, p in stage.layer_parameters()}
+    held = {int(k) for k in stage.layers}
+    for a, b in model.tied_parameters():
+        if a in out and split_global_name(b)[0] in held:
+            out[b] = out[a]
+    return out
+
+
 def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
     """Run rank ``rank`` of the plan for ``cfg.steps`` steps; return (and write) its result.
 
@@ -111,22 +219,23 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     Returns
     -------
     dict
-        ``rank``, ``pipeline``, ``stage``, ``layers``, ``step_times_s`` (per step [s]),
-        ``phases`` (per step: ``batch_s``, ``schedule_s``, ``sync_wait_s``, ``optimizer_s``
-        wall seconds and the stage's ``compute_s``/``cpu_s``/``padding_s``),
-        ``collectives`` (count and bytes per step, counted once per collective),
-        ``peak_memory_bytes``, ``compute_s``/``cpu_s``/``padding_s`` of the last step and its
-        ``events`` (forward/backward per micro-batch, seconds from the step start).
+        ``rank``, ``pipeline``, ``stage``, ``tp_degree``, ``tp_rank``, ``layers``, ``step_times_s``,
+        ``phases`` (per step: ``batch_s``, ``schedule_s``, ``sync_wait_s``, ``optimizer_s`` wall
+        seconds and the stage's ``compute_s``/``cpu_s``/``padding_s``), ``collectives`` (per step:
+        counts, bytes, and the ``records`` of every collective joined), ``losses`` (per step, this
+        rank's loss contribution or None), ``flops_per_step``, ``peak_memory_bytes``, ``events``.
     """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
     plan = plan_from_dict(cfg.plan)
     if plan.num_devices != world_size:
         raise HppInputError(f"the plan has {plan.num_devices} devices but the world size is {world_size}",
                             field="pipelines", fix=f"launch exactly {plan.num_devices} ranks")
-    mcfg = ModelConfig(**cfg.model)
-    role = rank_roles(plan)[rank]
-    layout = group_layout(plan, tie_embeddings=cfg.tie_embeddings)
+    model = resolve_model(cfg)
+    spec = model.spec
+    tcfg = training_config(cfg)
+    roles = rank_roles(plan)
+    role = roles[rank]
+    tied_layers = tuple((split_global_name(a)[0], split_global_name(b)[0]) for a, b in model.tied_parameters())
+    layout = group_layout(plan, tied_layers=tied_layers)
     torch.set_num_threads(cfg.num_threads)
     if cfg.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
@@ -134,105 +243,116 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dtype = _DTYPES[cfg.dtype]
-    # NCCL: bind the group to this rank's GPU (else torch guesses it from the rank, and barrier() warns)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s),
                             device_id=device if device.type == "cuda" else None)
     try:
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
-        module = build_stage_module(mcfg, role.layer_start, role.layer_stop, seed=cfg.seed, dtype=dtype,
-                                    tie_embeddings=cfg.tie_embeddings, device=device, recompute=role.recompute)
-        params = dict((name, p) for _l, name, p in module.layer_parameters())
-        for p in params.values():
-            p.grad = torch.zeros_like(p)
-        tied = None
-        if cfg.tie_embeddings and rank in layout.tied_ranks:
-            emb, head = tied_param_names(mcfg)
-            tied_p = params.get(emb, params.get(head))
-            tied = (tied_p, layout.tied_ranks, groups.get(layout.tied_ranks))
-        local_blocks = [((lo, hi), ranks, groups.get(ranks))
-                        for (lo, hi), ranks in zip(blocks(plan), layout.block_ranks) if rank in ranks]
-        if cfg.skip_block_allreduce:                    # the control experiment: must NOT match
-            local_blocks = []
-        sync = GradSync(module, rank=rank, local_blocks=local_blocks, tied=tied, bucket_bytes=cfg.bucket_bytes,
+        module = build_stage(model, role.layer_start, role.layer_stop, seed=cfg.seed, dtype=tcfg.param_dtype,
+                             device=device, recompute=role.recompute)
+        b, s, h = role.micro_batch_size, spec.seq_len, spec.hidden_size
+        mb_flops = measure_stage_flops(module, is_first=role.is_first, is_last=role.is_last, micro_batch_size=b,
+                                       seq_len=s, hidden_size=h, dtype=tcfg.activation_dtype)
+        flops_per_step = mb_flops * role.num_micro_batches / role.tp_degree
+        parallelize_stage(module, model, tp_group=groups.get(role.stage_ranks), tp_degree=role.tp_degree,
+                          device=device)
+        units = [] if cfg.skip_block_allreduce else sync_units(layout, role, roles, module, model,
+                                                                naive_tp=cfg.naive_tp)
+        sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=cfg.bucket_bytes,
                         overlap=cfg.overlap, naive=cfg.naive_allreduce)
-        optimizer = make_optimizer(cfg.optimizer, list(params.values()), lr=cfg.lr)
+        named = list(module.layer_parameters())
+        optimizer = make_optimizer([p for _l, _n, p in named], tcfg)
+        scheduler = make_lr_scheduler(optimizer, tcfg)
+        second = _tied_second_names(model)
+        norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
+                      for _l, name, p in named]
 
-        b, s, h = role.micro_batch_size, mcfg.seq_len, mcfg.hidden_size
-        denominator = plan.global_batch_size * s
+        from hpp.runtime.data import make_batch_source
+        source = make_batch_source(cfg.data, model, seed=cfg.seed, global_batch_size=plan.global_batch_size)
+        denominator = [1]
         instrument = Instrument(slowdown=float(cfg.slowdown.get(role.device_type, 1.0)),
                                 time_scale=float(cfg.time_scale) if cfg.slowdown else 1.0)
         schedule = None
         if role.num_micro_batches > 0:
-            pgroup = groups.get(layout.pipeline_ranks[role.pipeline])
-            in_arg = (torch.zeros(b, s, dtype=torch.long, device=device) if role.is_first
-                      else torch.zeros(b, s, h, dtype=dtype, device=device, requires_grad=True))
-            out_arg = torch.zeros(b, s, mcfg.vocab_size if role.is_last else h, dtype=dtype, device=device,
-                                  requires_grad=True)
-            stage = PipelineStage(module, role.stage_index, role.num_stages, device, input_args=in_arg,
-                                  output_args=out_arg, group=pgroup)
-            instrument.attach(stage)
-            cls = Schedule1F1B if role.schedule == "1F1B" else ScheduleGPipe
-            schedule = cls(stage, role.num_micro_batches, loss_fn=lambda out, tgt: lm_loss(
-                out, tgt, denominator=denominator), scale_grads=False)
+            lane = layout.lane_ranks[role.pipeline][role.tp_rank]
+            pstage, schedule = make_stage_schedule(
+                module, stage_index=role.stage_index, num_stages=role.num_stages,
+                num_micro_batches=role.num_micro_batches, micro_batch_size=b, seq_len=s, hidden_size=h,
+                vocab_size=spec.vocab_size, training=tcfg, device=device, group=groups[lane], schedule=role.schedule,
+                loss_fn=lambda out, tgt: lm_loss(out, tgt, denominator=denominator[0]))
+            instrument.attach(pstage)
 
+        steps_path = out_dir / f"rank{rank}.steps.jsonl"
+        steps_path.unlink(missing_ok=True)
         step_times: list[float] = []
         phases: list[dict[str, float]] = []
-        coll: list[dict[str, int]] = []
+        coll: list[dict[str, Any]] = []
+        losses_out: list[float | None] = []
         events: list[dict[str, Any]] = []
+        reports_loss = role.is_last and role.tp_rank == 0 and role.num_micro_batches > 0
         for step in range(cfg.steps):
             if step == cfg.fail_step and rank == cfg.fail_rank:
                 logger.error("rank %d: injected failure (%s) at step %d", rank, cfg.fail_mode, step)
                 if cfg.fail_mode == "hang":
                     time.sleep(2 * cfg.timeout_s)
                 os._exit(17)
-            optimizer.zero_grad(set_to_none=False)
+            optimizer.zero_grad(set_to_none=False)     # in place: grads are views of the sync buckets
             sync.begin_step(role.num_micro_batches)
             instrument.reset()
+            lr = optimizer.param_groups[0]["lr"]
             dist.barrier()
             t0 = time.perf_counter()
-            t_sched = t0
+            inputs, targets = source.batch(step)
+            denominator[0] = max(1, target_count(targets))
+            t_sched = time.perf_counter()
+            losses: list[torch.Tensor] = []
             if schedule is not None:
-                inputs, targets = synthetic_batch(step, seed=cfg.seed, global_batch_size=plan.global_batch_size,
-                                                  seq_len=s, vocab_size=mcfg.vocab_size)
                 lo, hi = role.sample_offset, role.sample_offset + role.num_samples
                 x, y = split_micro_batches(inputs[lo:hi], targets[lo:hi], micro_batch_size=b,
                                            ignore_index=IGNORE_INDEX)
-                x, y = x.to(device), y.to(device)
-                args = (x,) if role.is_first else ()
-                kwargs = {"target": y} if role.is_last else {}
                 t_sched = time.perf_counter()
-                schedule.step(*args, **kwargs)
+                losses = run_schedule_step(schedule, x.to(device), y.to(device), is_first=role.is_first,
+                                           is_last=role.is_last)
             t_sync = time.perf_counter()
             sync.finish()
             t_opt = time.perf_counter()
+            if tcfg.clip_grad_norm is not None:
+                clip_by_global_norm([(local_tensor(p.grad), c) for p, c in norm_terms], tcfg.clip_grad_norm)
             optimizer.step()
+            scheduler.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t_end = time.perf_counter()
+            step_loss = float(sum(float(l.detach()) for l in losses)) if reports_loss else None
             step_times.append(t_end - t0)
+            losses_out.append(step_loss)
             phases.append({"batch_s": t_sched - t0, "schedule_s": t_sync - t_sched, "sync_wait_s": t_opt - t_sync,
                            "optimizer_s": t_end - t_opt, "compute_s": instrument.compute_s,
                            "cpu_s": instrument.cpu_s, "padding_s": instrument.padding_s})
-            coll.append({"count": sync.stats.count, "bytes": sync.stats.bytes,
-                         "joined_count": sync.stats.joined_count,
-                         "launched_in_backward": sync.stats.launched_in_backward})
+            st = sync.stats
+            coll.append({"count": st.count, "bytes": st.bytes, "joined_count": st.joined_count,
+                         "joined_bytes": st.joined_bytes, "launched_in_backward": st.launched_in_backward,
+                         "records": [[label, list(ranks), nbytes] for label, ranks, nbytes in st.records]})
             events = [{"kind": e.kind, "micro_batch": e.micro_batch, "start_s": e.start_s - t0,
                        "stop_s": e.stop_s - t0} for e in instrument.events]
+            line = {"step": step, "time_s": t_end - t0, "loss": step_loss, "target_tokens": denominator[0],
+                    "flops": flops_per_step, "peak_memory_bytes": _peak_memory_bytes(device), "lr": lr}
+            with steps_path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
         sync.close()
         result = {"rank": rank, "pipeline": role.pipeline, "stage": role.stage_index, "device_id": role.device_id,
                   "device_type": role.device_type, "layers": [role.layer_start, role.layer_stop],
-                  "recompute": role.recompute,
+                  "tp_degree": role.tp_degree, "tp_rank": role.tp_rank, "recompute": role.recompute,
                   "num_micro_batches": role.num_micro_batches, "micro_batch_size": b,
                   "num_samples": role.num_samples, "step_times_s": step_times, "phases": phases, "collectives": coll,
+                  "losses": losses_out, "flops_per_step": flops_per_step,
                   "peak_memory_bytes": _peak_memory_bytes(device), "slowdown": instrument.slowdown,
                   "time_scale": instrument.time_scale, "compute_s": instrument.compute_s, "cpu_s": instrument.cpu_s,
                   "padding_s": instrument.padding_s, "events": events}
         if cfg.save_params:
             tmp = out_dir / f"rank{rank}.pt.tmp"
-            torch.save({k: v.detach().cpu() for k, v in params.items()}, tmp)
+            torch.save(_full_params(module, model), tmp)
             tmp.replace(out_dir / f"rank{rank}.pt")
         write_atomic(out_dir / f"rank{rank}.json", json.dumps(result))
         dist.barrier()                                  # nobody tears down while a peer still talks
@@ -241,17 +361,22 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         dist.destroy_process_group()
 
 
+def _peers(cfg: WorkerConfig, rank: int) -> list[int]:
+    try:
+        layout = group_layout(plan_from_dict(cfg.plan), tie_embeddings=cfg.tie_embeddings)
+        return sorted({r for g in layout.creation_order() if rank in g for r in g} - {rank})
+    except Exception:  # noqa: BLE001 - only for the error message
+        return []
+
+
 def worker_main(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) -> int:
     """:func:`run_worker` that turns any failure into ``rank<r>.error`` and exit code 1."""
     try:
         run_worker(cfg, rank=rank, world_size=world_size, out_dir=out_dir)
         return 0
     except BaseException as exc:  # noqa: BLE001 - a rank must report, whatever killed it
-        peers = sorted({r for g in group_layout(plan_from_dict(cfg.plan),
-                                                tie_embeddings=cfg.tie_embeddings).creation_order()
-                        if rank in g for r in g} - {rank})
         msg = (f"rank {rank} aborted: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-               f" (a peer may have died; this rank shares groups with ranks {peers})")
+               f" (a peer may have died; this rank shares groups with ranks {_peers(cfg, rank)})")
         logger.error("%s", msg)
         logger.debug("%s", traceback.format_exc())
         try:

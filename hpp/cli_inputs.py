@@ -1,0 +1,185 @@
+"""What ``hpp plan`` plans: the cluster, profile and global batch its flags name, checked before any work.
+
+:func:`plan_inputs` resolves ``--scenario`` / ``--cluster`` / ``--model`` / ``--profile`` /
+``--previous`` and ``--exclude-devices`` / ``--exclude-nodes`` into one :class:`PlanInputs`, with
+a line for every default it used (the CLI prints them: nothing is planned silently), and
+:func:`left_out_types` says which device types the search cannot use and why. Every refusal is
+an :class:`~hpp.errors.HppInputError` naming the flag (exit 2, one line).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from hpp.errors import HppInputError
+
+__all__ = ["PlanInputs", "plan_inputs", "check_plan_args", "check_writable", "left_out_types", "DEFAULT_GBS"]
+
+#: Global batch [samples] of ``hpp plan --cluster FILE`` without ``--gbs``.
+DEFAULT_GBS = 1024
+
+
+@dataclass
+class PlanInputs:
+    """The inputs of one ``hpp plan``.
+
+    Attributes
+    ----------
+    cluster, profile, global_batch_size, name
+        What is planned (``cluster`` without the excluded devices, renumbered node by node).
+    said : list of str
+        One line per default or derived input used (printed as progress lines).
+    full_cluster : Cluster
+        The cluster before ``--exclude-devices`` / ``--exclude-nodes`` (``cluster`` when none).
+    excluded : frozenset of int
+        Excluded device ids of ``full_cluster``.
+    id_map : dict or None
+        Old device id -> new one (None when nothing is excluded).
+    previous : Plan or None
+        The ``--previous`` plan (of ``full_cluster``).
+    """
+
+    cluster: Any
+    profile: Any
+    global_batch_size: int
+    name: str
+    said: list[str] = field(default_factory=list)
+    full_cluster: Any = None
+    excluded: frozenset = frozenset()
+    id_map: Mapping[int, int] | None = None
+    previous: Any = None
+
+
+def check_writable(out: Path | None) -> None:
+    """Refuse an ``--out`` whose folder is missing or read-only before any work is done."""
+    if out is None:
+        return
+    parent = Path(out).resolve().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise HppInputError(f"cannot write {out}: folder {parent} does not exist or is not writable",
+                            field="--out", fix="create the folder first or give a writable path")
+
+
+def check_plan_args(args) -> None:
+    """Refuse out-of-range numbers and clashing flags before anything is computed (exit 2, naming the flag)."""
+    checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--max-stages", args.max_stages, 1),
+              ("--max-types-per-pipeline", args.max_types_per_pipeline, 1),
+              ("--workers", args.workers, 0))
+    for flag, value, minimum in checks:
+        if value is not None and value < minimum:
+            raise HppInputError(f"{flag} {value}", field=flag, fix=f"give an integer >= {minimum}")
+    if not args.time_limit > 0:
+        raise HppInputError(f"--time-limit {args.time_limit}", field="--time-limit",
+                            fix="give a positive number of seconds")
+    if not args.baseline_time_limit > 0:
+        raise HppInputError(f"--baseline-time-limit {args.baseline_time_limit}", field="--baseline-time-limit",
+                            fix="give a positive number of seconds (--no-baselines skips the baselines)")
+    if args.micro_batch_sizes is not None and (not args.micro_batch_sizes or min(args.micro_batch_sizes) < 1):
+        raise HppInputError(f"--micro-batch-sizes {args.micro_batch_sizes}", field="--micro-batch-sizes",
+                            fix="give positive integers, e.g. 1,2,4")
+    check_writable(getattr(args, "out", None))
+    if args.scenario and args.cluster:
+        raise HppInputError("--scenario cannot be combined with --cluster", field="--scenario",
+                            fix="use either a bundled scenario (its cluster; --model/--profile may replace its "
+                                "model) or your own cluster file")
+    if args.profile and args.model:
+        raise HppInputError("give --profile or --model, not both", field="--model",
+                            fix="--profile FILE for your own profile, --model NAME for a bundled one")
+
+
+def _profile(args):
+    """The profile --model / --profile name (None when neither is given)."""
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.profiles.model_profile import load_profile
+
+    if args.profile:
+        return load_profile(args.profile)
+    if args.model:
+        try:
+            return load_bundled_profile(args.model)
+        except HppInputError as exc:          # the library names its argument; here it is the flag
+            raise HppInputError(exc.message, field="--model", fix=exc.fix) from None
+    return None
+
+
+def _base_inputs(args) -> PlanInputs:
+    from hpp.profiles.bundled import bundled_models, load_bundled_profile
+    from hpp.profiles.cluster import load_cluster
+    from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
+
+    if args.previous and not (args.scenario or args.cluster or args.profile or args.model):
+        from hpp.resolve import load_plan_inputs
+        prev, cluster, profile = load_plan_inputs(args.previous)
+        gbs = args.gbs if args.gbs is not None else prev.global_batch_size
+        return PlanInputs(cluster, profile, gbs, Path(args.previous).stem,
+                          [f"the cluster, profile and global batch of {args.previous}"])
+    profile = _profile(args)                  # first: an unknown --model is named as such, whatever the cluster
+    if args.cluster:
+        if profile is None:
+            raise HppInputError("--cluster needs the model to plan", field="--model",
+                                fix=f"add --model NAME (bundled: {', '.join(bundled_models())}) or --profile FILE")
+        said = [] if args.gbs is not None else [f"global batch {DEFAULT_GBS} samples (the default; --gbs N)"]
+        gbs = args.gbs if args.gbs is not None else DEFAULT_GBS
+        return PlanInputs(load_cluster(args.cluster), profile, gbs, Path(args.cluster).stem, said)
+    if profile is not None and not args.scenario:
+        raise HppInputError("--model/--profile needs the cluster to plan on", field="--cluster",
+                            fix="give a cluster JSON file (format: hpp plan --help), or --scenario NAME")
+    sc = get_scenario(args.scenario or DEFAULT_SCENARIO)
+    said = [] if args.scenario else [f"scenario {sc.name} (the default; --scenario NAME or --cluster FILE "
+                                     f"--model NAME)"]
+    if profile is not None:
+        said.append(f"the scenario's cluster with {profile.model}'s profile instead of {sc.model}'s")
+    if args.gbs is None:
+        said.append(f"global batch {sc.global_batch_size} samples (the scenario's; --gbs N)")
+    return PlanInputs(sc.cluster(), profile or load_bundled_profile(sc.model),
+                      args.gbs if args.gbs is not None else sc.global_batch_size, sc.name, said)
+
+
+def plan_inputs(args) -> PlanInputs:
+    """The inputs the flags of ``hpp plan`` name (see the module docstring).
+
+    Raises
+    ------
+    HppInputError
+        Out-of-range numbers, clashing flags, a missing cluster or model, unknown names, bad files,
+        excluded ids not in the cluster (naming the flag).
+    """
+    check_plan_args(args)
+    inp = _base_inputs(args)
+    inp.full_cluster = inp.cluster
+    if args.exclude_devices or args.exclude_nodes:
+        from hpp.replan import excluded_ids, parse_id_list, shrink_cluster
+        devices = parse_id_list(args.exclude_devices, field_name="--exclude-devices") if args.exclude_devices else ()
+        nodes = parse_id_list(args.exclude_nodes, field_name="--exclude-nodes") if args.exclude_nodes else ()
+        inp.excluded = excluded_ids(inp.cluster, devices=devices, nodes=nodes)
+        inp.cluster, inp.id_map = shrink_cluster(inp.cluster, inp.excluded)
+        inp.said.append(f"the cluster without devices {','.join(map(str, sorted(inp.excluded)))}: "
+                        f"{inp.full_cluster.num_devices} -> {inp.cluster.num_devices} devices, renumbered node by node")
+    if args.previous:
+        from hpp.plan import plan_from_dict, read_plan_json
+        inp.previous = plan_from_dict(read_plan_json(args.previous), source=str(args.previous))
+    return inp
+
+
+def left_out_types(cluster, profile, space) -> dict[str, str]:
+    """Device types the search leaves out because none of their measured TP degrees is usable, with why
+    (issue 20.8: the other types are planned; the input is refused only when none is left)."""
+    from hpp.formulation.candidates import runnable_tp_degrees, stage_kinds
+
+    kinds = stage_kinds(cluster, profile, space)
+    runnable = set(runnable_tp_degrees(profile))
+    out = {}
+    for t in sorted(set(cluster.count_by_type()) - set(kinds)):
+        node = max(n.num_devices for n in cluster.nodes if n.device_type == t)
+        why = []
+        for tp in profile.tp_degrees(t):
+            no = ([f"above --max-tp {space.max_tp}"] if space.max_tp is not None and tp > space.max_tp else []) + \
+                 ([f"more than its nodes' {node} devices"] if tp > node else []) + \
+                 ([f"does not divide {profile.model}'s heads"] if tp not in runnable else [])
+            why.append(f"TP {tp}: {', '.join(no)}")
+        out[t] = (f"{t} left out: {profile.model} on {t} is profiled only at TP {list(profile.tp_degrees(t))} "
+                  f"({'; '.join(why)}); the other types are planned")
+    return out

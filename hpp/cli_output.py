@@ -1,0 +1,174 @@
+"""What ``hpp plan`` and ``hpp estimate`` print: the plan table (identical pipelines grouped), its JSON,
+and the one-line notes (where the returned plan came from, idle devices, types left out).
+
+Pure formatting: estimates and plans in, strings out (or written to a stream).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Iterable, Mapping
+
+__all__ = ["num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note"]
+
+
+def num(x: Any) -> Any:
+    """``x``, or None for a non-finite float (JSON has no inf/nan)."""
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def estimate_json(est) -> dict[str, Any]:
+    """The cost model's breakdown of a plan as a JSON object (keys of the CONTRACT)."""
+    return {
+        "iteration_time_s": est.iteration_time_s,
+        "pipeline_time_s": est.pipeline_time_s,
+        "grad_sync_s": est.grad_sync_s,
+        "grad_sync_block_s": est.grad_sync_block_s,
+        "grad_sync_layer_s": est.grad_sync_layer_s,
+        "optimizer_s": est.optimizer_s,
+        "throughput_samples_per_s": est.throughput_samples_per_s,
+        "throughput_tokens_per_s": est.throughput_tokens_per_s,
+        "peak_memory_bytes": est.peak_memory_bytes,
+        "fits_memory": est.fits_memory,
+        "uses_estimated_profile": est.uses_estimated_profile,
+        "pipelines": [{
+            "time_s": p.time_s, "num_micro_batches": p.num_micro_batches, "micro_batch_size": p.micro_batch_size,
+            "num_samples": p.num_samples, "bottleneck_s": p.bottleneck_s,
+            "stages": [{"layers": [s.layer_start, s.layer_stop], "device_type": s.device_type,
+                        "tp_degree": s.tp_degree, "recompute": s.recompute, "forward_s": s.forward_s,
+                        "backward_s": s.backward_s, "p2p_s": s.p2p_s, "busy_s": s.busy_s, "bubble_s": s.bubble_s,
+                        "optimizer_s": s.optimizer_s, "grad_sync_s": s.grad_sync_s,
+                        "in_flight_micro_batches": s.in_flight_micro_batches, "memory_bytes": s.memory_bytes,
+                        "capacity_bytes": s.capacity_bytes, "headroom_bytes": s.headroom_bytes}
+                       for s in p.stages]} for p in est.pipelines],
+        "blocks": [{"layers": [b.layer_start, b.layer_stop], "holder_stages": list(b.holders),
+                    "bytes": b.num_bytes, "allreduce_s": b.allreduce_s} for b in est.blocks],
+    }
+
+
+def _mem_unit(capacity_bytes: float) -> tuple[float, str]:
+    """GiB for GPU-sized capacities, MiB below 1 GiB (emulated CPU devices)."""
+    return (2**30, "GiB") if capacity_bytes >= 2**30 else (2**20, "MiB")
+
+
+def index_ranges(indices: Iterable[int]) -> str:
+    """Compact text of sorted indices: runs become ``a-b``.
+
+    Examples
+    --------
+    >>> index_ranges([0, 1, 2, 5, 7, 8])
+    '0-2,5,7-8'
+    """
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def print_estimate(est, plan, out=None) -> None:
+    """The plan table: one row per stage of each distinct pipeline, identical pipelines counted once.
+
+    Two pipelines are identical when every printed figure of every stage is (device type, TP,
+    layers, recomputation, micro-batches, times, memory) and so are their samples and time; the
+    group's rows name its pipelines (``0-7``) and the footer its count.
+    """
+    w = (out or sys.stdout).write          # sys.stdout at call time (it may be replaced after import)
+    unit, uname = _mem_unit(min(s.capacity_bytes for p in est.pipelines for s in p.stages))
+    groups: dict[tuple, list[int]] = {}
+    rows_of: dict[tuple, list[str]] = {}
+    for i, (p, pe) in enumerate(zip(plan.pipelines, est.pipelines)):
+        rows = [f"{j:>5} {s.device_type:>12} {s.tp_degree:>2} {f'[{s.layer_start},{s.layer_stop})':>9} "
+                f"{s.recompute[:4]:>4} {p.micro_batch_size:>3} {p.num_micro_batches:>4} "
+                f"{1e3 * (se.forward_s + se.backward_s):>10.2f} {1e3 * se.p2p_s:>7.2f} {max(se.bubble_s, 0.0):>8.3f} "
+                f"{se.grad_sync_s:>7.3f} {se.memory_bytes / unit:>6.1f}/{se.capacity_bytes / unit:>6.1f} {uname}"
+                for j, (s, se) in enumerate(zip(p.stages, pe.stages))]
+        key = (tuple(rows), p.num_samples, f"{pe.time_s:.3f}")
+        groups.setdefault(key, []).append(i)
+        rows_of[key] = rows
+    names = {k: index_ranges(v) for k, v in groups.items()}
+    width = max(5, *(len(n) for n in names.values()))
+    w(f"{'pipes':>{width}} {'stage':>5} {'device':>12} {'tp':>2} {'layers':>9} {'rec':>4} {'mb':>3} {'#mb':>4} "
+      f"{'fwd+bwd ms':>10} {'p2p ms':>7} {'bubble s':>8} {'sync s':>7} {'memory / capacity':>17}\n")
+    for key, members in groups.items():
+        for j, row in enumerate(rows_of[key]):
+            w(f"{names[key] if j == 0 else '':>{width}} {row}\n")
+        n, each = len(members), (" each" if len(members) > 1 else "")
+        w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {key[1]} samples{each}, "
+          f"{key[2]} s{each}\n")
+    w(f"{len(plan.pipelines)} pipelines in {len(groups)} distinct kinds; blocks: {len(est.blocks)}; gradient sync "
+      f"block-wise {est.grad_sync_block_s:.3f} s (per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
+    w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
+      f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "
+      f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {est.peak_memory_bytes / unit:.1f} "
+      f"{uname}\n")
+    if not est.fits_memory:
+        w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
+    for msg in est.warnings:
+        w(f"note: {msg}\n")
+
+
+def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
+    """(``search.source`` key, one sentence) saying where the returned plan came from.
+
+    The search's own plan comes from CP-SAT or from the heuristic incumbent (CP-SAT skipped, or its
+    solutions not better once priced with the exact gradient sync: CP-SAT's progress lines count the
+    sync in its relaxed model, so its objective there can sit below the exact one); a baseline's plan
+    is returned when the cost model prices it below the search's.
+    """
+    seeded = stats.get("seeded_from")
+    if comp.solver == "greedy":
+        key, what = "greedy", "the greedy composition, no bound"
+    elif stats.get("plan_from") == "cp-sat":
+        key, what = "cp-sat", "CP-SAT's solution"
+    elif comp.solver == "heuristic":
+        key, what = "heuristic", "the heuristic incumbent, CP-SAT skipped"
+    else:
+        key, what = "heuristic", ("the heuristic incumbent, as CP-SAT's solutions priced with the exact gradient "
+                                  "sync were not better")
+    if seeded == "previous":              # hpp.replan.SEED_NAME: the surviving pipelines of --previous
+        return ("previous",
+                f"plan returned: the surviving pipelines of --previous, which the cost model prices below the "
+                f"search's best ({what}: objective {comp.objective_s:.4f} s); the objective, bound and gap above are "
+                f"the search's")
+    if seeded:
+        return (f"baseline:{seeded}",
+                f"plan returned: the {seeded} baseline's, which the cost model prices below the search's best "
+                f"({what}: objective {comp.objective_s:.4f} s); the objective, bound and gap above are the search's")
+    return key, f"plan returned: the search's, {what}"
+
+
+def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset()) -> str | None:
+    """A note when the plan leaves devices idle: how many, of which types, and why (None if all are used).
+
+    ``left_out``: device types the search could not use at all (no usable TP degree or micro-batch
+    size; said in an earlier note).
+    """
+    used = set(plan.device_ids)
+    idle: dict[str, int] = {}
+    for d in cluster.devices:
+        if d.device_id not in used:
+            idle[d.device_type] = idle.get(d.device_type, 0) + 1
+    if not idle:
+        return None
+    n = sum(idle.values())
+    types = ", ".join(f"{c} x {t}" for t, c in sorted(idle.items()))
+    why = []
+    if set(idle) & left_out:
+        why.append(f"{', '.join(sorted(set(idle) & left_out))} left out (see above)")
+    if set(idle) - left_out:
+        if gbs < cluster.num_devices:
+            why.append(f"the global batch of {gbs} samples allows at most {gbs} pipelines (each needs a sample), and "
+                       f"more or longer pipelines were not predicted faster; raise --gbs to use more devices")
+        else:
+            why.append("using them was not predicted faster (a slow or memory-short device, or the gradient sync "
+                       "among more replicas, would cost more than it adds)")
+    return f"{n} of {cluster.num_devices} devices are idle ({types}): {'; '.join(why)}"

@@ -1,0 +1,447 @@
+"""Checkpoints keyed by global parameter name, so that one plan's checkpoint resumes under any other.
+
+A checkpoint is a ``torch.distributed.checkpoint`` (DCP) directory whose keys are the
+runtime's global names (:mod:`hpp.runtime.stage`: ``layers.<l>.<path>``), not ranks:
+
+- ``model.<name>``: every entry of the stage modules' ``state_dict()`` (DTensor shards
+  under TP are written as shards of the one global tensor);
+- ``optim.<name>.<state>``: the optimizer's per-parameter state (AdamW ``step``,
+  ``exp_avg``, ``exp_avg_sq``), under every name of the parameter (a tied pair's two
+  names); SGD without momentum has none;
+- ``hpp_checkpoint.json``: model name and layer count, the step (the data position:
+  batches are a function of the step), the optimizer's class, the LR scheduler's state
+  (per-group lists stored once, so any number of parameter groups can load them),
+  rank 0's torch RNG state (restored on every rank) and the caller's ``extra``.
+
+Loading under another plan (other pipelines, stage boundaries, TP degrees, number of
+ranks or hosts) is DCP's resharding: each rank asks for the names it holds, as
+plain tensors or DTensor shards, and DCP reads the overlapping stored pieces.
+
+Replicas: several pipelines hold the same parameter. On save, for each name exactly
+one holder writes it: the holder (a plain rank, or a DTensor's whole TP group) with
+the lowest rank, chosen from an ``all_gather_object`` of every rank's names, so
+copies are never mixed (a TP-2 shard and a TP-1 full copy of one name would make
+overlapping DCP chunks). On load every holder reads it.
+
+Directory layout (``DIR`` is on a file system every rank sees)::
+
+    DIR/.tmp-step-K/   written by all ranks (DCP files, then the JSON)
+    DIR/step-K/        after the rename, by rank 0
+    DIR/step-K/complete  written last: a checkpoint without it is never loaded
+
+Export (:func:`export_checkpoint`, in :mod:`hpp.runtime.checkpoint_export`; one process,
+no process group): the model alone, full float32 tensors by global name, as a
+``torch.save`` file or a safetensors file (the names are hpp's global names,
+``layers.<l>.<path>``, NOT Hugging Face's).
+``python -m hpp.runtime.checkpoint_export DIR OUT [--format safetensors]`` runs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpp.errors import HppInputError
+
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "META_FILE", "COMPLETE_MARKER", "MODEL_PREFIX", "OPTIM_PREFIX",
+           "step_dir", "latest_checkpoint", "resolve_checkpoint", "read_checkpoint_meta", "stored_entries",
+           "save_checkpoint", "load_checkpoint", "export_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "hpp-checkpoint"
+CHECKPOINT_VERSION = 1
+META_FILE = "hpp_checkpoint.json"
+COMPLETE_MARKER = "complete"
+_STEP, _TMP = "step-", ".tmp-step-"
+MODEL_PREFIX, OPTIM_PREFIX = "model.", "optim."
+
+
+# ----------------------------------------------------------------------------- directories
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    """``root/step-<step>``: where :func:`save_checkpoint` puts the checkpoint of ``step``."""
+    return Path(root) / f"{_STEP}{step}"
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / COMPLETE_MARKER).is_file() and (path / META_FILE).is_file()
+
+
+def _steps(root: Path) -> Iterator[tuple[int, Path]]:
+    if root.is_dir():
+        for child in root.iterdir():
+            tail = child.name[len(_STEP):]
+            if child.name.startswith(_STEP) and tail.isdigit() and child.is_dir():
+                yield int(tail), child
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The complete checkpoint of the highest step under ``root`` (``root/step-K`` with its marker), or None."""
+    done = [(k, p) for k, p in _steps(Path(root)) if _is_complete(p)]
+    return max(done)[1] if done else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The complete checkpoint ``path`` names: a ``step-K`` directory, or a root holding some.
+
+    Raises
+    ------
+    HppInputError
+        ``path`` is missing, is an incomplete checkpoint, or holds no complete one
+        (names the directory, the incomplete ones found and the fix).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise HppInputError("no such checkpoint directory", source=str(p), field="--resume",
+                            fix="give the --save directory of an earlier run (or one of its step-K folders)")
+    if (p / META_FILE).exists() or (p / ".metadata").exists() or p.name.startswith((_STEP, _TMP)):
+        if _is_complete(p):
+            return p
+        raise HppInputError(f"incomplete checkpoint (no '{COMPLETE_MARKER}' marker: the save did not finish)",
+                            source=str(p), field="--resume",
+                            fix=f"resume from the last complete one, {latest_checkpoint(p.parent) or 'none found'}")
+    found = latest_checkpoint(p)
+    if found is None:
+        partial = sorted(c.name for c in p.iterdir() if c.name.startswith((_STEP, _TMP)))
+        what = f"only incomplete ones ({', '.join(partial[:4])})" if partial else "none"
+        raise HppInputError(f"no complete checkpoint in this directory: {what}", source=str(p), field="--resume",
+                            fix="give the --save directory of a run that saved at least once")
+    return found
+
+
+def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """The JSON metadata of the complete checkpoint ``path`` names (:func:`resolve_checkpoint`).
+
+    Raises
+    ------
+    HppInputError
+        Not a complete checkpoint, or metadata of another format or version.
+    """
+    p = resolve_checkpoint(path)
+    try:
+        meta = json.loads((p / META_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HppInputError(f"unreadable {META_FILE} ({exc})", source=str(p), field="--resume",
+                            fix="resume from another checkpoint") from None
+    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
+        raise HppInputError(f"not an {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} checkpoint "
+                            f"(format {meta.get('format')!r}, version {meta.get('version')!r})", source=str(p),
+                            field="--resume", fix="resume from a checkpoint written by this hpp version")
+    meta["path"] = str(p)
+    return meta
+
+
+# ----------------------------------------------------------------------------- state dicts
+
+
+def _param_names(module: nn.Module) -> dict[int, list[str]]:
+    """``id(param)`` -> its global names (two for a tied pair held as one parameter)."""
+    out: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        out.setdefault(id(p), []).append(name)
+    return out
+
+
+def _optim_entries(module: nn.Module, optimizer: torch.optim.Optimizer | None
+                   ) -> Iterator[tuple[str, torch.Tensor, dict[str, Any]]]:
+    """``(name, param, state)`` for every name of every optimizer parameter (``state`` may be empty)."""
+    if optimizer is None:
+        return
+    names = _param_names(module)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for name in names.get(id(p), ()):
+                yield name, p, optimizer.state.get(p, {})
+
+
+def _holder(t: torch.Tensor, rank: int) -> tuple[int, ...]:
+    """The ranks that jointly hold tensor ``t``: a DTensor's mesh, else this rank alone."""
+    mesh = getattr(t, "device_mesh", None)
+    return tuple(int(r) for r in mesh.mesh.flatten().tolist()) if mesh is not None else (rank,)
+
+
+def _chosen_names(model_sd: Mapping[str, torch.Tensor], distributed: bool) -> set[str]:
+    """Names this rank writes: for each name, the holder with the lowest rank among all ranks'."""
+    if not distributed:
+        return set(model_sd)
+    rank = dist.get_rank()
+    mine = {k: _holder(v, rank) for k, v in model_sd.items()}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    best: dict[str, tuple[int, ...]] = {}
+    for holders in gathered:
+        for k, h in holders.items():
+            if k not in best or (min(h), h) < (min(best[k]), best[k]):
+                best[k] = h
+    return {k for k, h in mine.items() if best[k] == h}
+
+
+def _rng_state() -> dict[str, str]:
+    out = {"torch_cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["torch_cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return out
+
+
+def _set_rng_state(state: Mapping[str, str]) -> None:
+    def tensor(b64: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(b64)), dtype=torch.uint8)
+    if "torch_cpu" in state:
+        torch.set_rng_state(tensor(state["torch_cpu"]))
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensor(state["torch_cuda"]))
+
+
+def _scheduler_state(scheduler: Any, num_groups: int) -> dict[str, Any]:
+    """JSON-able scheduler state; per-group lists that hold one value are stored once (``per_group``)."""
+    out: dict[str, Any] = {"per_group": []}
+    for k, v in scheduler.state_dict().items():
+        if isinstance(v, list) and len(v) == num_groups and v and all(x == v[0] for x in v):
+            out[k] = v[0]
+            out["per_group"].append(k)
+        else:
+            try:
+                json.dumps(v)
+            except TypeError:
+                continue                         # e.g. LambdaLR's lambdas: rebuilt by the caller
+            out[k] = v
+    return out
+
+
+def _load_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer | None, saved: Mapping[str, Any]) -> None:
+    n = len(optimizer.param_groups) if optimizer is not None else 1
+    state = scheduler.state_dict()
+    for k, v in saved.items():
+        if k != "per_group":
+            state[k] = [v] * n if k in saved.get("per_group", ()) else v
+    scheduler.load_state_dict(state)
+    if optimizer is not None:                    # load_state_dict leaves the groups' lr at their initial value
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _dcp(op: str, state: dict[str, Any], path: Path) -> None:
+    """``dcp.save`` / ``dcp.load`` of ``state`` at ``path``; in one process when no process group is up."""
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        if op == "save":
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=not _dist())
+        else:
+            dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not _dist())
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                    scheduler: Any = None, model_name: str, num_layers: int,
+                    extra: Mapping[str, Any] | None = None) -> Path:
+    """Write the checkpoint of ``step`` to ``root/step-<step>`` (collective over the world when initialised).
+
+    Parameters
+    ----------
+    root : path
+        The ``--save`` directory, on a file system every rank sees.
+    step : int
+        Steps done; the resumed run starts at this step (its data position).
+    module : nn.Module
+        This rank's stage (parameter names global, ``layers.<l>.<path>``; DTensors under TP).
+    optimizer, scheduler : this rank's optimizer (over ``module``'s parameters) and LR scheduler, or None.
+    model_name : str
+        The runtime model's name, checked on load.
+    num_layers : int
+        The model's layer count, checked on load.
+    extra : mapping, optional
+        JSON-able data kept in the metadata (e.g. the seed, the global batch size).
+
+    Returns
+    -------
+    Path
+        ``root/step-<step>``, complete (marker written) when this returns on any rank.
+
+    A checkpoint of the same step already there is replaced (the old one is moved
+    aside first, so a crash leaves one of the two complete).
+    """
+    root = Path(root)
+    distributed = _dist()
+    rank = dist.get_rank() if distributed else 0
+    tmp, final = root / f"{_TMP}{step}", step_dir(root, step)
+    t0 = time.perf_counter()
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if distributed:
+        dist.barrier()
+    model_sd = {k: v for k, v in module.state_dict().items()}
+    chosen = _chosen_names(model_sd, distributed)
+    state: dict[str, Any] = {MODEL_PREFIX + k: v for k, v in model_sd.items() if k in chosen}
+    for name, _p, st in _optim_entries(module, optimizer):
+        if name in chosen:
+            state.update({f"{OPTIM_PREFIX}{name}.{k}": v for k, v in st.items()})
+    _dcp("save", state, tmp)
+    if rank == 0:
+        groups = len(optimizer.param_groups) if optimizer is not None else 1
+        meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": model_name,
+                "num_layers": num_layers, "step": step,
+                "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+                "scheduler": _scheduler_state(scheduler, groups) if scheduler is not None else None,
+                "rng": _rng_state(), "extra": dict(extra or {}),
+                "world_size": dist.get_world_size() if distributed else 1,
+                "torch_version": torch.__version__, "saved_unix_s": time.time()}
+        _write_synced(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
+        old = root / f".old-step-{step}-{os.getpid()}"
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        _write_synced(final / COMPLETE_MARKER, f"{step}\n")
+        _fsync_dir(root)
+    if distributed:
+        dist.barrier()
+    logger.info("checkpoint of step %d saved to %s in %.2f s", step, final, time.perf_counter() - t0)
+    return final
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def stored_entries(path: Path) -> Mapping[str, Any]:
+    """DCP's metadata of each stored key (``TensorStorageMetadata``: size, dtype, chunks) of checkpoint ``path``."""
+    import torch.distributed.checkpoint as dcp
+    return dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+
+
+def _check_identity(meta: Mapping[str, Any], path: Path, model_name: str | None, num_layers: int | None,
+                    optimizer: torch.optim.Optimizer | None) -> None:
+    same_name = model_name is None or str(meta.get("model", "")).strip().lower() == model_name.strip().lower()
+    if not same_name or (num_layers is not None and meta.get("num_layers") != num_layers):
+        raise HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
+                            f"{model_name!r} ({num_layers} layers)", source=str(path), field="--resume",
+                            fix=f"resume with --model {meta.get('model')}, or from a checkpoint of {model_name}")
+    saved_opt = meta.get("optimizer")
+    if optimizer is not None and saved_opt is not None and saved_opt != type(optimizer).__name__:
+        raise HppInputError(f"checkpoint has {saved_opt} optimizer state, this run uses {type(optimizer).__name__}",
+                            source=str(path), field="--optimizer",
+                            fix=f"resume with --optimizer {saved_opt.lower()}")
+
+
+def _placeholder(like: torch.Tensor, stored: Any, key: str) -> torch.Tensor:
+    """A tensor to load ``key`` into: shaped like the parameter if the stored size matches, else as stored."""
+    size = tuple(getattr(stored, "size", ()))
+    if size == tuple(like.shape):
+        return torch.zeros_like(like)
+    if hasattr(stored, "properties"):
+        return torch.zeros(size, dtype=stored.properties.dtype)
+    raise HppInputError(f"checkpoint entry {key!r} is not a tensor", field="--resume",
+                        fix="resume from a checkpoint written by hpp run --save")
+
+
+def load_checkpoint(path: str | Path, *, module: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scheduler: Any = None, model_name: str | None = None, num_layers: int | None = None,
+                    restore_rng: bool = True) -> int:
+    """Load the checkpoint ``path`` names into this rank's stage, optimizer and scheduler; return its step.
+
+    Collective over the world when initialised. Works for any plan of the same model:
+    each rank reads the names its ``module`` holds (resharded by DCP).
+
+    Parameters
+    ----------
+    path : path
+        A ``--save`` directory (its latest complete checkpoint) or one ``step-K`` folder.
+    module, optimizer, scheduler : as for :func:`save_checkpoint`; a fresh optimizer
+        (no state yet) is filled from the checkpoint.
+    model_name, num_layers : checked against the checkpoint's when given.
+    restore_rng : set torch's RNG state to rank 0's at save time.
+
+    Returns
+    -------
+    int
+        The saved step (the next step to run).
+
+    Raises
+    ------
+    HppInputError
+        A missing or incomplete checkpoint, one of another model (name or layer count),
+        another optimizer, or a parameter the checkpoint lacks or stores with another shape.
+    """
+    p = resolve_checkpoint(path)
+    meta = read_checkpoint_meta(p)
+    _check_identity(meta, p, model_name, num_layers, optimizer)
+    stored = stored_entries(p)
+    model_sd = {k: v for k, v in module.state_dict().items()}
+    state: dict[str, Any] = {}
+    for k, v in model_sd.items():
+        entry = stored.get(MODEL_PREFIX + k)
+        if entry is None or tuple(getattr(entry, "size", ())) != tuple(v.shape):
+            what = "lacks" if entry is None else f"stores {tuple(getattr(entry, 'size', ()))} for"
+            raise HppInputError(f"checkpoint of {meta.get('model')!r} {what} parameter {k} {tuple(v.shape)}",
+                                source=str(p), field="--resume",
+                                fix="resume from a checkpoint of this model (same architecture and sizes)")
+        state[MODEL_PREFIX + k] = v
+    new_state: dict[int, dict[str, torch.Tensor]] = {}
+    params: dict[int, torch.Tensor] = {}
+    for name, param, _st in _optim_entries(module, optimizer):
+        prefix = f"{OPTIM_PREFIX}{name}."
+        for key in (k for k in stored if k.startswith(prefix) and "." not in k[len(prefix):]):
+            t = _placeholder(param, stored[key], key)
+            state[key] = t
+            new_state.setdefault(id(param), {})[key[len(prefix):]] = t
+            params[id(param)] = param
+    _dcp("load", state, p)
+    with torch.no_grad():
+        module.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)})
+    if optimizer is not None:
+        for pid, st in new_state.items():
+            optimizer.state[params[pid]] = st
+    if scheduler is not None and meta.get("scheduler") is not None:
+        _load_scheduler(scheduler, optimizer, meta["scheduler"])
+    if restore_rng:
+        _set_rng_state(meta.get("rng", {}))
+    logger.info("resumed step %d from %s", meta["step"], p)
+    return int(meta["step"])
+
+
+def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str = "torch",
+                      dtype: torch.dtype = torch.float32) -> dict[str, tuple[int, ...]]:
+    """The model of checkpoint ``path`` as one file of full tensors by global name: see
+    :func:`hpp.runtime.checkpoint_export.export_checkpoint`."""
+    from hpp.runtime.checkpoint_export import export_checkpoint as export
+    return export(path, out_file, format=format, dtype=dtype)

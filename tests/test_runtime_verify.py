@@ -1,0 +1,120 @@
+"""``hpp run --verify``: float64 equality with single-device training (<= 1e-9), a control that must fail,
+``--data`` with padded samples, and the per-step metrics (stderr lines, ``--metrics-jsonl``, ``--json`` keys).
+
+The model is a 4-layer GPT given as ``MODULE:FUNCTION`` (:func:`micro`), so this file also runs a user's
+model end to end; fork start keeps each launch to seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import numpy as np
+import pytest
+
+from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.runtime import run as run_mod
+from hpp.runtime.cli import run_main
+from hpp.runtime.models import LegacyGPT, ModelConfig
+from hpp.runtime.stage import build_stage
+from hpp.runtime.worker import WorkerConfig
+
+pytestmark = pytest.mark.distributed
+
+_CFG = ModelConfig("micro", num_blocks=2, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256)
+CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-4",
+           "device_types": {"cpu": {"memory_bytes": 4 * 2**30, "gpus_per_node": 4}},
+           "nodes": [{"device_type": "cpu", "num_devices": 4, "intra_node_bandwidth_bytes_per_s": 1e9}],
+           "inter_node_bandwidth_bytes_per_s": 1e9}
+VERIFY = re.compile(r"^verify: max \|difference\| (\S+) over (\d+) parameters")
+
+
+def micro() -> LegacyGPT:
+    """The test model (``--model tests.test_runtime_verify:micro``)."""
+    return LegacyGPT(_CFG)
+
+
+def micro_tied() -> LegacyGPT:
+    """The same model with the head tied to the token table (named ``micro`` too)."""
+    return LegacyGPT(_CFG, tie_embeddings=True)
+
+
+def _plan(path) -> str:
+    """Two pipelines with different boundaries ({2} and {1}) and uneven samples (4 + 2), G = 6."""
+    st = lambda lo, hi, d: Stage(lo, hi, "cpu", 1, (d,))  # noqa: E731
+    plan = Plan("micro", 4, 6, (Pipeline((st(0, 2, 0), st(2, 4, 1)), 2, 4), Pipeline((st(0, 1, 2), st(1, 4, 3)), 1, 2)),
+                sequence_length=8, cluster_ref=CLUSTER)
+    write_plan_json(plan, path)
+    return str(path)
+
+
+def _run(capsys, plan: str, *args: str) -> tuple[int, str, str]:
+    code = run_main([plan, "--steps", "3", "--launcher", "fork", "--run-timeout", "120", "--group-timeout", "60",
+                     *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _verify_line(out: str) -> tuple[float, int]:
+    m = next(VERIFY.match(line) for line in out.splitlines() if VERIFY.match(line))
+    return float(m.group(1)), int(m.group(2))
+
+
+def test_verify_passes_with_adamw_cosine_warmup_and_clipping(tmp_path, capsys):
+    code, out, err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
+                          "--verify", "--lr", "0.01", "--lr-schedule", "cosine", "--lr-warmup-steps", "1",
+                          "--clip-grad-norm", "0.5")
+    assert code == 0, err
+    diff, n = _verify_line(out)
+    assert diff <= 1e-9 and n == len(list(build_stage(micro(), 0, 4, seed=0).layer_parameters())), out
+    assert "float64" in out and "adamw" in out
+
+
+def test_verify_control_without_block_allreduce_fails(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run_mod, "WorkerConfig", functools.partial(WorkerConfig, skip_block_allreduce=True))
+    code, out, _err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
+                           "--verify", "--lr", "0.01")
+    diff, _n = _verify_line(out)
+    assert code == 1 and diff > 1e-6 and "FAILED" in out
+
+
+def test_verify_tied_model_on_padded_npy_data(tmp_path, capsys):
+    """Rows padded with -1 (no target there): the loss is normalised by the global count of target tokens."""
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 256, size=(9, _CFG.seq_len + 1))
+    for i, keep in enumerate((9, 3, 6, 2, 9, 5, 4, 9, 7)):
+        rows[i, keep:] = -1
+    np.save(tmp_path / "d.npy", rows)
+    code, out, err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro_tied",
+                          "--verify", "--data", str(tmp_path / "d.npy"), "--optimizer", "sgd", "--lr", "0.5")
+    assert code == 0, err
+    diff, _n = _verify_line(out)
+    assert diff <= 1e-9
+    assert "wraps around" in out                              # 9 rows < 3 steps x 6
+
+
+def test_metrics_lines_jsonl_and_json_keys(tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 2)                   # 512 bytes = 63 windows of 8 + 1
+    metrics = tmp_path / "m.jsonl"
+    code, out, err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
+                          "--data", str(text), "--dtype", "bfloat16", "--metrics-jsonl", str(metrics), "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    m = rep["measured"]
+    for key in ("iteration_time_s", "throughput_samples_per_s", "loss", "tokens_per_s", "mfu"):
+        assert key in m
+    assert rep["predicted"]["iteration_time_s"] is None and rep["collectives"]["count"] > 0
+    assert m["mfu"] is None and m["loss"] > 0 and m["tokens_per_s"] == pytest.approx(6 * 8 / m["iteration_time_s"])
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert {"step", "step_time_s", "loss", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_bytes",
+                "peak_memory_bytes_per_rank"} <= set(r)
+        assert len(r["peak_memory_bytes_per_rank"]) == 4 and r["loss"] > 0 and r["flops"] > 0
+    assert rows[-1]["loss"] == pytest.approx(m["loss"])
+    steps = [line for line in err.splitlines() if line.startswith("step ")]
+    assert [s.split("  ")[0] for s in steps] == ["step 1/3", "step 2/3", "step 3/3"], err
+    assert all("MFU n/a" in s and "tokens/s" in s and "peak mem" in s for s in steps)
