@@ -14,9 +14,16 @@ the slowest rank's optimizer step. The two alternate for ``--rounds`` rounds (so
 load from other processes on the host hits both alike); each reports the median over
 all kept steps (the first ``--warmup`` of each round left out), and the median of the
 rounds' paired ratios (a round's two runs are adjacent in time). Target: ratio
-(hpp / plain) <= 1.02. Writes ``experiments/results/runtime_overhead.csv`` (both
-medians, then each round). On a loaded host the rounds scatter far more than 2 %:
-read the per-round rows and the load average the CSV records before trusting a ratio.
+(hpp / plain) <= 1.02.
+
+Wall time on a shared host scatters far more than 2 % (other processes take the
+cores; 4 ranks on 2 cores wait for each other). So the benchmark also reports the
+CPU seconds the ranks spend per step (user + system of the forked ranks, from
+``getrusage(RUSAGE_CHILDREN)``; a short run of ``--warmup + 1`` steps per
+implementation gives the start-up CPU, subtracted), which load barely changes: the
+extra work ``hpp run`` does per step, whatever the host is doing. Writes
+``experiments/results/runtime_overhead.csv`` (both medians, then each round, with the
+load average).
 
     python experiments/runtime_overhead.py [--model gpt-tiny] [--steps 12] [--rounds 3]
 """
@@ -27,6 +34,7 @@ import argparse
 import csv
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -103,10 +111,17 @@ def _plain_rank(rank: int, port: int, model_name: str, plan_lo_hi: list, g: int,
     os._exit(0)
 
 
-def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float) -> list[float]:
-    """Per-step times [s] of the plain script (slowest rank per step)."""
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of every child process waited for so far (the ranks, after join)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float) -> tuple[list[float], float]:
+    """Per-step times [s] of the plain script (slowest rank per step), and its ranks' CPU seconds."""
     from hpp.runtime.launch import free_port
     ctx = mp.get_context("fork")
+    cpu0 = _children_cpu_s()
     with tempfile.TemporaryDirectory() as out:
         port = free_port()
         procs = [ctx.Process(target=_plain_rank, args=(r, port, model, lo_hi, g, b, steps, lr, out))
@@ -118,15 +133,16 @@ def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float)
         if any(p.exitcode != 0 for p in procs):
             raise RuntimeError(f"plain script failed: exit codes {[p.exitcode for p in procs]}")
         per_rank = [[float(t) for t in Path(out, f"plain{r}.txt").read_text().split()] for r in range(4)]
-    return [max(ts) for ts in zip(*per_rank)]
+    return [max(ts) for ts in zip(*per_rank)], _children_cpu_s() - cpu0
 
 
-def run_hpp(plan_path: Path, *, model: str, steps: int, lr: float) -> list[float]:
-    """Per-step times [s] of ``hpp run`` (slowest rank per step)."""
+def run_hpp(plan_path: Path, *, model: str, steps: int, lr: float) -> tuple[list[float], float]:
+    """Per-step times [s] of ``hpp run`` (slowest rank per step), and its ranks' CPU seconds."""
     from hpp.runtime.run import run_plan
+    cpu0 = _children_cpu_s()
     rep = run_plan(plan_path, steps=steps, model=model, launcher="fork", optimizer="adamw", lr=lr,
                    dtype="float32", warmup_steps=0)
-    return list(rep.measured["step_times_s"])
+    return list(rep.measured["step_times_s"]), _children_cpu_s() - cpu0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,22 +163,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     lo_hi = [(st.layer_start, st.layer_stop) for st in plan.pipelines[0].stages]
     kept: dict[str, list[float]] = {"hpp run": [], "plain": []}
     per_round: list[dict[str, float]] = []
+    cpu_rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         write_plan_json(plan, path)
+        run = {"hpp run": lambda n: run_hpp(path, model=args.model, steps=n, lr=1e-3),
+               "plain": lambda n: run_plain(args.model, lo_hi, g=args.global_batch, b=args.micro_batch, steps=n,
+                                            lr=1e-3)}
+        short = args.warmup + 1                          # start-up CPU: subtracted from each round's
+        start_cpu = {name: run[name](short)[1] for name in run}
         for rnd in range(args.rounds):
-            meds = {}
+            meds, cpus = {}, {}
             for name in ("hpp run", "plain") if rnd % 2 == 0 else ("plain", "hpp run"):
                 t0 = time.perf_counter()
-                ts = (run_hpp(path, model=args.model, steps=args.steps, lr=1e-3) if name == "hpp run"
-                      else run_plain(args.model, lo_hi, g=args.global_batch, b=args.micro_batch, steps=args.steps,
-                                     lr=1e-3))
+                ts, cpu = run[name](args.steps)
                 kept[name] += ts[args.warmup:]
                 meds[name] = statistics.median(ts[args.warmup:])
-                print(f"round {rnd + 1} {name:<8} median {meds[name] * 1e3:8.2f} ms/step "
-                      f"({time.perf_counter() - t0:.1f} s wall)", file=sys.stderr)
+                cpus[name] = (cpu - start_cpu[name]) / (args.steps - short) / 4          # per step and rank
+                print(f"round {rnd + 1} {name:<8} median {meds[name] * 1e3:8.2f} ms/step, CPU "
+                      f"{cpus[name] * 1e3:7.2f} ms per step and rank ({time.perf_counter() - t0:.1f} s wall, load "
+                      f"{os.getloadavg()[0]:.1f})", file=sys.stderr)
             per_round.append(meds)
+            cpu_rounds.append(cpus)
     med = {k: statistics.median(v) for k, v in kept.items()}
+    cpu = {k: statistics.median(r[k] for r in cpu_rounds) for k in kept}
     ratio = med["hpp run"] / med["plain"]
     paired = statistics.median(r["hpp run"] / r["plain"] for r in per_round)
     common = {"model": args.model, "pipelines": 2, "stages": 2, "global_batch": args.global_batch,
@@ -170,10 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               "load_avg_1min": round(os.getloadavg()[0], 2)}
     rows = [{"row": "all rounds", "implementation": k, **common, "steps_kept": len(v), "median_step_s": med[k],
              "p25_step_s": statistics.quantiles(v, n=4)[0], "p75_step_s": statistics.quantiles(v, n=4)[2],
-             "ratio_to_plain": med[k] / med["plain"]} for k, v in kept.items()]
+             "ratio_to_plain": med[k] / med["plain"], "cpu_s_per_step_rank": cpu[k],
+             "cpu_ratio_to_plain": cpu[k] / cpu["plain"]} for k, v in kept.items()]
     rows += [{"row": f"round {i + 1}", "implementation": k, **common, "steps_kept": args.steps - args.warmup,
-              "median_step_s": r[k], "p25_step_s": "", "p75_step_s": "", "ratio_to_plain": r[k] / r["plain"]}
-             for i, r in enumerate(per_round) for k in ("hpp run", "plain")]
+              "median_step_s": r[k], "p25_step_s": "", "p75_step_s": "", "ratio_to_plain": r[k] / r["plain"],
+              "cpu_s_per_step_rank": c[k], "cpu_ratio_to_plain": c[k] / c["plain"]}
+             for i, (r, c) in enumerate(zip(per_round, cpu_rounds)) for k in ("hpp run", "plain")]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -181,8 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         w.writerows(rows)
     print(f"hpp run: median {med['hpp run'] * 1e3:.2f} ms/step; plain pipelining + all-reduce: median "
           f"{med['plain'] * 1e3:.2f} ms/step; ratio {ratio:.3f}, median of the {args.rounds} paired rounds' ratios "
-          f"{paired:.3f} (target <= 1.02: {'met' if ratio <= 1.02 else 'not met'}; load average "
-          f"{common['load_avg_1min']} on {os.cpu_count()} cores); {args.out}")
+          f"{paired:.3f} (target <= 1.02: {'met' if ratio <= 1.02 else 'not met'}); CPU per step and rank "
+          f"{cpu['hpp run'] * 1e3:.2f} vs {cpu['plain'] * 1e3:.2f} ms, ratio {cpu['hpp run'] / cpu['plain']:.3f}; "
+          f"load average {common['load_avg_1min']} on {os.cpu_count()} cores; {args.out}")
     return 0
 
 

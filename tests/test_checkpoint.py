@@ -294,6 +294,10 @@ def test_checkpoint_of_another_model_or_optimizer_is_refused(tmp_path: Path) -> 
     with pytest.raises(HppInputError, match="AdamW optimizer state, this run uses SGD"):
         ck.load_checkpoint(root, module=module, optimizer=sgd)
     assert ck.read_checkpoint_meta(root)["step"] == 1                  # nothing above half-loaded the metadata
+    wrapped = torch.nn.ModuleDict({"stage": module})                  # names 'stage.layers...': not plan-free
+    with pytest.raises(ValueError, match="not global"):
+        ck.save_checkpoint(tmp_path / "other", step=1, module=wrapped, optimizer=None, model_name="micro",
+                           num_layers=L)
 
 
 def test_export_torch_and_safetensors_full_float32_by_global_name(tmp_path: Path) -> None:

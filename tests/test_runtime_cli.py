@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -97,6 +98,17 @@ def test_bad_input_is_refused_before_any_process(tmp_path, capsys, no_launch, pr
     assert run_main([path, *steps, *args]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_a_user_models_plan_runs_without_model_flag(tmp_path, profile_ref):
+    """The profile of ``hpp profile --model MODULE:FUNCTION`` names it (meta.runtime_model); hpp run loads it."""
+    emb = copy.deepcopy(profile_ref["embedded"])
+    emb["model"] = "other"
+    emb.setdefault("meta", {})["runtime_model"] = "tests.test_runtime_cli:other_six_layers"
+    path = _plan(tmp_path / "p.json", profile={"embedded": emb}, model="other")
+    plan, _cluster, profile = run_mod.load_run_inputs(path)
+    assert run_mod.model_source(plan, profile, None) == "tests.test_runtime_cli:other_six_layers"
+    assert run_mod.resolve_run_model(plan, profile, None, source=path).spec.name == "other"
 
 
 def test_more_devices_than_the_host_can_run(tmp_path, capsys, no_launch, monkeypatch):

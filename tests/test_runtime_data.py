@@ -97,6 +97,9 @@ def test_synthetic_default_is_the_models_batches():
 def test_peak_flops_table_and_mfu():
     assert peak_flops_per_s("A100-40", "bfloat16") == 312e12 and peak_flops_per_s("h200", "float32") == 67e12
     assert peak_flops_per_s("cpu", "float32") is None and peak_flops_per_s("V100-16", "float16") is None
+    assert peak_flops_per_s("NVIDIA-H200", "bfloat16") == 989e12                 # gpu_check.sh's type name
+    assert peak_flops_per_s("NVIDIA A100-SXM4-80GB", "float64") == 19.5e12
+    assert peak_flops_per_s("NVIDIA H100 PCIe", "float32") is None               # other peaks than SXM5
     assert plan_peak_flops_per_s(["A100-40", "V100-16"], "float32") == pytest.approx(35.2e12)
     assert plan_peak_flops_per_s(["A100-40", "cpu"], "float32") is None
     rows = [{"step": 4, "time_s": 0.5, "loss": None, "flops": 2e12, "peak_memory_bytes": 7, "target_tokens": 64},

@@ -71,6 +71,7 @@ def test_three_heterogeneous_pipelines_match_one_device(tmp_path):
     worst, nan, _n, results = _run(tmp_path, three_pipelines(), lr=0.5)
     assert not nan and worst <= TOL, worst
     assert sum(r["collectives"][-1]["launched_in_backward"] for r in results) > 0   # overlap really happened
+    assert [r["outputs_kept"] for r in results] == [0] * 6          # issue 17.1: no logits kept after the loss
 
 
 def test_recomputing_stages_match_one_device(tmp_path):

@@ -128,12 +128,13 @@ def test_bundled_tiny_profiles_match_their_runtime_models(name):
     assert list(tp1.param_bytes) == [sum(p.numel() * 4 for p in model.build_layer(l, seed=0, dtype=torch.float32)
                                          .parameters()) for l in range(model.spec.num_layers)]
     tp2 = prof.entries[("cpu", 2, 2)]
-    assert "derived, not measured" in tp2.note and "measured by hpp profile" in tp1.note
-    assert tp2.forward_s == tuple(t / 2 for t in tp1.forward_s)
+    assert "measured on 2 gloo ranks" in tp2.note and "measured by hpp profile" in tp1.note
+    assert all(t > 0 for t in tp2.forward_s + tp2.backward_s) and tp2.activation_bytes == tp1.activation_bytes
     assert all(a <= b for a, b in zip(tp2.param_bytes, tp1.param_bytes))
     assert tp1.param_bytes[1] < 2 * tp2.param_bytes[1] < 1.05 * tp1.param_bytes[1]   # a block: all but norms, some biases halved
-    slow = prof.entries[("cpu-2x", 1, 2)]
-    assert slow.forward_s == tuple(2 * t for t in tp1.forward_s)
+    for tp in (1, 2):
+        fast, slow = prof.entries[("cpu", tp, 2)], prof.entries[("cpu-2x", tp, 2)]
+        assert slow.forward_s == tuple(2 * t for t in fast.forward_s)
 
 
 def test_tiny_model_plans_on_the_cpu_cluster_with_tp_2(tmp_path, capsys):
@@ -149,3 +150,20 @@ def test_tiny_model_plans_on_the_cpu_cluster_with_tp_2(tmp_path, capsys):
     plan = json.loads(out.read_text())
     assert (plan["model"], plan["num_layers"], plan["profile"]) == ("llama-tiny", 7, {"name": "llama-tiny"})
     assert {s["tp_degree"] for p in plan["pipelines"] for s in p["stages"]} <= {1, 2}
+
+
+def test_measured_tp2_param_bytes_equal_the_tp_plan_share():
+    """The bytes each TP rank held when measured = the share tp_plan gives (colwise/rowwise/vocab halves)."""
+    import importlib.util
+    from pathlib import Path
+
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.runtime.zoo import load_runtime_model
+    path = Path(__file__).resolve().parents[1] / "experiments" / "profile_tiny_models.py"
+    spec = importlib.util.spec_from_file_location("profile_tiny_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name in ("opt-tiny", "gpt-neo-tiny", "llama-tiny"):
+        model = load_runtime_model(name)
+        expect = [mod.tp_param_bytes(model, l, 2) for l in range(model.spec.num_layers)]
+        assert list(load_bundled_profile(name).entries[("cpu", 2, 1)].param_bytes) == expect

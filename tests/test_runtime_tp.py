@@ -52,9 +52,9 @@ def opt_tp2_tied() -> Plan:
 
 
 def neo_recompute_clip() -> Plan:
-    """gpt-neo-tiny (6 layers, tied): TP 1 two stages vs TP 2 one stage, recomputing stages."""
-    return Plan("gpt-neo-tiny", 6, 4, (Pipeline((_st(0, 3, 0, 1, "full"), _st(3, 6, 1, 1, "full")), 1, 2, "1F1B"),
-                                       Pipeline((_st(0, 6, 2, 2, "full"),), 1, 2, "1F1B")), sequence_length=32)
+    """gpt-neo-tiny (6 layers, tied): TP 2 two stages (clipping counts pipeline 0) vs TP 1 one stage; all recompute."""
+    return Plan("gpt-neo-tiny", 6, 4, (Pipeline((_st(0, 3, 0, 2, "full"), _st(3, 6, 2, 2, "full")), 1, 2, "1F1B"),
+                                       Pipeline((_st(0, 6, 4, 1, "full"),), 1, 2, "1F1B")), sequence_length=32)
 
 
 def _reference(name: str, plan: Plan, training: TrainingConfig, *, seed: int = 0) -> tuple[dict, list[float]]:
@@ -167,7 +167,7 @@ def test_neo_recompute_and_clipping_match_one_device(tmp_path):
     worst, results, _ = _run(tmp_path, "gpt-neo-tiny", plan, training)
     assert worst <= TOL, worst
     print(f"max |difference| {worst:.3g}")
-    assert [r["recompute"] for r in results] == ["full"] * 4
+    assert [r["recompute"] for r in results] == ["full"] * 5
     assert sum(r["collectives"][-1]["launched_in_backward"] for r in results) > 0
 
 
@@ -192,3 +192,15 @@ def test_bf16_mixed_precision_trains_fp32_masters(tmp_path):
     lines = [[json.loads(l) for l in (tmp_path / f"rank{r}.steps.jsonl").read_text().splitlines()] for r in (2, 5)]
     assert all([l["step"] for l in ls] == list(range(STEPS)) for ls in lines)
     assert all(4.0 < a["loss"] + b["loss"] < 7.0 for a, b in zip(*lines))      # the two pipelines' parts: ~ln 256
+
+
+def test_a_parameter_sharded_at_one_tp_degree_and_replicated_at_another_is_refused_by_every_rank(tmp_path):
+    """Vocabulary 66: the token table is sharded at TP 2 but not at TP 4; every rank stops, none waits."""
+    from hpp.runtime.models import ModelConfig
+    model = ModelConfig("v66", num_blocks=1, hidden_size=32, num_heads=4, seq_len=8, vocab_size=66)
+    plan = Plan("v66", 3, 2, (Pipeline((_st(0, 3, 0, 4),), 1, 1), Pipeline((_st(0, 3, 4, 2),), 1, 1)))
+    cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(model), steps=1, timeout_s=60)
+    res = launch_forked(cfg, world_size=6, out_dir=tmp_path, timeout_s=120)
+    assert res.exit_codes == (1,) * 6 and all(e is not None for e in res.errors)
+    assert any("layers.0.wte.weight is sharded along dims [0] at TP degrees [2] and replicated at TP [4]" in e
+               for e in res.errors), res.errors

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing as mp
 import re
 
 import numpy as np
@@ -118,3 +119,16 @@ def test_metrics_lines_jsonl_and_json_keys(tmp_path, capsys):
     steps = [line for line in err.splitlines() if line.startswith("step ")]
     assert [s.split("  ")[0] for s in steps] == ["step 1/3", "step 2/3", "step 3/3"], err
     assert all("MFU n/a" in s and "tokens/s" in s and "peak mem" in s for s in steps)
+
+
+def test_run_timeout_exits_1_saying_so(tmp_path, capsys, monkeypatch):
+    """A hung rank (fault injection) and --run-timeout 5: every rank is killed, exit 1, one line saying why."""
+    monkeypatch.setattr(run_mod, "WorkerConfig", functools.partial(WorkerConfig, fail_rank=1, fail_step=0,
+                                                                   fail_mode="hang"))
+    code = run_main([_plan(tmp_path / "p.json"), "--steps", "3", "--launcher", "fork", "--run-timeout", "5",
+                     "--model", "tests.test_runtime_verify:micro", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 1
+    assert err.startswith("hpp run: error: run failed: the run timed out after 5 s (--run-timeout) and every rank "
+                          "was killed"), err
+    assert not mp.active_children()

@@ -49,7 +49,8 @@ entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE devic
 - Memory from the runtime step's own terms (profiles measured by ``hpp profile``,
   :mod:`hpp.runtime.memory_profile`; :func:`stage_memory_breakdown`): with P the stage's
   parameter bytes (fp32 masters also under bf16 mixed precision), n the optimizer's
-  states per parameter (AdamW 2, SGD 0), K = sum of ``step_activation_bytes[lo:hi]``
+  states per parameter (AdamW 2, SGD 0; a tied pair held by one stage counted once), K = sum of ``step_activation_bytes[lo:hi]``
+  (``first_stage_step_activation_bytes`` on a first stage where measured)
   (+ ``loss_activation_bytes`` on the last stage), buffers = m x input bytes (non-first
   stage) + m x output bytes (non-last): the pipelining library's receive buffers, one
   per micro-batch, for activations and gradients:
@@ -427,9 +428,11 @@ def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, 
                             fix="use 'none' or 'full' (the runtime executes no other mode)")
     L = e.num_layers
     m = max(num_micro_batches, 1)
-    params = sum(e.param_bytes[lo:hi])
-    act = list(e.step_activation_bytes[lo:hi])                 # type: ignore[index]
-    trans = list(e.backward_transient_bytes[lo:hi])            # type: ignore[index]
+    params = sum(e.param_bytes[lo:hi]) - (e.tied_param_bytes or 0 if lo == 0 and hi == L else 0)
+    first_stage = lo == 0 and e.first_stage_step_activation_bytes is not None
+    act = list((e.first_stage_step_activation_bytes if first_stage else e.step_activation_bytes)[lo:hi])  # type: ignore
+    trans = list((e.first_stage_backward_transient_bytes if first_stage and e.first_stage_backward_transient_bytes
+                  is not None else e.backward_transient_bytes)[lo:hi])  # type: ignore[index]
     if recompute == "full":         # a layer keeps its output; its backward first rebuilds what it saved
         out = e.output_bytes[lo:hi]
         trans = [t + max(0, a - o) for t, a, o in zip(trans, act, out)]

@@ -21,7 +21,12 @@ and the cost model then uses its calibrated formula on ``activation_bytes``):
   flight (what its forward saves for backward plus its output; its input not counted);
 - ``backward_transient_bytes[l]``: how far memory rises above its level at the start of
   layer ``l``'s backward while it runs (the last layer's includes the loss's backward);
-- ``loss_activation_bytes`` (one number): what the loss keeps per micro-batch in flight.
+- ``loss_activation_bytes`` (one number): what the loss keeps per micro-batch in flight;
+- ``first_stage_step_activation_bytes[l]``, ``first_stage_backward_transient_bytes[l]``: the
+  same for layers of a first stage where they differ (bf16 mixed precision: the embedding's
+  fp32 output makes the first stage's residual stream fp32, stages send bf16);
+- ``tied_param_bytes`` (one number): parameter bytes of the last layer that are one tensor
+  with the first layer's (tied embeddings) when a stage holds both (a one-stage pipeline).
 
 Precondition for the planner: every entry of one profile has the same layer count.
 
@@ -61,8 +66,11 @@ __all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict
 PROFILE_FORMAT = "hpp-profile"
 PROFILE_VERSION = 1
 _PER_LAYER_FIELDS = ("forward_s", "backward_s", "optimizer_s", "param_bytes", "activation_bytes", "output_bytes")
+#: Optional one-number fields (``None`` = not measured).
+_OPTIONAL_SCALAR_FIELDS = ("loss_activation_bytes", "tied_param_bytes")
 #: Optional per-layer fields (``None`` = not measured).
-_OPTIONAL_PER_LAYER_FIELDS = ("attention_activation_bytes", "step_activation_bytes", "backward_transient_bytes")
+_OPTIONAL_PER_LAYER_FIELDS = ("attention_activation_bytes", "step_activation_bytes", "backward_transient_bytes",
+                              "first_stage_step_activation_bytes", "first_stage_backward_transient_bytes")
 
 Key = tuple[str, int, int]  # (device_type, tp_degree, micro_batch_size)
 
@@ -89,6 +97,9 @@ class LayerProfile:
     step_activation_bytes: tuple[int, ...] | None = None
     backward_transient_bytes: tuple[int, ...] | None = None
     loss_activation_bytes: int | None = None
+    first_stage_step_activation_bytes: tuple[int, ...] | None = None
+    first_stage_backward_transient_bytes: tuple[int, ...] | None = None
+    tied_param_bytes: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -126,10 +137,11 @@ class LayerProfile:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                     raise HppInputError(f"layer {i} has {v!r}", source=source, field=f"{where}.{name}[{i}]",
                                         fix="use finite values >= 0 (seconds or bytes)")
-        loss = self.loss_activation_bytes
-        if loss is not None and not (isinstance(loss, int) and loss >= 0):
-            raise HppInputError(f"loss_activation_bytes is {loss!r}", source=source,
-                                field=f"{where}.loss_activation_bytes", fix="use an integer >= 0 (bytes)")
+        for name in _OPTIONAL_SCALAR_FIELDS:
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and v >= 0):
+                raise HppInputError(f"{name} is {v!r}", source=source, field=f"{where}.{name}",
+                                    fix="use an integer >= 0 (bytes)")
         if self.tp_degree < 1 or self.micro_batch_size < 1:
             raise HppInputError(f"tp_degree={self.tp_degree}, micro_batch_size={self.micro_batch_size}",
                                 source=source, field=where, fix="both must be integers >= 1")
@@ -270,7 +282,8 @@ def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int
                  else (e1.loss_activation_bytes - y0) / (e1.micro_batch_size - b0))  # type: ignore[operator]
         loss = int(round(max(0.0, y0 + (micro_batch_size - b0) * slope)))
     if optional["step_activation_bytes"] is None or optional["backward_transient_bytes"] is None or loss is None:
-        optional.update(step_activation_bytes=None, backward_transient_bytes=None)
+        optional.update(step_activation_bytes=None, backward_transient_bytes=None,
+                        first_stage_step_activation_bytes=None, first_stage_backward_transient_bytes=None)
         loss = None
     return replace(e0, micro_batch_size=micro_batch_size, forward_s=fit("forward_s"),
                    backward_s=fit("backward_s"), activation_bytes=ints(fit("activation_bytes")),
@@ -282,7 +295,7 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
     try:
         opt = {name: (tuple(int(x) for x in d[name]) if d.get(name) is not None else None)
                for name in _OPTIONAL_PER_LAYER_FIELDS}
-        loss = d.get("loss_activation_bytes")
+        scalars = {name: (int(d[name]) if d.get(name) is not None else None) for name in _OPTIONAL_SCALAR_FIELDS}
         e = LayerProfile(
             device_type=str(d["device_type"]), tp_degree=int(d["tp_degree"]),
             micro_batch_size=int(d["micro_batch_size"]),
@@ -292,7 +305,7 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
             param_bytes=tuple(int(x) for x in d["param_bytes"]),
             activation_bytes=tuple(int(x) for x in d["activation_bytes"]),
             output_bytes=tuple(int(x) for x in d["output_bytes"]),
-            **opt, loss_activation_bytes=int(loss) if loss is not None else None,
+            **opt, **scalars,
             estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
     except KeyError as exc:
         raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
@@ -358,8 +371,9 @@ def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
         for name in _OPTIONAL_PER_LAYER_FIELDS:
             if getattr(e, name) is not None:
                 ed[name] = list(getattr(e, name))
-        if e.loss_activation_bytes is not None:
-            ed["loss_activation_bytes"] = e.loss_activation_bytes
+        for name in _OPTIONAL_SCALAR_FIELDS:
+            if getattr(e, name) is not None:
+                ed[name] = getattr(e, name)
         if e.estimated:
             ed["estimated"] = True
         if e.note:

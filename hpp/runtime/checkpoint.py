@@ -167,6 +167,16 @@ def _optim_entries(module: nn.Module, optimizer: torch.optim.Optimizer | None
                 yield name, p, optimizer.state.get(p, {})
 
 
+def _global_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict()``, whose names must be global (``layers.<l>.<path>``): plan-independent keys."""
+    sd = dict(module.state_dict())
+    bad = next((k for k in sd if not k.startswith("layers.")), None)
+    if bad is not None:
+        raise ValueError(f"checkpoint: parameter name {bad!r} is not global ('layers.<l>.<path>'); pass the "
+                         "StageModule of hpp.runtime.stage, not a wrapper around it")
+    return sd
+
+
 def _holder(t: torch.Tensor, rank: int) -> tuple[int, ...]:
     """The ranks that jointly hold tensor ``t``: a DTensor's mesh, else this rank alone."""
     mesh = getattr(t, "device_mesh", None)
@@ -290,7 +300,7 @@ def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer
         shutil.rmtree(tmp, ignore_errors=True)
     if distributed:
         dist.barrier()
-    model_sd = {k: v for k, v in module.state_dict().items()}
+    model_sd = _global_state(module)
     chosen = _chosen_names(model_sd, distributed)
     state: dict[str, Any] = {MODEL_PREFIX + k: v for k, v in model_sd.items() if k in chosen}
     for name, _p, st in _optim_entries(module, optimizer):
@@ -406,7 +416,7 @@ def load_checkpoint(path: str | Path, *, module: nn.Module, optimizer: torch.opt
     meta = read_checkpoint_meta(p)
     _check_identity(meta, p, model_name, num_layers, optimizer)
     stored = stored_entries(p)
-    model_sd = {k: v for k, v in module.state_dict().items()}
+    model_sd = _global_state(module)
     state: dict[str, Any] = {}
     for k, v in model_sd.items():
         entry = stored.get(MODEL_PREFIX + k)

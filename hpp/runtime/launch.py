@@ -206,9 +206,11 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
     for p in procs:
         p.start()
     deadline = t0 + timeout_s
-    while any(p.is_alive() for p in procs) and time.perf_counter() < deadline:
-        procs[[p.is_alive() for p in procs].index(True)].join(min(POLL_INTERVAL_S,
-                                                                  max(0.0, deadline - time.perf_counter())))
+    while time.perf_counter() < deadline:
+        alive = [p for p in procs if p.is_alive()]
+        if not alive:
+            break
+        alive[0].join(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter())))
         if poll is not None:
             poll()
     codes: list[int | None] = []

@@ -44,7 +44,7 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Plan
-from hpp.runtime.model_api import synthetic_batch
+from hpp.runtime.model_api import synthetic_batch  # noqa: F401 - re-exported (reference.py, tests)
 from hpp.runtime.stage import check_recompute
 from hpp.validate import check_samples_sum
 

@@ -46,7 +46,7 @@ from hpp.errors import HppInputError
 from hpp.runtime.model_api import RuntimeModel
 
 __all__ = ["StepSpec", "StepEvent", "StepMemory", "measure_stage_step", "fake_world", "build_fake_stage",
-           "OPTIMIZERS", "MEMORY_DTYPES"]
+           "warm_up_sharding", "StepTracker", "OPTIMIZERS", "MEMORY_DTYPES"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class StepMemory:
         return max((e.peak_bytes for e in self.events if e.kind == kind), default=0)
 
 
-class _StepTracker(MemTracker):
+class StepTracker(MemTracker):
     """MemTracker for a whole training step: global peak only (fast), modules may run many times.
 
     MemTracker refuses a root module that runs forward twice (one iteration per
@@ -223,15 +223,44 @@ def build_fake_stage(model: RuntimeModel, lo: int, hi: int, *, fake_mode: FakeTe
     """The runtime's stage module of layers ``[lo, hi)`` with fake fp32 parameters on ``cpu``.
 
     Built on the meta device (initialisation draws nothing), then given fake storage
-    inside ``fake_mode`` (``.to()`` of fake parameters is not supported by torch, ``to_empty`` is).
+    inside ``fake_mode`` (``.to()`` of fake parameters is not supported by torch, ``to_empty``
+    is, but unties tied parameters: a stage holding both ends of a pair gets them tied again).
     """
-    from hpp.runtime.stage import build_stage
+    from hpp.runtime.stage import build_stage, tie_within
 
     with torch.device("meta"):
         module = build_stage(model, lo, hi, seed=seed, dtype=torch.float32, device="meta", recompute=recompute)
     with fake_mode:
         module.to_empty(device="cpu")
+    tie_within({int(k): layer for k, layer in module.layers.items()}, tuple(model.tied_parameters()))
     return module
+
+
+def warm_up_sharding(module: torch.nn.Module, model: RuntimeModel, *, micro_batch_size: int, is_first: bool,
+                     is_last: bool, dtype: str, input_dtype: torch.dtype | None = None) -> None:
+    """One forward and backward of a TP-sharded module as the step runs them, untracked, in the fake mode.
+
+    DTensor computes each operator's sharding on its first call (per shapes and strides)
+    with fake tensors of the active fake mode, which MemTracker would count as memory;
+    later calls hit its cache. Warming the cache up first keeps those tensors out of the
+    measurement (without it, the first backward of a TP-2 OPT-350 block shows 64 MiB more
+    than the next ones). Parameter gradients are zeroed in place afterwards.
+    """
+    from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
+
+    ms, tcfg = model.spec, TrainingConfig(dtype=dtype)
+    b, s = micro_batch_size, ms.seq_len
+    x = (torch.zeros(b, s, dtype=torch.long) if is_first else
+         torch.zeros(b, s, ms.hidden_size, dtype=input_dtype or tcfg.activation_dtype, requires_grad=True))
+    with autocast_context(tcfg, "cpu"):
+        y = module(x)
+    if is_last:
+        lm_loss(y.to(tcfg.logits_dtype), torch.zeros(b, s, dtype=torch.long), denominator=b * s).backward()
+    else:
+        y.backward(torch.ones_like(y))
+    for p in module.parameters():
+        if p.grad is not None:
+            p.grad.zero_()
 
 
 def _make_optimizer(name: str, params: list[torch.nn.Parameter], *, foreach: bool) -> torch.optim.Optimizer:
@@ -258,7 +287,7 @@ def _static_vote(stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
         stage._inference_mode = InferenceMode.STATIC
 
 
-def _instrument(tracker: _StepTracker, events: list[StepEvent], kind: str,
+def _instrument(tracker: StepTracker, events: list[StepEvent], kind: str,
                 fn: Callable[..., Any], chunk_arg: bool = True) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         before = tracker.current_bytes()
@@ -342,6 +371,9 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0,
                 p.grad = torch.zeros_like(p)             # the runtime's gradients live all step (sync buckets)
             optimizer = _make_optimizer(spec.optimizer, params, foreach=spec.device == "cuda")
             optimizer.step()                              # creates the states: measure a steady-state step
+            if t > 1:
+                warm_up_sharding(module, model, micro_batch_size=b, is_first=is_first, is_last=is_last,
+                                 dtype=spec.dtype)
             extra: tuple[torch.Tensor, ...] = ()
             if legacy_waste:
                 stage, schedule, extra = _legacy_schedule(module, spec, model, loss_fn)
@@ -353,7 +385,7 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0,
             schedule._warmup_p2p = _static_vote                # see _static_vote
             inputs = torch.zeros(b * m, s, dtype=torch.long)
             targets = torch.zeros(b * m, s, dtype=torch.long)
-            tracker = _StepTracker()
+            tracker = StepTracker()
             tracker.track_external(module, optimizer, inputs, targets, *extra)
             stage.forward_one_chunk = _instrument(tracker, events, "forward", stage.forward_one_chunk)
             stage.backward_one_chunk = _instrument(tracker, events, "backward", stage.backward_one_chunk)

@@ -29,17 +29,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Sequence
-
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
-from hpp.runtime.memory import _StepTracker, build_fake_stage, fake_world
+from hpp.runtime.memory import StepTracker, build_fake_stage, fake_world, warm_up_sharding
 from hpp.runtime.model_api import RuntimeModel
 
-__all__ = ["LayerMemory", "MemoryTerms", "measure_layer_memory", "memory_terms", "add_memory_terms"]
+__all__ = ["LayerMemory", "MemoryTerms", "measure_layer_memory", "memory_terms", "add_memory_terms",
+           "with_memory_terms"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,7 @@ class LayerMemory:
     step_activation_bytes: int
     backward_transient_bytes: int
     loss_activation_bytes: int = 0
+    output_dtype: torch.dtype = torch.float32      # of the layer's output inside a stage (before any cast)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,9 @@ class MemoryTerms:
     step_activation_bytes: tuple[int, ...]
     backward_transient_bytes: tuple[int, ...]
     loss_activation_bytes: int
+    first_stage_step_activation_bytes: tuple[int, ...] | None = None
+    first_stage_backward_transient_bytes: tuple[int, ...] | None = None
+    tied_param_bytes: int = 0
 
 
 def _signature(module: torch.nn.Module) -> tuple:
@@ -76,8 +79,11 @@ def _signature(module: torch.nn.Module) -> tuple:
 
 
 def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: int, dtype: str = "float32",
-                         tp_degree: int = 1, seed: int = 0) -> LayerMemory:
+                         tp_degree: int = 1, seed: int = 0, input_dtype: torch.dtype | None = None) -> LayerMemory:
     """Measure one layer's memory terms (see the module docstring).
+
+    ``input_dtype``: the dtype of the layer's input (default: what stages send, the
+    activation dtype); the first stage's layers get what the embedding makes.
 
     Raises
     ------
@@ -101,23 +107,28 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
         stage = build_fake_stage(model, layer, layer + 1, fake_mode=fake_mode, seed=seed)
         if tp_degree > 1:           # outside the fake mode: the device mesh holds real rank numbers
             from hpp.runtime.tensor_parallel import parallelize_stage
-            parallelize_stage(stage, model, tp_group=dist_world(), tp_degree=tp_degree, device=torch.device("cpu"))
+            parallelize_stage(stage, model, tp_group=_world(), tp_degree=tp_degree, device=torch.device("cpu"))
         with fake_mode:
             params = [p for _l, _n, p in stage.layer_parameters()]
             for p in params:
                 p.grad = torch.zeros_like(p)
+            if tp_degree > 1:
+                warm_up_sharding(stage, model, micro_batch_size=b, is_first=layer == 0, is_last=is_last, dtype=dtype,
+                                 input_dtype=input_dtype)
             x = (torch.zeros(b, s, dtype=torch.long) if layer == 0
-                 else torch.zeros(b, s, h, dtype=tcfg.activation_dtype, requires_grad=True))
+                 else torch.zeros(b, s, h, dtype=input_dtype or tcfg.activation_dtype, requires_grad=True))
             targets = torch.zeros(b, s, dtype=torch.long)
-            tracker = _StepTracker()
+            tracker = StepTracker()
             tracker.track_external(stage, x, targets)
             with tracker:
                 before = tracker.current_bytes()
                 with autocast_context(tcfg, "cpu"):
                     y = stage(x)
-                y = y.to(tcfg.logits_dtype if is_last else tcfg.activation_dtype)
+                if is_last:                              # the stage's output cast (StageForward)
+                    y = y.to(tcfg.logits_dtype)
                 after_forward = tracker.current_bytes()
-                output_bytes = y.numel() * y.element_size()
+                out_dtype = tcfg.logits_dtype if is_last else tcfg.activation_dtype
+                output_bytes = y.numel() * out_dtype.itemsize    # what a stage ending here sends
                 if is_last:
                     loss = lm_loss(y, targets, denominator=b * s)
                     loss_bytes = tracker.current_bytes() - after_forward
@@ -133,10 +144,10 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
                 transient = tracker.window_peak - base
     param_bytes = sum(_local_numel(p) * p.element_size() for p in params)
     return LayerMemory(int(param_bytes), int(output_bytes), int(after_forward - before), int(transient),
-                       int(loss_bytes))
+                       int(loss_bytes), y.dtype)
 
 
-def dist_world():
+def _world():
     import torch.distributed as dist
     return dist.group.WORLD
 
@@ -148,27 +159,63 @@ def _local_numel(p: torch.Tensor) -> int:
 
 def memory_terms(model: RuntimeModel, *, micro_batch_size: int, dtype: str = "float32", tp_degree: int = 1,
                  seed: int = 0) -> MemoryTerms:
-    """:func:`measure_layer_memory` for every layer (identical layers measured once)."""
+    """:func:`measure_layer_memory` for every layer (identical layers measured once).
+
+    Under ``bfloat16`` the first stage's layers may see another input dtype than the
+    others (the embedding's output is fp32 under autocast, while stages send bf16):
+    they are measured along the model's own chain too, into ``first_stage_*`` (None
+    when equal to the others).
+    """
+    from hpp.runtime.training import TrainingConfig
+
+    act_dtype = TrainingConfig(dtype=dtype).activation_dtype
     cache: dict[tuple, LayerMemory] = {}
-    rows: list[LayerMemory] = []
     last = model.spec.num_layers - 1
-    for l in range(model.spec.num_layers):
+
+    def measure(l: int, input_dtype: torch.dtype) -> LayerMemory:
         with torch.device("meta"):
-            key = (_signature(model.build_layer(l, seed=seed, dtype=torch.float32)), l == 0, l == last)
+            sig = _signature(model.build_layer(l, seed=seed, dtype=torch.float32))
+        key = (sig, l == 0, l == last, input_dtype)
         if key not in cache:
             cache[key] = measure_layer_memory(model, l, micro_batch_size=micro_batch_size, dtype=dtype,
-                                              tp_degree=tp_degree, seed=seed)
-        rows.append(cache[key])
-    logger.info("memory terms of %s at b=%d, %s, TP %d: %d distinct layers measured", model.spec.name,
+                                              tp_degree=tp_degree, seed=seed, input_dtype=input_dtype)
+        return cache[key]
+
+    rows = [measure(l, act_dtype) for l in range(model.spec.num_layers)]
+    chain = [rows[0]]
+    for l in range(1, model.spec.num_layers):
+        chain.append(measure(l, chain[-1].output_dtype))
+    logger.info("memory terms of %s at b=%d, %s, TP %d: %d layer measurements", model.spec.name,
                 micro_batch_size, dtype, tp_degree, len(cache))
+    same = all(c == r for c, r in zip(chain, rows))
     return MemoryTerms(micro_batch_size, dtype, tp_degree, tuple(r.param_bytes for r in rows),
                        tuple(r.output_bytes for r in rows), tuple(r.step_activation_bytes for r in rows),
-                       tuple(r.backward_transient_bytes for r in rows), rows[-1].loss_activation_bytes)
+                       tuple(r.backward_transient_bytes for r in rows), rows[-1].loss_activation_bytes,
+                       None if same else tuple(c.step_activation_bytes for c in chain),
+                       None if same else tuple(c.backward_transient_bytes for c in chain),
+                       _tied_bytes(model, tp_degree=tp_degree, seed=seed))
+
+
+def _tied_bytes(model: RuntimeModel, *, tp_degree: int, seed: int) -> int:
+    """Bytes of one device's copy of the second name of every tied pair (fp32 masters)."""
+    from hpp.runtime.stage import split_global_name
+    from hpp.runtime.tensor_parallel import shard_dim
+
+    total = 0
+    for _a, b in model.tied_parameters():
+        layer, path = split_global_name(b)
+        with torch.device("meta"):
+            p = model.build_layer(layer, seed=seed, dtype=torch.float32).get_parameter(path)
+        total += p.numel() * p.element_size() // (tp_degree if shard_dim(model, b, tp_degree) is not None else 1)
+    return total
 
 
 def add_memory_terms(profile: ModelProfile, model: RuntimeModel, *, dtype: str = "float32",
                      seed: int = 0) -> ModelProfile:
     """``profile`` with the memory terms of ``model`` in every entry (per its TP degree and micro-batch size).
+
+    The terms do not depend on the device type (shapes and the runtime's code decide
+    them), so entries of one (TP degree, micro-batch size) share one measurement.
 
     Raises
     ------
@@ -188,7 +235,7 @@ def add_memory_terms(profile: ModelProfile, model: RuntimeModel, *, dtype: str =
                                         tp_degree=e.tp_degree, seed=seed)
         entries[key] = with_memory_terms(e, measured[tb])
     meta = dict(profile.meta, memory={"measured_by": "hpp.runtime.memory_profile (FakeTensorMode + MemTracker)",
-                                      "dtype": dtype})
+                                      "dtype": dtype, "torch": torch.__version__})
     return replace(profile, entries=entries, meta=meta)
 
 
@@ -196,8 +243,7 @@ def with_memory_terms(e: LayerProfile, t: MemoryTerms) -> LayerProfile:
     """``e`` with the optional memory fields set from ``t``."""
     return replace(e, step_activation_bytes=t.step_activation_bytes,
                    backward_transient_bytes=t.backward_transient_bytes,
-                   loss_activation_bytes=t.loss_activation_bytes)
-
-
-def _unused(_: Sequence[int]) -> None:  # pragma: no cover
-    pass
+                   loss_activation_bytes=t.loss_activation_bytes,
+                   first_stage_step_activation_bytes=t.first_stage_step_activation_bytes,
+                   first_stage_backward_transient_bytes=t.first_stage_backward_transient_bytes,
+                   tied_param_bytes=t.tied_param_bytes)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,15 +64,40 @@ PEAK_FLOPS_PER_S: dict[str, dict[str, float]] = {
 }
 
 
+#: torch's device names (``torch.cuda.get_device_name``, spaces as ``-``), normalised, -> a table key
+#: (H100 PCIe has other peaks than the SXM5 part of the table: it stays unknown).
+_NAME_PATTERNS = ((re.compile(r"^gh200"), "gh-96"), (re.compile(r"^h200"), "h200"), (re.compile(r"^h100(?!.*pcie)"), "h100"),
+                  (re.compile(r"^a100.*80"), "a100-80"), (re.compile(r"^a100"), "a100-40"),
+                  (re.compile(r"^v100"), "v100-16"), (re.compile(r"^(geforce-)?rtx-3090$"), "rtx-3090"),
+                  (re.compile(r"^(geforce-)?rtx-2080$"), "rtx-2080"), (re.compile(r"^titan-rtx$"), "titan-rtx"))
+
+
+def _table_key(device_type: str) -> str | None:
+    key = re.sub(r"[\s_]+", "-", device_type.strip().lower())
+    if key in PEAK_FLOPS_PER_S:
+        return key
+    key = key.removeprefix("nvidia-").removeprefix("tesla-")
+    if key in PEAK_FLOPS_PER_S:
+        return key
+    return next((k for pat, k in _NAME_PATTERNS if pat.search(key)), None)
+
+
 def peak_flops_per_s(device_type: str, dtype: str) -> float | None:
     """Dense peak FLOP/s of one device of ``device_type`` training in ``dtype``; ``None`` if unknown.
 
+    ``device_type`` is a bundled type name (``A100-40``, case-insensitive) or torch's
+    device name as ``experiments/gpu_check.sh`` writes it (``NVIDIA-H200``,
+    ``NVIDIA-A100-SXM4-80GB``).
+
     >>> peak_flops_per_s("A100-80", "bfloat16")
     312000000000000.0
+    >>> peak_flops_per_s("NVIDIA-H200", "bfloat16")
+    989000000000000.0
     >>> peak_flops_per_s("cpu", "float32") is None
     True
     """
-    return PEAK_FLOPS_PER_S.get(device_type.strip().lower(), {}).get(dtype)
+    key = _table_key(device_type)
+    return None if key is None else PEAK_FLOPS_PER_S[key].get(dtype)
 
 
 def plan_peak_flops_per_s(device_types: Iterable[str], dtype: str) -> float | None:

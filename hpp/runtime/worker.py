@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-from hpp.plan import Plan, plan_from_dict
+from hpp.plan import plan_from_dict
 from hpp.runtime.emulation import Instrument
 from hpp.runtime.gradsync import GradSync, sync_units
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
@@ -211,6 +211,17 @@ def _full_params(stage, model: RuntimeModel) -> dict[str, torch.Tensor]:
     return out
 
 
+def _agree(refused: HppInputError | None, device: torch.device) -> None:
+    """Raise on every rank if any rank refused the plan (its peers would otherwise wait for it until timeout)."""
+    flag = torch.tensor([0 if refused is None else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if refused is not None:
+        raise refused
+    if int(flag.item()):
+        raise HppInputError("another rank refused the plan's tensor parallelism (see its error)", field="tp_plan",
+                            fix="see the first rank's error")
+
+
 def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
     """Run rank ``rank`` of the plan for ``cfg.steps`` steps; return (and write) its result.
 
@@ -223,7 +234,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         ``phases`` (per step: ``batch_s``, ``schedule_s``, ``sync_wait_s``, ``optimizer_s`` wall
         seconds and the stage's ``compute_s``/``cpu_s``/``padding_s``), ``collectives`` (per step:
         counts, bytes, and the ``records`` of every collective joined), ``losses`` (per step, this
-        rank's loss contribution or None), ``flops_per_step``, ``peak_memory_bytes``, ``events``.
+        rank's loss contribution or None), ``flops_per_step``, ``outputs_kept`` (stage outputs the
+        pipelining library still holds after the last step: 0), ``peak_memory_bytes``, ``events``.
     """
     plan = plan_from_dict(cfg.plan)
     if plan.num_devices != world_size:
@@ -252,13 +264,22 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         module = build_stage(model, role.layer_start, role.layer_stop, seed=cfg.seed, dtype=tcfg.param_dtype,
                              device=device, recompute=role.recompute)
         b, s, h = role.micro_batch_size, spec.seq_len, spec.hidden_size
-        mb_flops = measure_stage_flops(module, is_first=role.is_first, is_last=role.is_last, micro_batch_size=b,
-                                       seq_len=s, hidden_size=h, dtype=tcfg.activation_dtype)
-        flops_per_step = mb_flops * role.num_micro_batches / role.tp_degree
-        parallelize_stage(module, model, tp_group=groups.get(role.stage_ranks), tp_degree=role.tp_degree,
-                          device=device)
-        units = [] if cfg.skip_block_allreduce else sync_units(layout, role, roles, module, model,
-                                                                naive_tp=cfg.naive_tp)
+        try:
+            mb_flops = measure_stage_flops(module, is_first=role.is_first, is_last=role.is_last, micro_batch_size=b,
+                                           seq_len=s, hidden_size=h, dtype=tcfg.activation_dtype)
+            flops_per_step: float | None = mb_flops * role.num_micro_batches / role.tp_degree
+        except Exception as exc:  # noqa: BLE001 - a model FakeTensorMode cannot run: no FLOPs, still train
+            logger.warning("rank %d: FLOPs not counted (%s: %s)", rank, type(exc).__name__, exc)
+            flops_per_step = None
+        refused: HppInputError | None = None
+        try:
+            parallelize_stage(module, model, tp_group=groups.get(role.stage_ranks), tp_degree=role.tp_degree,
+                              device=device)
+            units = [] if cfg.skip_block_allreduce else sync_units(layout, role, roles, module, model,
+                                                                    naive_tp=cfg.naive_tp)
+        except HppInputError as exc:
+            refused = exc
+        _agree(refused, device)
         sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=cfg.bucket_bytes,
                         overlap=cfg.overlap, naive=cfg.naive_allreduce)
         named = list(module.layer_parameters())
@@ -273,7 +294,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         denominator = [1]
         instrument = Instrument(slowdown=float(cfg.slowdown.get(role.device_type, 1.0)),
                                 time_scale=float(cfg.time_scale) if cfg.slowdown else 1.0)
-        schedule = None
+        schedule = pstage = None
         if role.num_micro_batches > 0:
             lane = layout.lane_ranks[role.pipeline][role.tp_rank]
             pstage, schedule = make_stage_schedule(
@@ -347,6 +368,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                   "num_micro_batches": role.num_micro_batches, "micro_batch_size": b,
                   "num_samples": role.num_samples, "step_times_s": step_times, "phases": phases, "collectives": coll,
                   "losses": losses_out, "flops_per_step": flops_per_step,
+                  "outputs_kept": len(pstage.output_chunks) if pstage is not None else 0,
                   "peak_memory_bytes": _peak_memory_bytes(device), "slowdown": instrument.slowdown,
                   "time_scale": instrument.time_scale, "compute_s": instrument.compute_s, "cpu_s": instrument.cpu_s,
                   "padding_s": instrument.padding_s, "events": events}
