@@ -100,7 +100,7 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     left_out = check_micro_batch_sizes(cluster, profile, space)
     link = pipeline_link(cluster)
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
-    cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise)
+    cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise, global_batch_size=global_batch_size)
     balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
     cands, stats = build_candidates(cluster, profile, balancer, space, pruning, workers=workers)
     stats["candidates_s"] = time.perf_counter() - t0

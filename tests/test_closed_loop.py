@@ -28,7 +28,10 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     # (issue 20.6): what is deterministic is a valid plan, its bound below it and the gap between them
     search = planned["search"]
     assert search["status"] in ("OPTIMAL", "FEASIBLE")
-    assert search["bound_s"] <= search["objective_s"] * (1 + 1e-9) and 0 <= search["gap"] < 1
+    # CP-SAT's model prices time in whole microseconds rounded up (composition._us), so its bound may exceed
+    # the exact objective by up to 1 us per rounded term (fill + 12 micro-batches + sync + optimizer here);
+    # making the bound a bound of the exact figure is the certified-plans issue's
+    assert search["bound_s"] <= search["objective_s"] + 16e-6 and 0 <= search["gap"] < 1
     assert (search["gap"] == 0) == (search["status"] == "OPTIMAL")
     assert sum(p["num_samples"] for p in planned["plan"]["pipelines"]) == 12
     assert main(["run", str(plan), "--steps", "3", "--launcher", "fork", "--json"]) == 0

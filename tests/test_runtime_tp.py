@@ -130,6 +130,7 @@ def test_llama_mixed_tp_pipelines_match_one_device_and_bytes_match_the_pricing(t
 def test_naive_replicated_reduction_over_tp_ranks_fails(tmp_path):
     """Control: summing replicated parameters from every TP rank counts the TP-2 pipeline's norms twice."""
     worst, _results, _ = _run(tmp_path, "llama-tiny", llama_mixed_tp(), F64_ADAMW, naive_tp=True)
+    print(f"control max |difference| {worst:.3g}")
     assert worst > 1e-4, worst
 
 

@@ -23,6 +23,14 @@ entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE devic
   micro-batch for ``P_s = k (c_in + c_out)`` besides compute: c_in = c_{s-1} (its
   input activation arrives, its gradient leaves), c_out = c_s, k =
   ``p2p_waits_per_transfer``. Stage time D_s = F_s + B_s + P_s.
+- Runtime step time terms (profiles measured by ``hpp profile`` on hpp's own runtime,
+  ``e.step_time``, :mod:`hpp.profiles.step_time`; public profiles have none and are priced
+  as above): the last stage adds the loss's forward and backward to F_s and B_s; every
+  stage adds the schedule's fixed cost per micro-batch, o + n_s q (n_s its 0-2 neighbour
+  stages, q per neighbour), half to F_s and half to B_s; a transfer costs the larger of the
+  link's time and the backend's measured send/recv ``latency + bytes / bandwidth``; k =
+  ``p2p_waits_per_transfer_runtime``; each pipeline adds the schedule's fixed cost per
+  step (its stages' largest) to T_p.
 - 1F1B pipeline time: T_p = sum_s D_s + 2 sum_s c_s + (m_p - 1) max_s D_s.
   The bottleneck term includes the p2p waits (v1: compute only, comm overlapped);
   the fill counts each stage's micro-batch once (as Sailor's simulator does,
@@ -79,7 +87,8 @@ from hpp.profiles.model_profile import LayerProfile, ModelProfile
 __all__ = [
     "FRAMEWORK_BYTES", "CostModelConfig", "StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate",
     "pipeline_time_1f1b_s", "ring_allreduce_s", "in_flight_micro_batches", "stage_activation_bytes",
-    "stage_compute_s", "stage_p2p_wait_s", "stage_time_s", "stage_memory_bytes", "stage_memory_breakdown",
+    "stage_compute_s", "stage_fixed_s", "stage_p2p_wait_s", "p2p_transfer_s", "p2p_waits_per_transfer",
+    "stage_time_s", "stage_memory_bytes", "stage_memory_breakdown",
     "block_decomposition", "estimate_plan", "OPTIMIZER_STATES",
 ]
 
@@ -135,6 +144,13 @@ class CostModelConfig:
         ``_exec_recv_grads``, p2p.send/recv). torch.distributed.pipelining batches a
         send with a receive and waits on both (1.0 on a full-duplex link); 2.0 is the
         conservative choice for it. 0.0 gives v1 (communication fully overlapped).
+    p2p_waits_per_transfer_runtime : float
+        k for stages whose profile entry carries the runtime step's time terms
+        (``LayerProfile.step_time``, measured on hpp's own runtime). 1.0: torch's
+        Schedule1F1B posts a stage's send together with the receive it waits for next
+        (``fwd_send + bwd_recv``, then ``bwd_send + fwd_recv``; torch/distributed/pipelining/
+        schedules.py, ``Schedule1F1B._step_microbatches``), so each boundary transfer is
+        waited for once per micro-batch.
     reserve_bytes : int
         Memory kept free on every device (allocator fragmentation, safety margin)
         [bytes], subtracted from the capacity. Default 0: capacities are used as given.
@@ -161,6 +177,7 @@ class CostModelConfig:
     framework_bytes: tuple[tuple[str, int], ...] = FRAMEWORK_BYTES
     backward_workspace_layers: float = 1.0
     p2p_waits_per_transfer: float = 2.0
+    p2p_waits_per_transfer_runtime: float = 1.0
     reserve_bytes: int = 0
     grad_sync: str = "block"
     memory_headroom: float = 0.0
@@ -171,7 +188,7 @@ class CostModelConfig:
         if self.grad_sync not in ("block", "layer"):
             raise HppInputError(f"grad_sync={self.grad_sync!r}", field="grad_sync", fix="use 'block' or 'layer'")
         for name in ("state_bytes_per_param_byte", "backward_workspace_layers", "p2p_waits_per_transfer",
-                     "optimizer_transient_params"):
+                     "p2p_waits_per_transfer_runtime", "optimizer_transient_params"):
             if not getattr(self, name) >= 0:
                 raise HppInputError(f"{name}={getattr(self, name)!r}", field=name, fix="use a value >= 0")
         if not 0.0 <= self.memory_headroom < 1.0:
@@ -319,6 +336,21 @@ def stage_compute_s(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[
 
     ``full`` adds the stage's forward (one extra forward pass); ``selective`` adds the
     forward share of the attention activations, estimated as F_s * att/act bytes.
+    With the runtime step's time terms (``e.step_time``) the stage's fixed time per
+    micro-batch (:func:`stage_fixed_s`: loss on the last stage, schedule overhead) is
+    added, half to F_s and half to B_s, the loss's own forward and backward to each.
+
+    Examples
+    --------
+    >>> from hpp.profiles.model_profile import LayerProfile
+    >>> from dataclasses import replace
+    >>> from hpp.profiles.step_time import StepTimeTerms
+    >>> e = LayerProfile("X", 1, 1, (1.0,) * 3, (2.0,) * 3, (0.1,) * 3, (100,) * 3, (10,) * 3, (5, 6, 7))
+    >>> stage_compute_s(e, 1, 3, "none")
+    (2.0, 4.0)
+    >>> t = StepTimeTerms(0.25, 0.5, 0.2, 0.0, 0.0, 0.0, 1e9, p2p_overhead_s=0.1)
+    >>> stage_compute_s(replace(e, step_time=t), 1, 3, "none")    # + loss, + (0.2 + 1 x 0.1) / 2 each
+    (2.4, 4.65)
     """
     fwd = sum(e.forward_s[lo:hi])
     bwd = sum(e.backward_s[lo:hi])
@@ -329,7 +361,43 @@ def stage_compute_s(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[
         act = sum(e.activation_bytes[lo:hi])
         att = sum(e.attention_activation_bytes[lo:hi])  # type: ignore[index]
         bwd += fwd * (att / act if act else 0.0)
+    t = e.step_time
+    if t is not None:
+        half = t.stage_overhead_s(int(lo > 0) + int(hi < e.num_layers)) / 2.0
+        last = hi == e.num_layers
+        fwd += half + (t.loss_forward_s if last else 0.0)
+        bwd += half + (t.loss_backward_s if last else 0.0)
     return fwd, bwd
+
+
+def stage_fixed_s(e: LayerProfile, lo: int, hi: int) -> float:
+    """A stage's time per micro-batch besides its layers and transfer waits [s] (0 without ``e.step_time``).
+
+    The loss's forward and backward on the last stage (``hi == L``) plus the schedule's
+    fixed cost per micro-batch for the stage's 0-2 neighbours
+    (:meth:`hpp.profiles.step_time.StepTimeTerms.stage_overhead_s`); what
+    :func:`stage_compute_s` adds to the layers' F_s + B_s.
+    """
+    t = e.step_time
+    if t is None:
+        return 0.0
+    loss = t.loss_forward_s + t.loss_backward_s if hi == e.num_layers else 0.0
+    return loss + t.stage_overhead_s(int(lo > 0) + int(hi < e.num_layers))
+
+
+def p2p_transfer_s(e: LayerProfile, link: Link, num_bytes: float) -> float:
+    """One-way transfer of ``num_bytes`` from a stage of entry ``e`` over ``link`` [s].
+
+    ``link.transfer_s(num_bytes)``; with the runtime step's time terms, at least the
+    backend's measured send/recv time (``e.step_time.p2p_s``).
+    """
+    c = link.transfer_s(num_bytes)
+    return max(c, e.step_time.p2p_s(num_bytes)) if e.step_time is not None else c
+
+
+def p2p_waits_per_transfer(e: LayerProfile, config: CostModelConfig = CostModelConfig()) -> float:
+    """k of :func:`stage_p2p_wait_s`: ``p2p_waits_per_transfer_runtime`` with ``e.step_time``, else the calibrated one."""
+    return config.p2p_waits_per_transfer_runtime if e.step_time is not None else config.p2p_waits_per_transfer
 
 
 def stage_p2p_wait_s(e: LayerProfile, lo: int, hi: int, *, link_in: Link | None, link_out: Link | None,
@@ -338,7 +406,8 @@ def stage_p2p_wait_s(e: LayerProfile, lo: int, hi: int, *, link_in: Link | None,
 
     ``k * (c_in + c_out)`` with ``c_in = link_in.transfer_s(output_bytes[lo-1])`` (0 for the
     first stage, ``lo == 0``), ``c_out = link_out.transfer_s(output_bytes[hi-1])`` (0 for the
-    last, ``hi == L``) and ``k = config.p2p_waits_per_transfer``.
+    last, ``hi == L``) and ``k = config.p2p_waits_per_transfer``; with the runtime step's time
+    terms :func:`p2p_transfer_s` and ``k = config.p2p_waits_per_transfer_runtime``.
 
     Examples
     --------
@@ -348,9 +417,10 @@ def stage_p2p_wait_s(e: LayerProfile, lo: int, hi: int, *, link_in: Link | None,
     >>> stage_p2p_wait_s(e, 1, 2, link_in=Link(1000.0, 0.0), link_out=Link(1000.0, 0.0))  # 2 x (5 + 6) / 1000
     0.022
     """
-    c_in = link_in.transfer_s(e.output_bytes[lo - 1]) if lo > 0 and link_in is not None else 0.0
-    c_out = link_out.transfer_s(e.output_bytes[hi - 1]) if hi < e.num_layers and link_out is not None else 0.0
-    return config.p2p_waits_per_transfer * (c_in + c_out)
+    c_in = p2p_transfer_s(e, link_in, e.output_bytes[lo - 1]) if lo > 0 and link_in is not None else 0.0
+    c_out = (p2p_transfer_s(e, link_out, e.output_bytes[hi - 1]) if hi < e.num_layers and link_out is not None
+             else 0.0)
+    return p2p_waits_per_transfer(e, config) * (c_in + c_out)
 
 
 def stage_time_s(e: LayerProfile, lo: int, hi: int, recompute: str, *, link_in: Link | None,
@@ -638,11 +708,13 @@ def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
         S = p.num_stages
         fb = [stage_compute_s(e, s.layer_start, s.layer_stop, s.recompute) for s, e in zip(p.stages, entries)]
         links = [_stage_link(cluster, a, b) for a, b in zip(p.stages, p.stages[1:])]
-        p2p = [link.transfer_s(e.output_bytes[a.layer_stop - 1]) for a, link, e in zip(p.stages, links, entries)]
+        p2p = [p2p_transfer_s(e, link, e.output_bytes[a.layer_stop - 1]) for a, link, e in zip(p.stages, links, entries)]
         comp = [f + b + stage_p2p_wait_s(e, s.layer_start, s.layer_stop, link_in=links[i - 1] if i > 0 else None,
                                          link_out=links[i] if i < S - 1 else None, config=config)
                 for i, ((f, b), s, e) in enumerate(zip(fb, p.stages, entries))]
         t_p = pipeline_time_1f1b_s(comp, p2p, m)
+        if m > 0:                       # the schedule's fixed cost per step (runtime time terms only)
+            t_p += max((e.step_time.step_overhead_s for e in entries if e.step_time is not None), default=0.0)
         stages = []
         for i, (s, e) in enumerate(zip(p.stages, entries)):
             opt = sum(e.optimizer_s[s.layer_start:s.layer_stop])

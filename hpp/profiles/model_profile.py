@@ -40,7 +40,8 @@ Native JSON format (version 1)::
                   "estimated": false}, ...]}
 
 (the optional fields, when measured, are more keys of an entry: ``"attention_activation_bytes"``,
-``"step_activation_bytes"``, ``"backward_transient_bytes"`` (lists) and ``"loss_activation_bytes"``.)
+``"step_activation_bytes"``, ``"backward_transient_bytes"`` (lists) and ``"loss_activation_bytes"``;
+``"step_time"``, an object: the runtime step's time terms, :mod:`hpp.profiles.step_time`.)
 
 Missing combinations: :meth:`ModelProfile.layer_profile` refuses a (device type,
 TP) pair that has no measurement at all. For a missing micro-batch size of a
@@ -59,6 +60,7 @@ from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
 from hpp.fileio import read_json
+from hpp.profiles.step_time import StepTimeTerms
 
 __all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict", "load_profile",
            "save_profile", "estimate_micro_batch", "PROFILE_FORMAT", "PROFILE_VERSION"]
@@ -100,6 +102,7 @@ class LayerProfile:
     first_stage_step_activation_bytes: tuple[int, ...] | None = None
     first_stage_backward_transient_bytes: tuple[int, ...] | None = None
     tied_param_bytes: int | None = None
+    step_time: StepTimeTerms | None = None    # time terms of the runtime's step (hpp/profiles/step_time.py)
 
     @property
     def num_layers(self) -> int:
@@ -114,6 +117,11 @@ class LayerProfile:
         """The runtime step's memory terms were measured (all three optional fields are set)."""
         return (self.step_activation_bytes is not None and self.backward_transient_bytes is not None
                 and self.loss_activation_bytes is not None)
+
+    @property
+    def has_step_time(self) -> bool:
+        """The runtime step's time terms were measured (:mod:`hpp.profiles.step_time`)."""
+        return self.step_time is not None
 
     def validate(self, *, source: str, where: str) -> None:
         """Check lengths, signs and finiteness.
@@ -142,6 +150,8 @@ class LayerProfile:
             if v is not None and not (isinstance(v, int) and v >= 0):
                 raise HppInputError(f"{name} is {v!r}", source=source, field=f"{where}.{name}",
                                     fix="use an integer >= 0 (bytes)")
+        if self.step_time is not None:
+            self.step_time.validate(source=source, where=f"{where}.step_time")
         if self.tp_degree < 1 or self.micro_batch_size < 1:
             raise HppInputError(f"tp_degree={self.tp_degree}, micro_batch_size={self.micro_batch_size}",
                                 source=source, field=where, fix="both must be integers >= 1")
@@ -288,6 +298,7 @@ def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int
     return replace(e0, micro_batch_size=micro_batch_size, forward_s=fit("forward_s"),
                    backward_s=fit("backward_s"), activation_bytes=ints(fit("activation_bytes")),
                    output_bytes=ints(fit("output_bytes")), **optional, loss_activation_bytes=loss, estimated=True,
+                   step_time=e0.step_time.at_micro_batch(micro_batch_size / b0) if e0.step_time else None,
                    note=f"estimated from measured micro-batch sizes {sorted({b0, near[1] if e1 else b0})}")
 
 
@@ -306,6 +317,8 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
             activation_bytes=tuple(int(x) for x in d["activation_bytes"]),
             output_bytes=tuple(int(x) for x in d["output_bytes"]),
             **opt, **scalars,
+            step_time=(StepTimeTerms.from_dict(d["step_time"], source=source, where=f"{where}.step_time")
+                       if d.get("step_time") is not None else None),
             estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
     except KeyError as exc:
         raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
@@ -374,6 +387,8 @@ def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
         for name in _OPTIONAL_SCALAR_FIELDS:
             if getattr(e, name) is not None:
                 ed[name] = getattr(e, name)
+        if e.step_time is not None:
+            ed["step_time"] = e.step_time.to_dict()
         if e.estimated:
             ed["estimated"] = True
         if e.note:

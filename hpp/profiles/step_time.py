@@ -7,9 +7,11 @@ cost model then prices stages exactly as before. For one device type and micro-b
 - ``loss_forward_s``, ``loss_backward_s``: the loss on the last stage's ``(b, s, V)`` logits,
   per micro-batch [s];
 - ``micro_batch_overhead_s``: fixed cost of the pipeline schedule per micro-batch and stage
-  (one forward and one backward through ``torch.distributed.pipelining``, posting its
-  transfers included) [s]; ``micro_batch_overhead_in_op`` is the share of it inside the
-  stage's forward/backward ops (the part the CPU speed emulation pads);
+  (one forward and one backward through ``torch.distributed.pipelining``, no neighbours) [s];
+  ``micro_batch_overhead_in_op`` is the share of it inside the stage's forward/backward ops
+  (the part the CPU speed emulation pads);
+- ``p2p_overhead_s``: CPU cost per micro-batch and neighbour stage of posting and completing
+  the transfers with it (activation or gradient, both directions) [s];
 - ``step_overhead_s``: fixed cost of the schedule per step and stage [s];
 - ``p2p_latency_s``, ``p2p_bandwidth_bytes_per_s``: one-way send/recv of the backend between
   two ranks of this device type on one host (gloo on CPU): ``latency + bytes / bandwidth``.
@@ -42,6 +44,15 @@ class StepTimeTerms:
     step_overhead_s: float
     p2p_latency_s: float
     p2p_bandwidth_bytes_per_s: float
+    p2p_overhead_s: float = 0.0
+
+    def stage_overhead_s(self, num_neighbours: int) -> float:
+        """Fixed cost per micro-batch of a stage with ``num_neighbours`` (0-2) pipeline neighbours [s].
+
+        >>> StepTimeTerms(0, 0, 1e-4, 0, 0, 0, 1e9, p2p_overhead_s=2e-4).stage_overhead_s(2)
+        0.0005
+        """
+        return self.micro_batch_overhead_s + num_neighbours * self.p2p_overhead_s
 
     def validate(self, *, source: str = "<profile>", where: str = "step_time") -> None:
         """Finite, >= 0, the in-op share in [0, 1], a positive bandwidth.
@@ -53,8 +64,7 @@ class StepTimeTerms:
         """
         for f in fields(self):
             v = getattr(self, f.name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and
-                    (math.isfinite(v) or f.name == "p2p_bandwidth_bytes_per_s")):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise HppInputError(f"{f.name} is {v!r}", source=source, field=f"{where}.{f.name}",
                                     fix="use a finite number >= 0")
         if self.micro_batch_overhead_in_op > 1.0:
@@ -79,7 +89,8 @@ class StepTimeTerms:
 
         :mod:`hpp.runtime.emulation` pads ``forward_one_chunk``/``backward_one_chunk``: the
         loss's backward and the in-op share of the per-micro-batch overhead run inside them
-        (x ``factor``); the loss's forward, the rest of the schedule and the transfers do not.
+        (x ``factor``); the loss's forward, the rest of the schedule, the transfers and their
+        posting do not.
 
         >>> t = StepTimeTerms(1.0, 2.0, 4.0, 0.25, 8.0, 1e-4, 1e9).emulated(3.0)
         >>> t.loss_forward_s, t.loss_backward_s, t.micro_batch_overhead_s, t.micro_batch_overhead_in_op
@@ -92,13 +103,13 @@ class StepTimeTerms:
         total = inside * factor + outside
         return StepTimeTerms(self.loss_forward_s, self.loss_backward_s * factor, total,
                              inside * factor / total if total > 0 else 0.0, self.step_overhead_s,
-                             self.p2p_latency_s, self.p2p_bandwidth_bytes_per_s)
+                             self.p2p_latency_s, self.p2p_bandwidth_bytes_per_s, self.p2p_overhead_s)
 
     def at_micro_batch(self, factor: float) -> "StepTimeTerms":
         """The loss terms x ``factor`` (an estimated micro-batch size: ``b / b0``), the rest unchanged."""
         return StepTimeTerms(self.loss_forward_s * factor, self.loss_backward_s * factor,
                              self.micro_batch_overhead_s, self.micro_batch_overhead_in_op, self.step_overhead_s,
-                             self.p2p_latency_s, self.p2p_bandwidth_bytes_per_s)
+                             self.p2p_latency_s, self.p2p_bandwidth_bytes_per_s, self.p2p_overhead_s)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -117,7 +128,8 @@ class StepTimeTerms:
             raise HppInputError("step_time must be a JSON object", source=source, field=where,
                                 fix="see hpp/profiles/step_time.py")
         try:
-            t = cls(**{f.name: float(d[f.name]) for f in fields(cls)})
+            t = cls(**{f.name: float(d[f.name]) for f in fields(cls) if f.name != "p2p_overhead_s"},
+                    p2p_overhead_s=float(d.get("p2p_overhead_s", 0.0)))
         except KeyError as exc:
             raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
                                 fix="measure the time terms with hpp.runtime.time_profile") from None

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.cost_model import (OPTIMIZER_STATES, CostModelConfig, p2p_transfer_s, p2p_waits_per_transfer,
+                                        stage_fixed_s)
+from hpp.formulation.step_memory import StepMemoryTables, step_memory_peak, step_memory_tables
 from hpp.profiles.cluster import Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
@@ -73,6 +75,8 @@ class StageCostTable:
     capacity_bytes: int
     estimated: bool
     framework_bytes: int = 0
+    step: StepMemoryTables | None = None
+    max_micro_batches: int = 1
     _mem_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -87,6 +91,14 @@ class StageCostTable:
         """(L+1, L+1) peak memory of a stage holding ``in_flight`` micro-batches [bytes]."""
         key = (in_flight, recompute)
         m = self._mem_cache.get(key)
+        if m is None and self.step is not None:
+            # the runtime step's terms (profiles measured by hpp profile): the pipelining library keeps one
+            # receive buffer per micro-batch, so the stage is priced at the most micro-batches a pipeline of
+            # this micro-batch size can have (ceil(G / b)): an upper bound, so a range that fits here fits
+            # in every plan (estimate_plan prices the plan's own count)
+            m = step_memory_peak(self.step, in_flight=in_flight,
+                                 num_micro_batches=max(self.max_micro_batches, in_flight), recompute=recompute)
+            self._mem_cache[key] = m
         if m is None:
             if recompute:
                 m = self.weights_bytes + in_flight * self.act_full_bytes + self.work_full_bytes + self.buffer_bytes
@@ -104,8 +116,18 @@ def _range_sum(values: np.ndarray) -> np.ndarray:
 
 
 def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
-                           config: CostModelConfig = CostModelConfig()) -> StageCostTable:
-    """Build the dense tables of one profile entry (see :class:`StageCostTable`)."""
+                           config: CostModelConfig = CostModelConfig(),
+                           global_batch_size: int | None = None) -> StageCostTable:
+    """Build the dense tables of one profile entry (see :class:`StageCostTable`).
+
+    For an entry with the runtime step's memory terms (``e.has_step_memory``) the memory
+    tables are :func:`hpp.formulation.step_memory.step_memory_tables`, priced at
+    ``ceil(global_batch_size / b)`` micro-batches (``None``: at the in-flight count only,
+    a lower bound); with its time terms (``e.step_time``) the stage times include the
+    loss and the schedule's fixed time per micro-batch (``cost_model.stage_fixed_s``) and
+    the runtime's transfer waits (``cost_model.p2p_transfer_s`` / ``p2p_waits_per_transfer``),
+    as :func:`hpp.formulation.cost_model.stage_time_s` prices them.
+    """
     L = e.num_layers
     upper = np.triu(np.ones((L + 1, L + 1), dtype=bool), k=1)  # u < v
     inf = np.inf
@@ -125,22 +147,31 @@ def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
     send = 2.0 * np.concatenate([[0.0], out])                                                   # index v -> out[v-1]
     send[L] = 0.0
     buf += send[None, :]
-    p2p = np.array([link.transfer_s(out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
-    wait = config.p2p_waits_per_transfer * (p2p[:, None] + p2p[None, :])  # c_in = p2p[u], c_out = p2p[v]
+    p2p = np.array([p2p_transfer_s(e, link, out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
+    wait = p2p_waits_per_transfer(e, config) * (p2p[:, None] + p2p[None, :])  # c_in = p2p[u], c_out = p2p[v]
+    fixed = 0.0
+    if e.step_time is not None:          # loss + the schedule's fixed time per micro-batch (runtime time terms)
+        fixed = np.array([[stage_fixed_s(e, u, v) if u < v else 0.0 for v in range(L + 1)] for u in range(L + 1)])
+    step = None
+    if e.has_step_memory:
+        step = step_memory_tables(e, optimizer_states=OPTIMIZER_STATES[config.optimizer],
+                                  optimizer_transient_params=config.optimizer_transient_params,
+                                  framework_bytes=config.framework_bytes_of(e.device_type))
 
     def masked(x: np.ndarray) -> np.ndarray:
         return np.where(upper, x, inf)
 
     return StageCostTable(
-        compute_none_s=masked(F + B + wait), compute_full_s=masked(2.0 * F + B + wait),
+        compute_none_s=masked(F + B + wait + fixed), compute_full_s=masked(2.0 * F + B + wait + fixed),
         weights_bytes=masked(config.state_bytes_per_param_byte * _range_sum(np.asarray(e.param_bytes, float))),
         act_none_bytes=masked(_range_sum(act)), act_full_bytes=masked(_range_sum(inputs)),
         work_none_bytes=masked(np.floor(w * largest)), work_full_bytes=masked(largest + np.floor(w * largest)),
         buffer_bytes=masked(buf), p2p_s=p2p,
         optimizer_s=masked(_range_sum(np.asarray(e.optimizer_s, float))),
         param_bytes=masked(_range_sum(np.asarray(e.param_bytes, float))),
-        capacity_bytes=int(capacity_bytes - config.reserve_bytes), estimated=e.estimated,
-        framework_bytes=config.framework_bytes_of(e.device_type))
+        capacity_bytes=config.usable_memory_bytes(capacity_bytes), estimated=e.estimated,
+        framework_bytes=config.framework_bytes_of(e.device_type), step=step,
+        max_micro_batches=-(-global_batch_size // e.micro_batch_size) if global_batch_size else 1)
 
 
 @dataclass
@@ -157,6 +188,9 @@ class StageCostCache:
     config : CostModelConfig
     enabled : bool
         False = recompute tables on every request (ablation of the memoisation).
+    global_batch_size : int or None
+        Bounds the micro-batches of any pipeline (``ceil(G / b)``), for profiles with the
+        runtime step's memory terms (see :func:`build_stage_cost_table`).
     """
 
     profile: ModelProfile
@@ -164,6 +198,7 @@ class StageCostCache:
     link: Link
     config: CostModelConfig = CostModelConfig()
     enabled: bool = True
+    global_batch_size: int | None = None
     hits: int = 0
     misses: int = 0
     _tables: dict = field(default_factory=dict, repr=False)
@@ -176,7 +211,8 @@ class StageCostCache:
             return self._tables[key]
         self.misses += 1
         e = self.profile.layer_profile(device_type, tp_degree, micro_batch_size, estimate=False)
-        t = build_stage_cost_table(e, capacity_bytes=self.capacities[device_type], link=self.link, config=self.config)
+        t = build_stage_cost_table(e, capacity_bytes=self.capacities[device_type], link=self.link, config=self.config,
+                                   global_batch_size=self.global_batch_size)
         if self.enabled:
             self._tables[key] = t
         return t

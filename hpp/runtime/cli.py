@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
 (the line names the failed rank, or says it timed out) or a ``--verify`` that found a
-difference above its tolerance.
+difference above its tolerance; 130 / 143 a run stopped by Ctrl-C / SIGTERM (every
+local process of the run ended first, no traceback).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from typing import Sequence
 
@@ -30,17 +32,18 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="run in float64 and compare every rank's parameters with single-device training on the "
                         "same batches; exit 1 above 1e-9")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"),
-                   help="float32 (default), float64, or bfloat16 (autocast mixed precision, fp32 master weights)")
-    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="default adamw")
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+                   help="float32 (default), float64, or bfloat16 (autocast mixed precision, fp32 master weights); "
+                        "on --resume this and every training setting not given is the checkpoint's")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), help="default adamw")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: the training config's)")
-    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"),
                    help="constant (default) or cosine decay after the warm-up")
-    p.add_argument("--lr-warmup-steps", "--warmup-steps-lr", dest="lr_warmup_steps", type=int, default=0,
+    p.add_argument("--lr-warmup-steps", "--warmup-steps-lr", dest="lr_warmup_steps", type=int,
                    help="linear learning-rate warm-up steps (default 0)")
     p.add_argument("--clip-grad-norm", type=float, help="clip gradients to this global norm (default: off)")
     p.add_argument("--data", help="training data: a local .txt (byte-level tokens) or .npy of token ids "
-                                  "(default: synthetic tokens)")
+                                  "(default: synthetic tokens; on --resume the checkpoint's)")
     p.add_argument("--metrics-jsonl", help="write one JSON line of metrics per step here")
     p.add_argument("--quiet", action="store_true", help="no per-step lines on stderr")
     p.add_argument("--emulate-speed", action="store_true", help="pad compute by the device types' slowdown")
@@ -56,10 +59,29 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="torchrun (default) or fork (fast start, single host)")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the median time (default 1)")
     p.add_argument("--world-size", type=int, help="refuse unless the plan has exactly this many devices")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="initialisation and data seed (default 0; on --resume the checkpoint's)")
     p.add_argument("--group-timeout", type=float, default=120.0, help="process-group timeout [s]")
     p.add_argument("--run-timeout", type=float, default=1800.0,
                    help="whole-run timeout [s]: every rank is then killed and the run fails")
+    p.add_argument("--log-dir", help="keep torchrun's and each rank's output here (rank<r>.log; default: none kept)")
+    p.add_argument("--dry-run", metavar="DIR",
+                   help="check everything, write DIR/worker_config.json and print this host's torchrun command "
+                        "instead of running it")
+    h = p.add_argument_group("several hosts (one hpp run per host, torchrun static rendezvous)")
+    h.add_argument("--nnodes", type=int, default=1, help="hosts of the run (default 1)")
+    h.add_argument("--node-rank", type=int, default=0, help="this host's node rank, 0..nnodes-1 (default 0)")
+    h.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="address of the host with node rank 0 and a free port")
+    h.add_argument("--node-map", metavar="N0,N1,...",
+                   help="the plan node each node rank plays (default: the plan's used nodes in order)")
+    h.add_argument("--emulate-node-type", metavar="TYPE[:COUNT]",
+                   help="CPU: this host plays a node of TYPE with COUNT devices (default $HPP_EMULATE_NODE_TYPE)")
+    c = p.add_argument_group("checkpoints (torch.distributed.checkpoint, keyed by parameter name)")
+    c.add_argument("--save", metavar="DIR", help="write DIR/step-K after the last step (and every --save-every)")
+    c.add_argument("--save-every", type=int, default=0, metavar="K", help="also save every K steps (default 0: off)")
+    c.add_argument("--resume", metavar="DIR",
+                   help="continue from the latest complete checkpoint in DIR (or a DIR/step-K), under this plan")
+    c.add_argument("--lr-total-steps", type=int,
+                   help="steps of the LR schedule (default --steps; on --resume the checkpoint's)")
     return p
 
 
@@ -91,6 +113,12 @@ def _human_run(rep: dict) -> str:
                      f"[{r['layers'][0]:>2},{r['layers'][1]:>3}) {(r.get('recompute') or 'none'):>5} "
                      f"{r['num_micro_batches']:>4} "
                      f"{r['peak_memory_bytes'] / 2**20:>12.1f} {r['compute_s']:>10.4f} {r['padding_s']:>10.4f}")
+    ck = rep.get("checkpoint") or {}
+    if ck.get("resumed_from"):
+        lines.append(f"  resumed          from {ck['resumed_from']} (steps {ck['first_step'] + 1}.."
+                     f"{ck['first_step'] + rep['steps']})")
+    if ck.get("latest"):
+        lines.append(f"  checkpoint       {ck['latest']} (complete)")
     lines += [f"  note: {n}" for n in rep["notes"]]
     if rep.get("timeline"):
         lines.append(f"  timeline: {rep['timeline']}")
@@ -106,31 +134,51 @@ def _verify_line(v: dict) -> str:
 
 def run_main(argv: Sequence[str] | None = None) -> int:
     """``hpp run PLAN.json --steps N [...]``; exit 1 if ``--verify`` finds a difference above 1e-9."""
+    from hpp.runtime.launch import RunInterrupted, interrupt_signals
     from hpp.runtime.run import RunFailedError, run_plan
     args = _run_parser().parse_args(argv)
     try:
-        rep = run_plan(args.plan, steps=args.steps, model=args.model, verify=args.verify,
-                       emulate_speed=args.emulate_speed, naive_allreduce=args.naive_allreduce,
-                       timeline=args.timeline, launcher=args.launcher, device=args.device,
-                       warmup_steps=args.warmup_steps, world_size=args.world_size, seed=args.seed, dtype=args.dtype,
-                       optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule,
-                       lr_warmup_steps=args.lr_warmup_steps, clip_grad_norm=args.clip_grad_norm,
-                       weight_decay=args.weight_decay, data=args.data, metrics_jsonl=args.metrics_jsonl,
-                       progress=not args.quiet, group_timeout_s=args.group_timeout,
-                       run_timeout_s=args.run_timeout, time_scale=args.time_scale,
-                       num_threads=args.threads).to_dict()
+        with interrupt_signals():
+            rep = _run(args, run_plan)
     except HppInputError as exc:
         sys.stderr.write(f"hpp run: error: {exc}\n")
         return 2
     except RunFailedError as exc:
         sys.stderr.write(f"hpp run: error: run failed: {exc}\n")
         return 1
+    except (RunInterrupted, KeyboardInterrupt) as exc:
+        code = exc.exit_code if isinstance(exc, RunInterrupted) else 130
+        name = "SIGINT (Ctrl-C)" if code == 130 else str(exc)
+        sys.stderr.write(f"hpp run: stopped by {name}: every local process of the run was ended\n")
+        return code
+    if rep.get("command"):
+        print(json.dumps(rep) if args.json else "\n".join([shlex.join(rep["command"]),
+                                                            *(f"  note: {n}" for n in rep["notes"])]))
+        return 0
     print(json.dumps(rep) if args.json else _human_run(rep))
     if rep.get("verify") is not None:
         line = _verify_line(rep["verify"])
         (sys.stderr if args.json else sys.stdout).write(line + "\n")
         return 0 if rep["verify"]["passed"] else 1
     return 0
+
+
+def _run(args: argparse.Namespace, run_plan) -> dict:
+    """``run_plan`` with the parsed flags; the report as a dict."""
+    return run_plan(args.plan, steps=args.steps, model=args.model, verify=args.verify,
+                    emulate_speed=args.emulate_speed, naive_allreduce=args.naive_allreduce,
+                    timeline=args.timeline, launcher=args.launcher, device=args.device,
+                    warmup_steps=args.warmup_steps, world_size=args.world_size, seed=args.seed, dtype=args.dtype,
+                    optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule,
+                    lr_warmup_steps=args.lr_warmup_steps, clip_grad_norm=args.clip_grad_norm,
+                    weight_decay=args.weight_decay, data=args.data, metrics_jsonl=args.metrics_jsonl,
+                    progress=not args.quiet, group_timeout_s=args.group_timeout,
+                    run_timeout_s=args.run_timeout, time_scale=args.time_scale,
+                    num_threads=args.threads, nnodes=args.nnodes, node_rank=args.node_rank,
+                    rdzv_endpoint=args.rdzv_endpoint, node_map=args.node_map,
+                    emulate_node_type=args.emulate_node_type, save=args.save, save_every=args.save_every,
+                    resume=args.resume, lr_total_steps=args.lr_total_steps, log_dir=args.log_dir,
+                    dry_run=args.dry_run).to_dict()
 
 
 def _profile_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,20 @@ A run that outlives ``timeout_s`` is ended whole: with torchrun, the agent and e
 worker it started (each worker runs in its own session, so killing the agent's process
 group alone would leave them running) are found through ``/proc`` and killed;
 :attr:`LaunchResult.timed_out` is then set and the failure message says so.
+
+Run control: inside :func:`interrupt_signals` (``hpp run`` wraps the launch in it),
+SIGINT and SIGTERM raise :class:`RunInterrupted` in the launcher, which then ends every
+local process of the run the same way (SIGTERM, then SIGKILL after a grace of
+:data:`INTERRUPT_GRACE_S`) and re-raises; the CLI exits 130 / 143. A launcher killed
+outright (SIGKILL) cannot clean up, so its children are bound to it: the torchrun agent
+(and each forked rank) gets a parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``),
+and the agent then stops its workers.
+
+Several hosts (:func:`launch_torchrun` with ``nnodes > 1``): each host's launcher starts
+torchrun with a static rendezvous (``--rdzv-backend=static``, so torchrun's group rank is
+the host's ``--node-rank``) and ``--nproc-per-node`` = this host's ranks of the plan
+(:func:`hpp.runtime.binding.host_ranks`); each launcher collects its own ranks' files
+(``local_ranks``: their plan ranks).
 """
 
 from __future__ import annotations
@@ -23,19 +37,22 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from hpp.runtime.worker import WorkerConfig, config_to_json, worker_main, write_atomic
 
-__all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "free_port", "descendants", "kill_tree",
-           "POLL_INTERVAL_S"]
+__all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "free_port", "descendants",
+           "kill_tree", "RunInterrupted", "interrupt_signals", "host_label", "POLL_INTERVAL_S", "INTERRUPT_GRACE_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +60,62 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.2
 #: Seconds torchrun's agent gets after SIGTERM to stop its workers before everything is killed.
 _TERM_GRACE_S = 5.0
+#: Seconds the run's processes get after SIGTERM on Ctrl-C / SIGTERM before they are killed.
+INTERRUPT_GRACE_S = 3.0
+
+
+class RunInterrupted(BaseException):
+    """SIGINT or SIGTERM reached the launcher (raised by :func:`interrupt_signals`'s handler).
+
+    A :class:`BaseException`, like :class:`KeyboardInterrupt`, so that no ``except Exception``
+    swallows it. :attr:`exit_code` is the shell's convention, ``128 + signum`` (130, 143).
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        super().__init__(signal.Signals(self.signum).name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@contextmanager
+def interrupt_signals() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM raise :class:`RunInterrupted` (main thread only; else a no-op)."""
+    fired: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        if fired:                                       # already stopping the run: do not break that off
+            logger.warning("stopping the run (%s); please wait", signal.Signals(signum).name)
+            return
+        fired.append(signum)
+        raise RunInterrupted(signum)
+    try:
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:                                  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def host_label(node_rank: int | None = None) -> str:
+    """``"<hostname>"``, with ``" (node rank R)"`` in a run of several hosts."""
+    name = socket.gethostname()
+    return name if node_rank is None else f"{name} (node rank {node_rank})"
+
+
+def _die_with_parent(sig: int) -> None:
+    """Linux: deliver ``sig`` to this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -63,6 +136,12 @@ class LaunchResult:
         The run outlived the launcher's ``timeout_s`` and was killed.
     timeout_s : float or None
         That limit [s].
+    ranks : tuple[int, ...]
+        The plan ranks the entries belong to (empty: ``0 .. n-1``, the whole plan on this host).
+    host : str
+        This host (:func:`host_label`), named in the failure message; empty: not named.
+    torchrun_failures : tuple[tuple[int, int], ...]
+        ``(plan rank, exit code)`` of each rank torchrun saw fail on this host, its root cause first.
     """
 
     exit_codes: tuple[int | None, ...]
@@ -72,30 +151,55 @@ class LaunchResult:
     out_dir: Path
     timed_out: bool = False
     timeout_s: float | None = None
+    ranks: tuple[int, ...] = ()
+    host: str = ""
+    torchrun_failures: tuple[tuple[int, int], ...] = ()
 
     @property
     def ok(self) -> bool:
         return all(c == 0 for c in self.exit_codes) and all(r is not None for r in self.results)
 
+    @property
+    def plan_ranks(self) -> tuple[int, ...]:
+        """The plan rank of each entry."""
+        return self.ranks or tuple(range(len(self.exit_codes)))
+
     def failed_ranks(self) -> list[int]:
-        """Ranks that died without reporting (the likely first failures), else those that reported errors."""
-        silent = [r for r, (c, e, res) in enumerate(zip(self.exit_codes, self.errors, self.results))
+        """Plan ranks that failed first: those torchrun saw fail that wrote no error (died, e.g. killed), else
+        torchrun's root cause; without torchrun's word, those that died without reporting, else those that
+        reported errors."""
+        if self.torchrun_failures:
+            pr = self.plan_ranks
+            died = [r for r, _c in self.torchrun_failures if r in pr and self.errors[pr.index(r)] is None]
+            return died or [self.torchrun_failures[0][0]]
+        pr = self.plan_ranks
+        silent = [pr[i] for i, (c, e, res) in enumerate(zip(self.exit_codes, self.errors, self.results))
                   if c != 0 and e is None and res is None]
-        return silent or [r for r, e in enumerate(self.errors) if e is not None]
+        return silent or [pr[i] for i, e in enumerate(self.errors) if e is not None]
+
+    def _code(self, rank: int) -> str:
+        code = dict(self.torchrun_failures).get(rank, self.exit_codes[self.plan_ranks.index(rank)])
+        if code is not None and code < 0:
+            try:
+                return f"exit {code}, killed by {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        return f"exit {code}"
 
     def failure_message(self) -> str:
-        """One line naming the failed rank(s), then what the others reported."""
+        """One line naming the failed rank(s) and this host, then what the others reported."""
         if self.ok:
             return ""
+        where = f" on host {self.host}" if self.host else ""
         if self.timed_out:
             done = sum(r is not None for r in self.results)
-            return (f"the run timed out after {self.timeout_s:g} s (--run-timeout) and every rank was killed; "
-                    f"{done} of {len(self.results)} rank(s) had finished")
+            return (f"the run timed out after {self.timeout_s:g} s (--run-timeout) and every rank{where} was "
+                    f"killed; {done} of {len(self.results)} rank(s) had finished")
         failed = self.failed_ranks()
-        codes = ", ".join(f"rank {r}: exit {self.exit_codes[r]}" for r in failed)
+        codes = ", ".join(f"rank {r}: {self._code(r)}" for r in failed)
         others = [e.strip() for e in self.errors if e]
         tail = f"; {len(others)} rank(s) aborted, e.g. {others[0]}" if others else ""
-        return f"rank(s) {failed} failed ({codes}){tail}"
+        return f"rank(s) {failed} failed ({codes}){where}{tail}"
 
 
 def free_port() -> int:
@@ -105,15 +209,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _collect(out_dir: Path, world_size: int, codes: list[int | None], wall_s: float, *, timed_out: bool = False,
-             timeout_s: float | None = None) -> LaunchResult:
+def _collect(out_dir: Path, ranks: Sequence[int], codes: Sequence[int | None], wall_s: float, *,
+             timed_out: bool = False, timeout_s: float | None = None, whole: bool = True, host: str = "",
+             torchrun_failures: tuple[tuple[int, int], ...] = ()) -> LaunchResult:
     results: list[dict[str, Any] | None] = []
     errors: list[str | None] = []
-    for r in range(world_size):
+    for r in ranks:
         rj, re_ = out_dir / f"rank{r}.json", out_dir / f"rank{r}.error"
         results.append(json.loads(rj.read_text()) if rj.exists() else None)
         errors.append(re_.read_text() if re_.exists() else None)
-    return LaunchResult(tuple(codes), tuple(results), tuple(errors), wall_s, out_dir, timed_out, timeout_s)
+    return LaunchResult(tuple(codes), tuple(results), tuple(errors), wall_s, out_dir, timed_out, timeout_s,
+                        () if whole else tuple(ranks), host, torchrun_failures)
 
 
 def _proc_stat(pid: int) -> tuple[int, int] | None:
@@ -182,7 +288,18 @@ def kill_tree(proc: subprocess.Popen, *, grace_s: float = _TERM_GRACE_S) -> None
     proc.wait()
 
 
-def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, port: int) -> None:
+def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, port: int, log_file: str | None
+                ) -> None:
+    _die_with_parent(signal.SIGKILL)                  # the launcher gone (even SIGKILLed): this rank goes too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if log_file is not None:                          # --log-dir: this rank's stdout and stderr
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     code = worker_main(cfg, rank=rank, world_size=world_size, out_dir=Path(out_dir))
@@ -191,28 +308,52 @@ def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, por
     os._exit(code)
 
 
+def _stop_forked(procs: Sequence[Any], grace_s: float) -> None:
+    """SIGTERM every live rank, SIGKILL those still alive after ``grace_s``."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.perf_counter() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.perf_counter()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+
+
 def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_s: float,
-                  poll: Callable[[], Any] | None = None) -> LaunchResult:
+                  poll: Callable[[], Any] | None = None, log_dir: Path | None = None) -> LaunchResult:
     """Fork ``world_size`` ranks of :func:`hpp.runtime.worker.run_worker` and wait at most ``timeout_s``.
 
     Ranks still alive after ``timeout_s`` are killed (exit code ``None``, ``timed_out``).
+    ``log_dir``: each rank's stdout and stderr go to ``log_dir/rank<r>.log``. An exception
+    while waiting (:class:`RunInterrupted`, ``KeyboardInterrupt``) stops every rank first.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
     port = free_port()
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=_fork_child, args=(cfg, r, world_size, str(out_dir), port), daemon=True)
+    procs = [ctx.Process(target=_fork_child, args=(cfg, r, world_size, str(out_dir), port,
+                                                   str(log_dir / f"rank{r}.log") if log_dir is not None else None),
+                         daemon=True)
              for r in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = t0 + timeout_s
-    while time.perf_counter() < deadline:
-        alive = [p for p in procs if p.is_alive()]
-        if not alive:
-            break
-        alive[0].join(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter())))
-        if poll is not None:
-            poll()
+    try:
+        for p in procs:
+            p.start()
+        deadline = t0 + timeout_s
+        while time.perf_counter() < deadline:
+            alive = [p for p in procs if p.is_alive()]
+            if not alive:
+                break
+            alive[0].join(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter())))
+            if poll is not None:
+                poll()
+    except BaseException:
+        _stop_forked([p for p in procs if p.pid is not None], INTERRUPT_GRACE_S)
+        raise
     codes: list[int | None] = []
     timed_out = False
     for p in procs:
@@ -225,43 +366,130 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
             codes.append(p.exitcode)
     if poll is not None:
         poll()
-    return _collect(out_dir, world_size, codes, time.perf_counter() - t0, timed_out=timed_out,
+    return _collect(out_dir, range(world_size), codes, time.perf_counter() - t0, timed_out=timed_out,
                     timeout_s=timeout_s)
 
 
-def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_s: float,
-                    extra_env: dict[str, str] | None = None, poll: Callable[[], Any] | None = None) -> LaunchResult:
-    """Start ``python -m torch.distributed.run --standalone --nproc-per-node N -m hpp.runtime.worker``.
+def torchrun_command(config_path: str | Path, out_dir: str | Path, *, nproc: int, nnodes: int = 1,
+                     node_rank: int = 0, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None
+                     ) -> list[str]:
+    """The torchrun command line of one host (``python -m torch.distributed.run ... -m hpp.runtime.worker``).
 
-    torchrun's own agent stops every rank when one fails; ``timeout_s`` bounds the
-    whole run (then the agent and all its workers are killed, :func:`kill_tree`).
+    One host without an endpoint: ``--standalone``. Otherwise a static rendezvous at
+    ``rdzv_endpoint`` (HOST:PORT of node rank 0; torchrun's group rank = ``node_rank``).
+    ``log_dir``: torchrun tees each local rank's stdout/stderr into files under it.
+
+    >>> " ".join(torchrun_command("o/worker_config.json", "o", nproc=2, nnodes=2, node_rank=1,
+    ...                           rdzv_endpoint="10.0.0.1:29500")[1:])
+    '-m torch.distributed.run --nnodes=2 --node-rank=1 --rdzv-backend=static --rdzv-endpoint=10.0.0.1:29500 \
+--nproc-per-node=2 --max-restarts=0 -m hpp.runtime.worker o/worker_config.json o'
+    """
+    if nnodes == 1 and rdzv_endpoint is None:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=static",
+                 f"--rdzv-endpoint={rdzv_endpoint}"]
+    logs = [f"--log-dir={log_dir}", "--tee=3"] if log_dir is not None else []
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}", "--max-restarts=0",
+            *logs, "-m", "hpp.runtime.worker", str(config_path), str(out_dir)]
+
+
+_FAILURE = re.compile(r"\(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _torchrun_failures(output: str, local_ranks: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """``(plan rank, exit code)`` of each failure in torchrun's error summary, the root cause first."""
+    root_at = output.rfind("Root Cause (first observed failure)")
+    summary = output[output.rfind("Failures:", 0, root_at if root_at >= 0 else None):] if root_at >= 0 else ""
+    found = [(int(m.group(1)), int(m.group(2)), m.start() > summary.find("Root Cause"))
+             for m in _FAILURE.finditer(summary)]
+    out = [(local_ranks[lr], code) for lr, code, is_root in sorted(found, key=lambda f: not f[2])
+           if 0 <= lr < len(local_ranks)]
+    return tuple(dict.fromkeys(out))
+
+
+def _keep_logs(log_dir: Path, out_dir: Path, local_ranks: Sequence[int], node_rank: int) -> None:
+    """Copy this host's torchrun output, each rank's stdout/stderr and error file into ``log_dir``."""
+    tag = f"-node{node_rank}"
+    try:
+        shutil.copyfile(out_dir / "torchrun.log", log_dir / f"torchrun{tag}.log")
+        runs = sorted((log_dir / f"torchrun{tag}").glob("*/attempt_*"), key=lambda q: q.stat().st_mtime)
+        for i, r in enumerate(local_ranks):
+            parts = []
+            for stream in ("stderr", "stdout"):
+                f = runs[-1] / str(i) / f"{stream}.log" if runs else None
+                if f is not None and f.exists() and f.stat().st_size:
+                    parts.append(f"===== {stream} of rank {r} (local rank {i}) =====\n{f.read_text(errors='replace')}")
+            err = out_dir / f"rank{r}.error"
+            if err.exists():
+                parts.append(f"===== rank{r}.error =====\n{err.read_text(errors='replace')}")
+            (log_dir / f"rank{r}.log").write_text("\n".join(parts))
+    except OSError as exc:
+        logger.warning("could not keep the logs in %s: %s", log_dir, exc)
+
+
+def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_s: float,
+                    extra_env: dict[str, str] | None = None, poll: Callable[[], Any] | None = None,
+                    nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+                    local_ranks: Sequence[int] | None = None, log_dir: Path | None = None) -> LaunchResult:
+    """Start this host's ranks with torchrun (:func:`torchrun_command`) and wait at most ``timeout_s``.
+
+    torchrun's own agent stops every local rank when one fails; ``timeout_s`` bounds the
+    whole run (then the agent and all its workers are killed, :func:`kill_tree`), and so
+    does an exception while waiting (:class:`RunInterrupted`), which is re-raised.
     torchrun's output goes to ``out_dir/torchrun.log``.
+
+    Parameters
+    ----------
+    world_size : int
+        The plan's ranks (all hosts).
+    nnodes, node_rank, rdzv_endpoint
+        Several hosts: this host's node rank and the static rendezvous endpoint ``HOST:PORT``.
+    local_ranks : sequence of int, optional
+        The plan ranks this host starts, in local-rank order (default ``0 .. world_size-1``).
+    log_dir : Path, optional
+        Keep torchrun's output (``torchrun-node<R>.log``) and each rank's (``rank<r>.log``) here.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    ranks = tuple(range(world_size)) if local_ranks is None else tuple(local_ranks)
     cfg_path = out_dir / "worker_config.json"
     write_atomic(cfg_path, config_to_json(cfg))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-           "--max-restarts=0", "-m", "hpp.runtime.worker", str(cfg_path), str(out_dir)]
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = torchrun_command(cfg_path, out_dir, nproc=len(ranks), nnodes=nnodes, node_rank=node_rank,
+                           rdzv_endpoint=rdzv_endpoint,
+                           log_dir=log_dir / f"torchrun-node{node_rank}" if log_dir is not None else None)
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg.num_threads), **(extra_env or {}))
+    if log_dir is not None:                           # a kept log says what each rank did (checkpoints, ...)
+        env.setdefault("HPP_LOG_LEVEL", "INFO")
     logger.info("launching: %s", " ".join(cmd))
     log_path = out_dir / "torchrun.log"
     t0 = time.perf_counter()
     timed_out = False
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
         deadline = t0 + timeout_s
         code: int | None = None
-        while True:
-            try:
-                code = proc.wait(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter())))
-                break
-            except subprocess.TimeoutExpired:
-                if poll is not None:
-                    poll()
-                if time.perf_counter() >= deadline:
-                    kill_tree(proc)
-                    code, timed_out = None, True
+        try:
+            while True:
+                try:
+                    code = proc.wait(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter())))
                     break
+                except subprocess.TimeoutExpired:
+                    if poll is not None:
+                        poll()
+                    if time.perf_counter() >= deadline:
+                        kill_tree(proc)
+                        code, timed_out = None, True
+                        break
+        except BaseException:
+            kill_tree(proc, grace_s=INTERRUPT_GRACE_S)
+            raise
+        finally:
+            if log_dir is not None:
+                log.flush()
+                _keep_logs(log_dir, out_dir, ranks, node_rank)
     if poll is not None:
         poll()
     wall = time.perf_counter() - t0
@@ -270,8 +498,12 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
         logger.warning("torchrun exited with %s; its output ends:\n%s", code, "\n".join(output.splitlines()[-30:]))
     else:
         logger.debug("torchrun output:\n%s", output)
-    res = _collect(out_dir, world_size, [code] * world_size, wall, timed_out=timed_out, timeout_s=timeout_s)
+    host = host_label(node_rank) if nnodes > 1 else ""
+    failures = _torchrun_failures(output, ranks) if code not in (0, None) else ()
+    res = _collect(out_dir, ranks, [code] * len(ranks), wall, timed_out=timed_out, timeout_s=timeout_s,
+                   whole=local_ranks is None, host=host, torchrun_failures=failures)
     if code != 0:   # torchrun reports one code for all; mark ranks without a result as failed
         codes = tuple(0 if r is not None else (code if code is not None else None) for r in res.results)
-        res = LaunchResult(codes, res.results, res.errors, res.wall_s, out_dir, timed_out, timeout_s)
+        res = LaunchResult(codes, res.results, res.errors, res.wall_s, out_dir, timed_out, timeout_s, res.ranks,
+                           host, failures)
     return res

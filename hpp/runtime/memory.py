@@ -25,33 +25,35 @@ the peak (parameters, gradients, optimizer states, activations, temporaries,
 other), and per schedule action (forward / loss / backward of a micro-batch, the
 optimizer step) the bytes before, the peak during and the bytes after.
 
+Not measured: gradient clipping (its norm is read back as a number, which a fake
+tensor has not; its temporaries are one gradient at a time in float64), and the
+block-wise gradient sync of multi-pipeline plans (one pipeline here).
+
 Preconditions: no process group may be initialised in this process (the fake one
 is created and destroyed here); the model follows :mod:`hpp.runtime.model_api`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from hpp.errors import HppInputError
+from hpp.runtime.fake_env import StepTracker, build_fake_stage, fake_world, isolated, warm_up_sharding
 from hpp.runtime.model_api import RuntimeModel
 
-__all__ = ["StepSpec", "StepEvent", "StepMemory", "measure_stage_step", "fake_world", "build_fake_stage",
-           "warm_up_sharding", "StepTracker", "OPTIMIZERS", "MEMORY_DTYPES"]
+__all__ = ["StepSpec", "StepEvent", "StepMemory", "measure_stage_step", "OPTIMIZERS", "MEMORY_DTYPES"]
 
 logger = logging.getLogger(__name__)
 
-#: Optimizers of the runtime and their state tensors per parameter (AdamW: exp_avg, exp_avg_sq).
-OPTIMIZERS = {"adamw": 2, "sgd": 0}
+#: Optimizers of the runtime (their state tensors per parameter: ``cost_model.OPTIMIZER_STATES``).
+OPTIMIZERS = ("adamw", "sgd")
 #: Training dtypes: ``bfloat16`` is autocast mixed precision with fp32 parameters, gradients and states.
 MEMORY_DTYPES = ("float32", "bfloat16")
 _CATEGORIES = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate": "optimizer_states",
@@ -114,7 +116,7 @@ class StepSpec:
         if self.schedule == "1F1B" and self.num_micro_batches < self.num_stages:
             raise HppInputError(f"1F1B with {self.num_micro_batches} micro-batches on {self.num_stages} stages",
                                 field="num_micro_batches", fix="use at least as many micro-batches as stages")
-        for name, allowed in (("optimizer", tuple(OPTIMIZERS)), ("dtype", MEMORY_DTYPES),
+        for name, allowed in (("optimizer", OPTIMIZERS), ("dtype", MEMORY_DTYPES),
                               ("schedule", ("1F1B", "GPipe")), ("device", ("cuda", "cpu")),
                               ("recompute", ("none", "full"))):
             if getattr(self, name) not in allowed:
@@ -161,106 +163,6 @@ class StepMemory:
     def peak_of(self, kind: str) -> int:
         """Highest peak of the events of ``kind`` (0 if none)."""
         return max((e.peak_bytes for e in self.events if e.kind == kind), default=0)
-
-
-class StepTracker(MemTracker):
-    """MemTracker for a whole training step: global peak only (fast), modules may run many times.
-
-    MemTracker refuses a root module that runs forward twice (one iteration per
-    tracker), but a pipeline stage runs forward once per micro-batch; the stale
-    per-module statistics are dropped instead. Per-module local peaks are not
-    kept (they cost a pass over every module per operator); a window peak is.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.window_peak = 0
-
-    def current_bytes(self) -> int:
-        return sum(snap.get("Total", 0) for snap in self._curr_mem_snap.values())
-
-    def _update_peak_stats(self, peak_state: Any) -> None:  # noqa: ARG002 - MemTracker's signature
-        total = 0
-        for dev, dev_snap in self._curr_mem_snap.items():
-            cur = dev_snap["Total"]
-            total += cur
-            if self._peak_mem.get(dev, 0) < cur:
-                self._peak_mem[dev] = cur
-                self._peak_mem_snap[dev] = dict(dev_snap)
-        self.window_peak = max(self.window_peak, total)
-
-    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        name = self._mod_tracker.get_known_fqn(module)
-        if module in self.memory_tracking and not self._mod_tracker.is_bw \
-                and set(self._mod_tracker.parents) - {name} == {"Global"}:
-            del self.memory_tracking[module]        # the next micro-batch of the same stage
-        super()._pre_fw_hook(module, inputs)
-
-
-@contextlib.contextmanager
-def fake_world(world_size: int, rank: int) -> Iterator[None]:
-    """A fake default process group (no communication) for the duration of the block.
-
-    Raises
-    ------
-    HppInputError
-        A process group is already initialised in this process.
-    """
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    if dist.is_initialized():
-        raise HppInputError("a process group is already initialised in this process", field="process_group",
-                            fix="measure memory in a process of its own (hpp profile, not inside a running rank)")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def build_fake_stage(model: RuntimeModel, lo: int, hi: int, *, fake_mode: FakeTensorMode, seed: int = 0,
-                     recompute: str = "none") -> torch.nn.Module:
-    """The runtime's stage module of layers ``[lo, hi)`` with fake fp32 parameters on ``cpu``.
-
-    Built on the meta device (initialisation draws nothing), then given fake storage
-    inside ``fake_mode`` (``.to()`` of fake parameters is not supported by torch, ``to_empty``
-    is, but unties tied parameters: a stage holding both ends of a pair gets them tied again).
-    """
-    from hpp.runtime.stage import build_stage, tie_within
-
-    with torch.device("meta"):
-        module = build_stage(model, lo, hi, seed=seed, dtype=torch.float32, device="meta", recompute=recompute)
-    with fake_mode:
-        module.to_empty(device="cpu")
-    tie_within({int(k): layer for k, layer in module.layers.items()}, tuple(model.tied_parameters()))
-    return module
-
-
-def warm_up_sharding(module: torch.nn.Module, model: RuntimeModel, *, micro_batch_size: int, is_first: bool,
-                     is_last: bool, dtype: str, input_dtype: torch.dtype | None = None) -> None:
-    """One forward and backward of a TP-sharded module as the step runs them, untracked, in the fake mode.
-
-    DTensor computes each operator's sharding on its first call (per shapes and strides)
-    with fake tensors of the active fake mode, which MemTracker would count as memory;
-    later calls hit its cache. Warming the cache up first keeps those tensors out of the
-    measurement (without it, the first backward of a TP-2 OPT-350 block shows 64 MiB more
-    than the next ones). Parameter gradients are zeroed in place afterwards.
-    """
-    from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
-
-    ms, tcfg = model.spec, TrainingConfig(dtype=dtype)
-    b, s = micro_batch_size, ms.seq_len
-    x = (torch.zeros(b, s, dtype=torch.long) if is_first else
-         torch.zeros(b, s, ms.hidden_size, dtype=input_dtype or tcfg.activation_dtype, requires_grad=True))
-    with autocast_context(tcfg, "cpu"):
-        y = module(x)
-    if is_last:
-        lm_loss(y.to(tcfg.logits_dtype), torch.zeros(b, s, dtype=torch.long), denominator=b * s).backward()
-    else:
-        y.backward(torch.ones_like(y))
-    for p in module.parameters():
-        if p.grad is not None:
-            p.grad.zero_()
 
 
 def _make_optimizer(name: str, params: list[torch.nn.Parameter], *, foreach: bool) -> torch.optim.Optimizer:
@@ -314,8 +216,8 @@ def _legacy_schedule(module: torch.nn.Module, spec: StepSpec, model: RuntimeMode
     return stage, cls(stage, spec.num_micro_batches, loss_fn=loss_fn, scale_grads=False), (in_arg, out_arg)
 
 
-def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0,
-                       legacy_waste: bool = False) -> StepMemory:
+def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, legacy_waste: bool = False,
+                       isolate: bool = True) -> StepMemory:
     """Measure the memory of one training step of one stage (see the module docstring).
 
     The stage and its schedule come from the runtime itself
@@ -330,6 +232,9 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0,
     legacy_waste : bool
         Run the step as the runtime did before issue 17 (real ``(b, s, V)`` output
         placeholder, ``return_outputs=True``, fp32 only): reproduces the H200 measurement.
+    isolate : bool
+        Measure in a forked child process (:func:`isolated`), so that nothing of the fake
+        world stays in this process.
 
     Returns
     -------
@@ -338,8 +243,10 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0,
     Raises
     ------
     HppInputError
-        A bad spec, or a process group already initialised.
+        A bad spec, or (``isolate=False``) a process group already initialised.
     """
+    if isolate:
+        return isolated(measure_stage_step, model, spec, seed=seed, legacy_waste=legacy_waste, isolate=False)
     from hpp.runtime.training import TrainingConfig, lm_loss
     from hpp.runtime.worker import make_stage_schedule, run_schedule_step
 

@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
-from hpp.runtime.memory import StepTracker, build_fake_stage, fake_world, warm_up_sharding
+from hpp.runtime.fake_env import StepTracker, build_fake_stage, fake_world, isolated, warm_up_sharding
 from hpp.runtime.model_api import RuntimeModel
 
 __all__ = ["LayerMemory", "MemoryTerms", "measure_layer_memory", "memory_terms", "add_memory_terms",
@@ -79,11 +79,14 @@ def _signature(module: torch.nn.Module) -> tuple:
 
 
 def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: int, dtype: str = "float32",
-                         tp_degree: int = 1, seed: int = 0, input_dtype: torch.dtype | None = None) -> LayerMemory:
+                         tp_degree: int = 1, seed: int = 0, input_dtype: torch.dtype | None = None,
+                         isolate: bool = True) -> LayerMemory:
     """Measure one layer's memory terms (see the module docstring).
 
     ``input_dtype``: the dtype of the layer's input (default: what stages send, the
     activation dtype); the first stage's layers get what the embedding makes.
+    ``isolate``: measure in a forked child (:func:`hpp.runtime.memory.isolated`), leaving
+    no fake-world state in this process.
 
     Raises
     ------
@@ -91,6 +94,9 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
         A layer outside the model, a bad micro-batch size or dtype, a TP degree the model
         cannot be split by, or a process group already initialised in this process.
     """
+    if isolate:
+        return isolated(measure_layer_memory, model, layer, micro_batch_size=micro_batch_size, dtype=dtype,
+                        tp_degree=tp_degree, seed=seed, input_dtype=input_dtype, isolate=False)
     from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
 
     ms = model.spec

@@ -28,6 +28,16 @@ every plan on one cluster runs at the same ``D`` (ratios between plans stay
 comparable). ``predicted.iteration_time_s`` is then the cost model with every
 forward/backward time x ``D`` (what this run should measure);
 ``predicted.plan_iteration_time_s`` is the plan's own prediction (``D = 1``).
+
+Several hosts (``nnodes > 1``): every host runs ``hpp run`` with its ``node_rank`` and the
+same ``rdzv_endpoint``; each checks its devices and starts its own ranks
+(:func:`hpp.runtime.run_setup.host_share`), and reports (and verifies) those ranks.
+Checkpoints: ``save`` writes ``SAVE/step-K`` (:mod:`hpp.runtime.checkpoint`) every
+``save_every`` steps and after the last; ``resume`` continues from a complete checkpoint
+under this plan (any plan of the same model), the steps numbered on from the saved one;
+with ``verify`` the reference trains the saved steps plus this run's. A failed or
+interrupted run leaves only complete checkpoints
+(:func:`hpp.runtime.run_setup.clean_partial_checkpoints`).
 """
 
 from __future__ import annotations
@@ -35,31 +45,31 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.plan import Plan, plan_from_dict, plan_to_dict, read_plan_json
+from hpp.plan import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import LaunchResult, launch_forked, launch_torchrun
 from hpp.runtime.layout import blocks, rank_roles
-from hpp.runtime.metrics import StepMetrics, StepMonitor, plan_peak_flops_per_s
+from hpp.runtime.metrics import StepMetrics, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
+from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, LocalStepMonitor, check_host_capacity, check_resume,
+                                   clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
+                                   prepare_save_dir, resolve_run_model, resume_notes, training_config)
 from hpp.runtime.worker import WorkerConfig
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",
            "check_host_capacity", "default_time_scale", "MAX_RANKS_PER_CORE"]
 
 logger = logging.getLogger(__name__)
-
-#: CPU ranks allowed per core (each rank is one process with one compute thread).
-MAX_RANKS_PER_CORE = 8
-
 
 class RunFailedError(RuntimeError):
     """A launched run did not complete; the message names the failed rank(s)."""
@@ -94,6 +104,12 @@ class RunReport:
         The run's dtype, :class:`hpp.runtime.training.TrainingConfig` fields and ``--data`` file.
     verify : dict or None
         With ``--verify``: :meth:`hpp.runtime.reference.VerifyResult.to_dict`.
+    hosts : dict
+        ``nnodes``, ``node_rank``, ``ranks`` (the plan ranks this host ran) and ``nodes`` (plan nodes).
+    checkpoint : dict
+        ``resumed_from`` (path) and ``first_step``; ``latest`` (the latest complete checkpoint under ``--save``).
+    command : list[str] or None
+        ``dry_run`` only: this host's torchrun command (nothing was run; ``measured`` is empty).
     """
 
     plan: str
@@ -114,105 +130,12 @@ class RunReport:
     training: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] | None = None
     verify: dict[str, Any] | None = None
+    hosts: dict[str, Any] = field(default_factory=dict)
+    command: list[str] | None = None
+    checkpoint: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def load_run_inputs(path: str | Path) -> tuple[Plan, Cluster, ModelProfile | None]:
-    """Read and validate a plan; a plan without a profile is allowed (no prediction then).
-
-    Raises
-    ------
-    HppInputError
-    """
-    from hpp.resolve import load_plan_inputs, resolve_cluster
-    from hpp.validate import validate_plan
-    path = Path(path)
-    data = read_plan_json(path)
-    if isinstance(data, dict) and data.get("profile"):
-        return load_plan_inputs(path)
-    plan = plan_from_dict(data, source=str(path))
-    cluster = resolve_cluster(plan.cluster_ref, base=path.parent, source=str(path))
-    validate_plan(plan, cluster, None, source=str(path))
-    return plan, cluster, None
-
-
-def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None = None) -> None:
-    """Refuse a run that needs more ranks than this host can hold.
-
-    Raises
-    ------
-    HppInputError
-    """
-    if device == "cuda":
-        import torch
-        n = torch.cuda.device_count()
-        if world_size > n:
-            raise HppInputError(f"the plan needs {world_size} devices but this host has {n} CUDA device(s)",
-                                field="pipelines", fix="run on a host with enough GPUs or plan for fewer devices")
-        return
-    cores = cpu_count or os.cpu_count() or 1
-    limit = MAX_RANKS_PER_CORE * cores
-    if world_size > limit:
-        raise HppInputError(f"the plan needs {world_size} devices but this host can run at most {limit} CPU ranks "
-                            f"({MAX_RANKS_PER_CORE} per core x {cores} cores)", field="pipelines",
-                            fix="plan for fewer devices or run on a larger host")
-
-
-def _names_match(plan_model: str, model_arg: str | None, spec_name: str) -> bool:
-    """Whether the plan's model name is the runtime model's (bundled aliases and MODULE:FUNCTION allowed)."""
-    from hpp.runtime.zoo import canonical_model_name
-    key = lambda n: canonical_model_name(n) or n.strip().lower()   # noqa: E731
-    return key(plan_model) in {key(spec_name), *([key(model_arg)] if model_arg else [])}
-
-
-def model_source(plan: Plan, profile: ModelProfile | None, model: str | None) -> str:
-    """What to load the run's model from (see :func:`resolve_run_model`)."""
-    from hpp.runtime.zoo import canonical_model_name
-    if model:
-        return model
-    if canonical_model_name(plan.model) is None and profile is not None and profile.meta.get("runtime_model"):
-        return str(profile.meta["runtime_model"])
-    return plan.model
-
-
-def resolve_run_model(plan: Plan, profile: ModelProfile | None, model: str | None, *, source: str) -> RuntimeModel:
-    """The runtime model of a run: ``model`` (a name or MODULE:FUNCTION) or the plan's, checked against both.
-
-    Without ``model``: the plan's model name, or, if that is no bundled name, what the
-    plan's profile says the model was loaded from (``meta["runtime_model"]``, written by
-    ``hpp profile --model MODULE:FUNCTION``), so ``hpp run PLAN.json`` needs no ``--model``.
-
-    Raises
-    ------
-    HppInputError
-        Unknown name (lists the names), MODULE:FUNCTION that cannot be imported or returns
-        the wrong object (names the missing member), a layer count that differs from the
-        plan's or the profile's, a model name that differs from the plan's or the profile's
-        (naming both), or a plan TP degree the model's heads or MLP width cannot be split by.
-    """
-    from hpp.runtime.model_api import check_tp_degree
-    from hpp.runtime.zoo import check_layers_match, load_runtime_model
-    model = model_source(plan, profile, model)
-    rt = load_runtime_model(model)
-    spec = rt.spec
-    check_layers_match(rt, plan.num_layers, source=f"the plan {source}")
-    if profile is not None:
-        check_layers_match(rt, profile.num_layers, source=f"the profile of {profile.model}")
-    if not _names_match(plan.model, model, spec.name):
-        raise HppInputError(f"the plan is for model {plan.model!r} but the runtime model is {spec.name!r}",
-                            source=source, field="model",
-                            fix=f"run it with --model for {plan.model!r}, or plan for {spec.name!r}")
-    if profile is not None and not _names_match(profile.model, model, spec.name):
-        raise HppInputError(f"the plan's profile is of model {profile.model!r} but the runtime model is "
-                            f"{spec.name!r}", source=source, field="profile",
-                            fix=f"profile {spec.name!r} (hpp profile --model) and plan with that profile")
-    for p, pipe in enumerate(plan.pipelines):
-        for s, st in enumerate(pipe.stages):
-            if st.tp_degree > 1:
-                check_tp_degree(spec, st.tp_degree, field=f"pipelines[{p}].stages[{s}].tp_degree")
-    return rt
 
 
 def default_time_scale(cluster: Cluster, *, cpu_count: int | None = None) -> float:
@@ -278,41 +201,25 @@ def _summarise(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int
     return measured, collectives, ranks
 
 
-def _training(*, optimizer: str, lr: float, lr_schedule: str, lr_warmup_steps: int, clip_grad_norm: float | None,
-              weight_decay: float | None, dtype: str, steps: int) -> Any:
-    """The run's :class:`hpp.runtime.training.TrainingConfig` (validated there: bad values are HppInputError)."""
-    from hpp.runtime.training import TrainingConfig
-    extra = {} if weight_decay is None else {"weight_decay": weight_decay}
-    return TrainingConfig(optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, warmup_steps=lr_warmup_steps,
-                          total_steps=steps, clip_grad_norm=clip_grad_norm, dtype=dtype, **extra)
-
-
 def _device_types(plan: Plan) -> list[str]:
     """One entry per device of the plan (a TP stage counts each of its devices)."""
     return [st.device_type for pipe in plan.pipelines for st in pipe.stages for _d in st.device_ids]
 
 
-def _open_metrics(path: str | Path | None) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    try:
-        p.open("a").close()
-    except OSError as exc:
-        raise HppInputError(f"--metrics-jsonl {str(path)!r} cannot be written ({exc.strerror})",
-                            field="metrics_jsonl", fix="give a writable file path") from None
-    return p
-
-
 def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, verify: bool = False,
              emulate_speed: bool = False, naive_allreduce: bool = False, timeline: str | Path | None = None,
              launcher: str = "torchrun", device: str = "cpu", warmup_steps: int = 1, world_size: int | None = None,
-             seed: int = 0, dtype: str | None = None, optimizer: str = "adamw", lr: float = 1e-3,
-             lr_schedule: str = "constant", lr_warmup_steps: int = 0, clip_grad_norm: float | None = None,
+             seed: int | None = None, dtype: str | None = None, optimizer: str | None = None,
+             lr: float | None = None, lr_schedule: str | None = None, lr_warmup_steps: int | None = None,
+             clip_grad_norm: float | None = None,
              weight_decay: float | None = None, data: str | Path | None = None,
              metrics_jsonl: str | Path | None = None, progress: bool = False, group_timeout_s: float = 120.0,
              run_timeout_s: float = 1800.0, out_dir: str | Path | None = None, time_scale: float | None = None,
-             num_threads: int = 1, worker_options: Mapping[str, Any] | None = None) -> RunReport:
+             num_threads: int = 1, worker_options: Mapping[str, Any] | None = None, nnodes: int = 1,
+             node_rank: int = 0, rdzv_endpoint: str | None = None, node_map: str | Sequence[int] | None = None,
+             emulate_node_type: str | None = None, save: str | Path | None = None, save_every: int = 0,
+             resume: str | Path | None = None, lr_total_steps: int | None = None,
+             log_dir: str | Path | None = None, dry_run: str | Path | None = None) -> RunReport:
     """Execute the plan in ``plan_path`` for ``steps`` optimizer steps and report measured vs predicted.
 
     Parameters
@@ -323,11 +230,13 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         Run in float64, save every rank's parameters and compare them with single-device
         training (:mod:`hpp.runtime.reference`); the report's ``verify`` holds the result.
     dtype : str, optional
-        ``float32`` (default), ``float64`` or ``bfloat16`` (autocast, fp32 master weights).
+        ``float32`` (default; on ``resume`` the checkpoint's), ``float64`` or ``bfloat16`` (autocast,
+        fp32 master weights).
     optimizer, lr, lr_schedule, lr_warmup_steps, clip_grad_norm, weight_decay
-        The training configuration (:class:`hpp.runtime.training.TrainingConfig`).
+        The training configuration (:class:`hpp.runtime.training.TrainingConfig`); each one not
+        given (None) is the checkpoint's on ``resume``, else the default (:func:`training_config`).
     data : path, optional
-        ``--data FILE`` (:mod:`hpp.runtime.data`); default synthetic tokens.
+        ``--data FILE`` (:mod:`hpp.runtime.data`); default synthetic tokens (on ``resume`` the checkpoint's).
     metrics_jsonl : path, optional
         One JSON line per step (:class:`hpp.runtime.metrics.StepMetrics`).
     progress : bool
@@ -339,6 +248,19 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     worker_options : Mapping, optional
         Extra :class:`hpp.runtime.worker.WorkerConfig` fields (experiments and tests, e.g.
         ``{"skip_block_allreduce": True}``, the control that must fail ``verify``).
+    nnodes, node_rank, rdzv_endpoint, node_map, emulate_node_type
+        Several hosts (see :func:`hpp.runtime.run_setup.host_share`): this host starts its share.
+    save, save_every : checkpoint directory and interval in steps (0: only after the last step).
+    resume : a ``save`` directory (its latest complete checkpoint) or one ``step-K`` folder.
+    lr_total_steps : int, optional
+        Steps of the LR schedule (default ``steps``; on ``resume`` the checkpoint's).
+    seed : int, optional
+        Initialisation and data seed (default 0; on ``resume`` the checkpoint's).
+    log_dir : path, optional
+        Keep torchrun's and each rank's output there (default: none kept).
+    dry_run : path, optional
+        Check everything, write ``dry_run/worker_config.json`` and return this host's torchrun
+        command (:attr:`RunReport.command`) without starting anything (for a launcher of your own).
 
     Raises
     ------
@@ -349,6 +271,10 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     """
     if steps < 1:
         raise HppInputError(f"--steps {steps}", field="steps", fix="run at least 1 step")
+    if save_every < 0:
+        raise HppInputError(f"--save-every {save_every}", field="save_every", fix="give K >= 1 (or 0: only at the end)")
+    if save_every and save is None:
+        raise HppInputError("--save-every without --save", field="save_every", fix="give --save DIR too")
     plan, cluster, profile = load_run_inputs(plan_path)
     rt = resolve_run_model(plan, profile, model, source=str(plan_path))
     spec = rt.spec
@@ -357,21 +283,41 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     if world_size is not None and world_size != plan.num_devices:
         raise HppInputError(f"the plan has {plan.num_devices} devices but the world size is {world_size}",
                             source=str(plan_path), field="pipelines", fix=f"launch {plan.num_devices} ranks")
-    check_host_capacity(plan.num_devices, device=device)
+    share = host_share(plan, cluster, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                       node_map=node_map, emulate_node_type=emulate_node_type, device=device, launcher=launcher)
+    check_host_capacity(len(share.ranks), device=device, per_core=MAX_RANKS_PER_CORE)
     notes: list[str] = []
-    run_dtype = dtype or "float32"
+    meta = check_resume(resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=optimizer) \
+        if resume is not None else None
+    start = int(meta["step"]) if meta is not None else 0
+    saved_extra = meta.get("extra", {}) if meta is not None else {}
+    saved_training = saved_extra.get("training") or None
+    if seed is None:
+        seed = int(saved_extra.get("seed", 0))
+    elif "seed" in saved_extra and saved_extra["seed"] != seed:
+        notes.append(f"--seed {seed} but the checkpoint was trained with seed {saved_extra['seed']}: "
+                     "the data order changes")
+    if data is None and (saved_extra.get("data") or {}).get("path"):
+        data = saved_extra["data"]["path"]               # the resumed run reads on in the checkpoint's data
+    save_dir = prepare_save_dir(save) if save is not None else None
+    run_dtype = dtype or (saved_training or {}).get("dtype") or "float32"
     if verify and run_dtype != "float64":
         if dtype is not None:
             notes.append(f"--verify runs in float64 (--dtype {dtype} ignored)")
         run_dtype = "float64"
-    training = _training(optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, lr_warmup_steps=lr_warmup_steps,
-                         clip_grad_norm=clip_grad_norm, weight_decay=weight_decay, dtype=run_dtype, steps=steps)
+    training = training_config(optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, lr_warmup_steps=lr_warmup_steps,
+                               clip_grad_norm=clip_grad_norm, weight_decay=weight_decay, dtype=run_dtype, steps=steps,
+                               lr_total_steps=lr_total_steps, saved=saved_training)
+    if meta is not None:
+        notes += resume_notes(meta, asdict(training), plan)
+        if progress:
+            sys.stderr.write(f"resuming step {meta['step']} from {meta['path']}\n")
     data_desc = data_spec(data) if data is not None else None
     source = make_batch_source(data_desc, rt, seed=seed, global_batch_size=plan.global_batch_size)
-    if source.wraps(steps):
-        notes.append(f"--data holds {source.num_windows} samples, fewer than {steps} steps x {plan.global_batch_size}: "
-                     "the order wraps around")
-    jsonl = _open_metrics(metrics_jsonl)
+    if source.wraps(start + steps):
+        notes.append(f"--data holds {source.num_windows} samples, fewer than {start + steps} steps x "
+                     f"{plan.global_batch_size}: the order wraps around")
+    jsonl = open_metrics(metrics_jsonl)
     slowdown = {name: dt.slowdown for name, dt in cluster.device_types.items()} if emulate_speed else {}
     if not emulate_speed and any(dt.slowdown != 1.0 for dt in cluster.device_types.values()):
         notes.append("the cluster has emulated slowdowns but --emulate-speed is off: all ranks run at full speed")
@@ -387,26 +333,59 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                      f"{spec.seq_len}")
     if warmup_steps >= steps:
         notes.append(f"{steps} step(s) <= warm-up {warmup_steps}: the median includes warm-up steps")
-    cfg = WorkerConfig(plan=plan_to_dict(plan), model={}, model_name=model_name,
+    if not share.whole:
+        notes.append(f"host {share.node_rank} of {share.nnodes} (plan node {share.nodes[0]}) ran ranks "
+                     f"{list(share.ranks)}: times, loss, memory{' and verify' if verify else ''} cover these ranks")
+    hosts = {} if share.whole and share.rdzv_endpoint is None else \
+        {"nnodes": share.nnodes, "node_rank": share.node_rank, "node_map": share.node_map,
+         "rdzv_endpoint": share.rdzv_endpoint, "emulate_node_type": emulate_node_type}
+    checkpoint = {} if save_dir is None and resume is None else \
+        {"save_dir": str(save_dir) if save_dir is not None else None, "save_every": save_every,
+         "resume": str(resume) if resume is not None else None}
+    plan_dict = plan_to_dict(plan)
+    if "nodes" not in plan.cluster_ref:               # the ranks bind devices with the plan's cluster
+        from hpp.profiles.cluster import cluster_to_dict
+        plan_dict["cluster"] = cluster_to_dict(cluster)
+    cfg = WorkerConfig(plan=plan_dict, model={}, model_name=model_name,
                        training=asdict(training), data=data_desc, steps=steps, warmup_steps=warmup_steps, seed=seed,
-                       dtype=run_dtype, optimizer=optimizer, lr=lr, naive_allreduce=naive_allreduce,
+                       dtype=run_dtype, optimizer=training.optimizer, lr=training.lr, naive_allreduce=naive_allreduce,
                        slowdown=slowdown, time_scale=scale, device=device, timeout_s=group_timeout_s,
-                       num_threads=num_threads, save_params=verify, **dict(worker_options or {}))
-    peak = plan_peak_flops_per_s(_device_types(plan), run_dtype)
+                       num_threads=num_threads, save_params=verify,
+                       **_worker_fields(share, save_dir=save_dir, save_every=save_every,
+                                        resume=meta["path"] if meta is not None else None,
+                                        emulate_node_type=emulate_node_type),
+                       **dict(worker_options or {}))
+    peak = plan_peak_flops_per_s([_device_types(plan)[r] for r in share.ranks], run_dtype)
+    if dry_run is not None:
+        return _dry_run(Path(dry_run), cfg, share, plan_path=plan_path, spec=spec, steps=steps,
+                        warmup_steps=warmup_steps, world_size=plan.num_devices, emulate_speed=emulate_speed,
+                        notes=notes, dtype=run_dtype, training=asdict(training), data=data_desc)
     verified = None
+    logs = Path(log_dir) if log_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="hpp-run-", dir=out_dir) as tmp:
-        monitor = StepMonitor(Path(tmp), world_size=plan.num_devices, steps=steps,
-                              global_batch_size=plan.global_batch_size, seq_len=spec.seq_len, peak_flops_per_s=peak,
-                              jsonl=jsonl, quiet=not progress)
-        with monitor:
-            launch = launch_torchrun if launcher == "torchrun" else launch_forked
-            res = launch(cfg, world_size=plan.num_devices, out_dir=Path(tmp), timeout_s=run_timeout_s,
-                         poll=monitor.poll)
+        monitor = LocalStepMonitor(Path(tmp), ranks=share.ranks, first_step=start, steps=steps,
+                                   global_batch_size=plan.global_batch_size, seq_len=spec.seq_len,
+                                   peak_flops_per_s=peak, jsonl=jsonl, quiet=not progress)
+        res = None
+        try:
+            with monitor:
+                if launcher == "torchrun":
+                    res = launch_torchrun(cfg, world_size=plan.num_devices, out_dir=Path(tmp), timeout_s=run_timeout_s,
+                                          poll=monitor.poll, nnodes=share.nnodes, node_rank=share.node_rank,
+                                          rdzv_endpoint=share.rdzv_endpoint, local_ranks=share.ranks, log_dir=logs)
+                else:
+                    res = launch_forked(cfg, world_size=plan.num_devices, out_dir=Path(tmp), timeout_s=run_timeout_s,
+                                        poll=monitor.poll, log_dir=logs)
+        finally:
+            if save_dir is not None and 0 in share.ranks and (res is None or not res.ok):
+                removed = clean_partial_checkpoints(save_dir)
+                if removed:
+                    logger.warning("removed unfinished checkpoint(s) %s from %s", ", ".join(removed), save_dir)
         if not res.ok:
             raise RunFailedError(res.failure_message())
         if verify:
-            verified = _verify(rt, Path(tmp), plan.num_devices, source=source, steps=steps, seed=seed,
-                               training=training)
+            verified = _verify(rt, Path(tmp), share.ranks, source=source, steps=start + steps, seed=seed,
+                               training=training, whole=share.whole)
     measured, collectives, ranks = _summarise(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                               steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
@@ -416,18 +395,55 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         from hpp.runtime.timeline import write_timeline_png
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)
         timeline_path = str(timeline)
+    if checkpoint:
+        from hpp.runtime.checkpoint import latest_checkpoint
+        checkpoint.update(first_step=start, resumed_from=meta["path"] if meta is not None else None,
+                          latest=str(latest_checkpoint(save_dir) or "") if save_dir is not None else None)
     return RunReport(plan=str(plan_path), model=spec.name, steps=steps, warmup_steps=warmup_steps,
                      world_size=plan.num_devices, launcher=launcher, emulate_speed=emulate_speed, measured=measured,
                      predicted=predicted, collectives=collectives, ranks=ranks, wall_s=res.wall_s,
                      timeline=timeline_path, notes=notes, dtype=run_dtype, training=asdict(training),
-                     data=data_desc, verify=verified.to_dict() if verified is not None else None)
+                     data=data_desc, verify=verified.to_dict() if verified is not None else None,
+                     hosts={**hosts, "ranks": list(share.ranks), "nodes": list(share.nodes)} if hosts else {},
+                     checkpoint=checkpoint)
 
 
-def _verify(rt: RuntimeModel, out_dir: Path, world_size: int, *, source: Any, steps: int, seed: int,
-            training: Any) -> VerifyResult:
-    """Every rank's saved parameters against single-device float64 training (:mod:`hpp.runtime.reference`)."""
+def _dry_run(out: Path, cfg: WorkerConfig, share: Any, *, plan_path: str | Path, spec: Any, **report: Any
+             ) -> RunReport:
+    """Write ``out/worker_config.json``; the report carries this host's torchrun command."""
+    from hpp.runtime.launch import torchrun_command
+    from hpp.runtime.worker import config_to_json, write_atomic
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "worker_config.json", config_to_json(cfg))
+    cmd = torchrun_command(out / "worker_config.json", out, nproc=len(share.ranks), nnodes=share.nnodes,
+                           node_rank=share.node_rank, rdzv_endpoint=share.rdzv_endpoint)
+    return RunReport(plan=str(plan_path), model=spec.name, launcher="dry-run", measured={}, predicted={},
+                     collectives={}, ranks=[], wall_s=0.0, command=cmd, **report)
+
+
+def _worker_fields(share: Any, *, save_dir: Path | None, save_every: int, resume: str | None,
+                   emulate_node_type: str | None) -> dict[str, Any]:
+    """The :class:`WorkerConfig` fields of hosts and checkpoints that differ from their defaults."""
+    out: dict[str, Any] = {}
+    if not share.whole:
+        out.update(nnodes=share.nnodes, node_map=list(share.node_map) if share.node_map else None)
+    if emulate_node_type:
+        out["emulate_node_type"] = emulate_node_type
+    if save_dir is not None:
+        out.update(save_dir=str(save_dir.resolve()), save_every=save_every)
+    if resume is not None:
+        out["resume"] = str(Path(resume).resolve())
+    return out
+
+
+def _verify(rt: RuntimeModel, out_dir: Path, ranks: Sequence[int], *, source: Any, steps: int, seed: int,
+            training: Any, whole: bool = True) -> VerifyResult:
+    """The ranks' saved parameters against single-device float64 training of ``steps`` steps
+    (:mod:`hpp.runtime.reference`); ``whole`` False (one host of several): only the names these ranks hold."""
     import torch
-    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True)
-                   for r in range(world_size)]
+    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
     ref = train_single_device(rt, source=source, steps=steps, seed=seed, training=training, dtype=torch.float64)
+    if not whole:
+        held = {name for params in rank_params for name in params}
+        ref = {k: v for k, v in ref.items() if k in held}
     return verify_against(rank_params, ref)

@@ -15,6 +15,14 @@ Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full,
 unsharded parameters if asked) through a temporary file and a rename, or
 ``rank<r>.error`` with the reason when it fails, so a reader never sees a
 half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
+
+Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts
+(``nnodes > 1``, static rendezvous) local rank ``j`` of node rank ``R`` runs as
+:func:`hpp.runtime.binding.worker_binding`'s rank, not torchrun's ``RANK``; a CUDA rank
+uses the local GPU its plan device has. Checkpoints (:mod:`hpp.runtime.checkpoint`):
+``resume`` loads one after the optimizer is built and the steps continue from its step
+(the data position); ``save_dir`` gets one every ``save_every`` steps and after the last.
+Steps are numbered globally (``steps.jsonl``'s ``step``).
 """
 
 from __future__ import annotations
@@ -82,7 +90,15 @@ class WorkerConfig:
     timeout_s : float
         Process-group timeout [s]: a dead peer makes this rank fail within it.
     fail_rank, fail_step, fail_mode :
-        Fault injection for tests: that rank fails at that step (-1: never), ``"exit"`` or ``"hang"``.
+        Fault injection for tests: that rank fails at that (global) step (-1: never), ``"exit"`` or ``"hang"``.
+    save_dir, save_every : str or None, int
+        Checkpoint root (every rank sees it) and interval in steps (0: only after the last step).
+    resume : str or None
+        A checkpoint (``save_dir`` or one ``step-K`` folder) to continue from.
+    nnodes : int
+        Hosts of the run (torchrun ``--nnodes``); ``node_map``: the plan node of each node rank.
+    emulate_node_type : str or None
+        What the launcher emulated (informative; the launcher checked the host).
     """
 
     plan: dict
@@ -111,6 +127,12 @@ class WorkerConfig:
     fail_rank: int = -1
     fail_step: int = -1
     fail_mode: str = "exit"
+    save_dir: str | None = None
+    save_every: int = 0
+    resume: str | None = None
+    nnodes: int = 1
+    node_map: list[int] | None = None
+    emulate_node_type: str | None = None
 
 
 def resolve_model(cfg: WorkerConfig) -> RuntimeModel:
@@ -249,8 +271,9 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     tied_layers = tuple((split_global_name(a)[0], split_global_name(b)[0]) for a, b in model.tied_parameters())
     layout = group_layout(plan, tied_layers=tied_layers)
     torch.set_num_threads(cfg.num_threads)
-    if cfg.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    if cfg.device == "cuda":                         # the local GPU of the plan's device (hpp.runtime.binding)
+        local = _binding(cfg, plan, local_rank=int(os.environ.get("LOCAL_RANK", rank))).local_index
+        device = torch.device("cuda", local)
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
@@ -285,6 +308,11 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         named = list(module.layer_parameters())
         optimizer = make_optimizer([p for _l, _n, p in named], tcfg)
         scheduler = make_lr_scheduler(optimizer, tcfg)
+        start = 0
+        if cfg.resume:                                  # collective; parameters loaded in place (buckets stay)
+            from hpp.runtime.checkpoint import load_checkpoint
+            start = load_checkpoint(cfg.resume, module=module, optimizer=optimizer, scheduler=scheduler,
+                                    model_name=spec.name, num_layers=spec.num_layers)
         second = _tied_second_names(model)
         norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
                       for _l, name, p in named]
@@ -312,7 +340,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         losses_out: list[float | None] = []
         events: list[dict[str, Any]] = []
         reports_loss = role.is_last and role.tp_rank == 0 and role.num_micro_batches > 0
-        for step in range(cfg.steps):
+        for step in range(start, start + cfg.steps):
             if step == cfg.fail_step and rank == cfg.fail_rank:
                 logger.error("rank %d: injected failure (%s) at step %d", rank, cfg.fail_mode, step)
                 if cfg.fail_mode == "hang":
@@ -357,13 +385,21 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                          "records": [[label, list(ranks), nbytes] for label, ranks, nbytes in st.records]})
             events = [{"kind": e.kind, "micro_batch": e.micro_batch, "start_s": e.start_s - t0,
                        "stop_s": e.stop_s - t0} for e in instrument.events]
+            done = step + 1
+            if cfg.save_dir and (done == start + cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
+                from hpp.runtime.checkpoint import save_checkpoint
+                save_checkpoint(cfg.save_dir, step=done, module=module, optimizer=optimizer, scheduler=scheduler,
+                                model_name=spec.name, num_layers=spec.num_layers,
+                                extra={"seed": cfg.seed, "global_batch_size": plan.global_batch_size,
+                                       "training": asdict(tcfg), "data": cfg.data})
             line = {"step": step, "time_s": t_end - t0, "loss": step_loss, "target_tokens": denominator[0],
                     "flops": flops_per_step, "peak_memory_bytes": _peak_memory_bytes(device), "lr": lr}
             with steps_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
         sync.close()
-        result = {"rank": rank, "pipeline": role.pipeline, "stage": role.stage_index, "device_id": role.device_id,
-                  "device_type": role.device_type, "layers": [role.layer_start, role.layer_stop],
+        result = {"rank": rank, "first_step": start, "pipeline": role.pipeline, "stage": role.stage_index,
+                  "device_id": role.device_id, "device_type": role.device_type,
+                  "layers": [role.layer_start, role.layer_stop],
                   "tp_degree": role.tp_degree, "tp_rank": role.tp_rank, "recompute": role.recompute,
                   "num_micro_batches": role.num_micro_batches, "micro_batch_size": b,
                   "num_samples": role.num_samples, "step_times_s": step_times, "phases": phases, "collectives": coll,
@@ -408,15 +444,40 @@ def worker_main(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path)
         return 1
 
 
+def _binding(cfg: WorkerConfig, plan, *, local_rank: int):
+    """This process's :class:`hpp.runtime.binding.RankBinding` (torchrun's ``GROUP_RANK`` = the node rank)."""
+    from hpp.runtime.binding import worker_binding
+    return worker_binding(plan, nnodes=cfg.nnodes, node_rank=int(os.environ.get("GROUP_RANK", 0)),
+                          local_rank=local_rank, node_map=cfg.node_map)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this rank when its parent (torchrun's agent) dies, so a killed launcher leaves no orphan."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _main(argv: list[str]) -> int:
-    logging.basicConfig(level=os.environ.get("HPP_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(name)s rank" + os.environ.get("RANK", "?") + ": %(message)s")
+    _die_with_parent()
     if len(argv) != 2:
         sys.stderr.write("usage: python -m hpp.runtime.worker CONFIG.json OUT_DIR\n")
         return 2
     cfg = WorkerConfig(**json.loads(Path(argv[0]).read_text()))
-    return worker_main(cfg, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                       out_dir=Path(argv[1]))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.nnodes > 1:                                # torchrun's RANK is not the plan's rank across hosts
+        plan = plan_from_dict(cfg.plan)
+        try:
+            rank, world_size = _binding(cfg, plan, local_rank=int(os.environ["LOCAL_RANK"])).rank, plan.num_devices
+        except HppInputError as exc:
+            sys.stderr.write(f"hpp worker: error: {exc}\n")
+            return 2
+    logging.basicConfig(level=os.environ.get("HPP_LOG_LEVEL", "WARNING"),
+                        format=f"%(asctime)s %(name)s rank{rank}: %(message)s")
+    return worker_main(cfg, rank=rank, world_size=world_size, out_dir=Path(argv[1]))
 
 
 def config_to_json(cfg: WorkerConfig) -> str:

@@ -1,0 +1,245 @@
+"""Host-level time probes: the backend's send/recv, CPU contention, other processes' load (issue 17).
+
+- :func:`measure_p2p`: one-way time of a send/recv pair between two gloo ranks on this host
+  (round trip / 2, ``isend``/``irecv`` + ``wait`` as torch's pipeline schedules post them),
+  fitted as ``latency + bytes / bandwidth``. Transfers are waits, so this is wall time; the
+  ``quantile`` (default 0.25) of the repeats is kept: a low quantile estimates the
+  uncontended latency, the median of a busy host includes waits for a core;
+- :func:`measure_contention`: ``kappa(n)``, the CPU time of a fixed matmul op while ``n``
+  processes run it at once / alone (SMT siblings and shared caches make a CPU second buy
+  less work when the neighbours compute); 1 everywhere on a host where it does not matter
+  (and, caution, also on a host whose cores are already kept busy by other processes);
+- :func:`background_load`: how many other processes compute on this host right now.
+
+:func:`run_forked` runs a function in forked children with a gloo process group each, so
+the caller's process-group state is untouched (torch must be imported, as for the fork
+launcher).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import statistics
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hpp.errors import HppInputError
+
+__all__ = ["P2PFit", "measure_p2p", "measure_contention", "background_load", "run_forked", "init_gloo", "fit_line"]
+
+logger = logging.getLogger(__name__)
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x``; returns ``(a, b)``.
+
+    >>> fit_line([1, 2, 4], [3.0, 5.0, 9.0])
+    (1.0, 2.0)
+    """
+    n = len(x)
+    if n < 2 or len(y) != n:
+        raise ValueError(f"need >= 2 points of (x, y), got {n} and {len(y)}")
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((v - mx) ** 2 for v in x)
+    if sxx == 0:
+        raise ValueError("x values are all equal")
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx
+    return my - b * mx, b
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+
+
+# ------------------------------------------------------------------ forked children
+
+
+def run_forked(fn: Callable[..., Any], world_size: int, args: tuple, *, timeout_s: float) -> list[Any]:
+    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` forked children; their return values.
+
+    Raises
+    ------
+    RuntimeError
+        A child failed (its traceback's last lines), died without a result, or ``timeout_s`` passed.
+    """
+    from hpp.runtime.launch import free_port
+    ctx = mp.get_context("fork")
+    port = free_port()
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, queue), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"time measurement did not finish within {timeout_s:g} s")
+            try:
+                rank, ok, value = queue.get(timeout=min(left, 1.0))
+            except Exception:  # noqa: BLE001 - queue.Empty: check the children
+                if any(p.exitcode not in (None, 0) for p in procs) or not any(p.is_alive() for p in procs):
+                    if queue.empty():
+                        raise RuntimeError("a time-measurement child died without a result") from None
+                continue
+            if not ok:
+                raise RuntimeError(f"time measurement rank {rank} failed: {value}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world_size)]
+
+
+def _child(fn, rank, world_size, port, args, queue) -> None:
+    try:
+        torch.set_num_threads(1)
+        queue.put((rank, True, fn(rank, world_size, port, *args)))
+    except BaseException:  # noqa: BLE001 - report, whatever happened
+        queue.put((rank, False, traceback.format_exc(limit=3)))
+    queue.close()
+    queue.join_thread()                 # flush before the hard exit
+    os._exit(0)
+
+
+def init_gloo(rank: int, world_size: int, port: int) -> None:
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+
+
+# ------------------------------------------------------------------ point-to-point
+
+
+@dataclass(frozen=True, slots=True)
+class P2PFit:
+    """One-way send/recv time of the backend: ``latency_s + bytes / bandwidth_bytes_per_s``.
+
+    ``sizes`` [bytes] and ``one_way_s`` (the ``quantile`` of the repeats' round trip / 2) are the data.
+    """
+
+    backend: str
+    sizes: tuple[int, ...]
+    one_way_s: tuple[float, ...]
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    quantile: float
+
+
+def _p2p_rank(rank: int, world_size: int, port: int, sizes: Sequence[int], warmup: int,
+              repeats: int) -> dict[int, list[float]]:
+    init_gloo(rank, world_size, port)
+    out: dict[int, list[float]] = {}
+    try:
+        for n in sizes:
+            buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
+            times = []
+            for i in range(warmup + repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.isend(buf, 1).wait()
+                    dist.irecv(buf, 1).wait()
+                else:
+                    dist.irecv(buf, 0).wait()
+                    dist.isend(buf, 0).wait()
+                if i >= warmup:
+                    times.append((time.perf_counter() - t0) / 2)
+            out[n] = times
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def measure_p2p(*, sizes: Sequence[int] = (4096, 65536, 262144, 1048576, 4194304), warmup: int = 5,
+                repeats: int = 30, quantile: float = 0.25, timeout_s: float = 120.0) -> P2PFit:
+    """Ping-pong between two gloo ranks (``isend``/``irecv`` + ``wait``, as the schedules post them).
+
+    Raises
+    ------
+    HppInputError
+        Fewer than two sizes or a quantile outside [0, 1].
+    """
+    ss = sorted(set(int(x) for x in sizes))
+    if len(ss) < 2 or ss[0] < 4:
+        raise HppInputError(f"message sizes {list(sizes)}", field="sizes", fix="give at least two sizes >= 4 bytes")
+    if not 0.0 <= quantile <= 1.0:
+        raise HppInputError(f"quantile {quantile}", field="quantile", fix="use a value in [0, 1]")
+    times = run_forked(_p2p_rank, 2, (ss, warmup, repeats), timeout_s=timeout_s)[0]
+    one_way = tuple(_quantile(times[n], quantile) for n in ss)
+    lat, per_byte = fit_line(ss, one_way)
+    if per_byte <= 0 or lat <= 0:       # noise: latency from the smallest message, bandwidth from the largest
+        lat = one_way[0]
+        per_byte = max(one_way[-1] - lat, 1e-12) / ss[-1]
+    bw = 1.0 / per_byte
+    logger.info("gloo p2p: %.1f us + bytes / %.2f GB/s (quantile %.2f)", lat * 1e6, bw / 1e9, quantile)
+    return P2PFit("gloo", tuple(ss), one_way, lat, bw, quantile)
+
+
+# ------------------------------------------------------------------ contention
+
+
+def _contention_rank(_rank: int, _world: int, _port: int, start: float, repeats: int) -> float:
+    a = torch.randn(256, 256)
+    w = torch.randn(256, 256)
+    while time.time() < start:          # start together
+        time.sleep(0.001)
+    cpu = []
+    for _ in range(repeats):
+        c0 = time.thread_time()
+        for _ in range(10):
+            a @ w
+        cpu.append(time.thread_time() - c0)
+    return statistics.median(cpu)
+
+
+def measure_contention(*, max_processes: int | None = None, repeats: int = 40,
+                       timeout_s: float = 120.0) -> tuple[float, ...]:
+    """``kappa(n)`` for ``n = 1 .. max_processes`` (default: this host's cores): CPU time per op, ``n`` at once / alone.
+
+    ``kappa(1) = 1``. The op is ten 256 x 256 float32 matmuls (one thread per process).
+    """
+    n_max = max_processes or os.cpu_count() or 1
+    alone = None
+    out = []
+    for n in range(1, n_max + 1):
+        start = time.time() + 0.5
+        per = run_forked(_contention_rank, n, (start, repeats), timeout_s=timeout_s)
+        med = statistics.median(per)
+        alone = med if alone is None else alone
+        out.append(med / alone)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------ other processes
+
+
+def _spin(_rank: int, _world: int, _port: int, seconds: float) -> float:
+    c0, w0 = time.thread_time(), time.perf_counter()
+    while time.perf_counter() - w0 < seconds:
+        sum(range(1000))
+    return (time.thread_time() - c0) / (time.perf_counter() - w0)
+
+
+def background_load(seconds: float = 1.0) -> float:
+    """Processes computing on this host besides the caller's: ``C / share - C`` (0 on a quiet host).
+
+    ``C`` (the host's cores) forked probes spin for ``seconds``; ``share`` is the mean CPU
+    time they got per wall second. With ``n`` other busy processes each probe gets
+    ``min(1, C / (n + C))`` of a core.
+    """
+    cores = os.cpu_count() or 1
+    share = statistics.mean(run_forked(_spin, cores, (seconds,), timeout_s=60 + 10 * seconds))
+    return max(0.0, cores / share - cores) if share > 0 else float("nan")

@@ -1,0 +1,424 @@
+"""``hpp run``'s inputs and up-front checks, and the cleanup after a failed run.
+
+Everything here runs in the launcher before any rank starts (or after they ended), so
+bad input is one :class:`hpp.errors.HppInputError` line (exit 2) instead of a failure
+deep inside the ranks:
+
+- :func:`load_run_inputs`, :func:`resolve_run_model`: the plan (validated against its
+  cluster and profile) and the runtime model (checked against both);
+- :func:`check_host_capacity`, :func:`training_config`, :func:`open_metrics`;
+
+- :func:`host_share`: this host's share of the plan (``--nnodes``, ``--node-rank``,
+  ``--rdzv-endpoint``, ``--node-map``; :func:`hpp.runtime.binding.host_ranks`) after
+  checking its devices (CUDA: the GPUs' types and count; CPU: ``--emulate-node-type``
+  or ``$HPP_EMULATE_NODE_TYPE`` plays a node of a type, else nothing to check);
+- :func:`check_resume`: ``--resume DIR`` names a complete checkpoint of this model
+  (name and layer count) and optimizer (:func:`hpp.runtime.checkpoint.read_checkpoint_meta`);
+- :func:`prepare_save_dir`: ``--save DIR`` can be created and written;
+- :func:`clean_partial_checkpoints`: after a failed or interrupted run, the host of plan
+  rank 0 (the only rank that renames checkpoints into place) removes what an unfinished
+  save left (``.tmp-step-K``, a ``step-K`` without its ``complete`` marker) and puts
+  back a complete checkpoint a replacing save had moved aside, so that only complete
+  checkpoints remain and the latest of them resumes.
+
+:class:`LocalStepMonitor` is :class:`hpp.runtime.metrics.StepMonitor` restricted to this
+host's ranks and started at the first step of a resumed run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hpp.errors import HppInputError
+from hpp.plan import Plan, plan_from_dict, read_plan_json
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.model_profile import ModelProfile
+from hpp.runtime.metrics import StepMonitor
+from hpp.runtime.model_api import RuntimeModel
+
+__all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
+           "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
+           "resume_notes", "prepare_save_dir", "clean_partial_checkpoints", "LocalStepMonitor"]
+
+logger = logging.getLogger(__name__)
+
+
+#: CPU ranks allowed per core (each rank is one process with one compute thread).
+MAX_RANKS_PER_CORE = 8
+
+
+def load_run_inputs(path: str | Path) -> tuple[Plan, Cluster, ModelProfile | None]:
+    """Read and validate a plan; a plan without a profile is allowed (no prediction then).
+
+    Raises
+    ------
+    HppInputError
+    """
+    from hpp.resolve import load_plan_inputs, resolve_cluster
+    from hpp.validate import validate_plan
+    path = Path(path)
+    data = read_plan_json(path)
+    if isinstance(data, dict) and data.get("profile"):
+        return load_plan_inputs(path)
+    plan = plan_from_dict(data, source=str(path))
+    cluster = resolve_cluster(plan.cluster_ref, base=path.parent, source=str(path))
+    validate_plan(plan, cluster, None, source=str(path))
+    return plan, cluster, None
+
+
+def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None = None,
+                        per_core: int = MAX_RANKS_PER_CORE) -> None:
+    """Refuse a run that needs more ranks (``world_size``: this host's) than this host can hold.
+
+    Raises
+    ------
+    HppInputError
+    """
+    if device == "cuda":
+        import torch
+        n = torch.cuda.device_count()
+        if world_size > n:
+            raise HppInputError(f"the plan needs {world_size} devices but this host has {n} CUDA device(s)",
+                                field="pipelines", fix="run on a host with enough GPUs or plan for fewer devices")
+        return
+    cores = cpu_count or os.cpu_count() or 1
+    limit = per_core * cores
+    if world_size > limit:
+        raise HppInputError(f"the plan needs {world_size} devices but this host can run at most {limit} CPU ranks "
+                            f"({per_core} per core x {cores} cores)", field="pipelines",
+                            fix="plan for fewer devices or run on a larger host")
+
+
+def _names_match(plan_model: str, model_arg: str | None, spec_name: str) -> bool:
+    """Whether the plan's model name is the runtime model's (bundled aliases and MODULE:FUNCTION allowed)."""
+    from hpp.runtime.zoo import canonical_model_name
+    key = lambda n: canonical_model_name(n) or n.strip().lower()   # noqa: E731
+    return key(plan_model) in {key(spec_name), *([key(model_arg)] if model_arg else [])}
+
+
+def model_source(plan: Plan, profile: ModelProfile | None, model: str | None) -> str:
+    """What to load the run's model from (see :func:`resolve_run_model`)."""
+    from hpp.runtime.zoo import canonical_model_name
+    if model:
+        return model
+    if canonical_model_name(plan.model) is None and profile is not None and profile.meta.get("runtime_model"):
+        return str(profile.meta["runtime_model"])
+    return plan.model
+
+
+def resolve_run_model(plan: Plan, profile: ModelProfile | None, model: str | None, *, source: str) -> RuntimeModel:
+    """The runtime model of a run: ``model`` (a name or MODULE:FUNCTION) or the plan's, checked against both.
+
+    Without ``model``: the plan's model name, or, if that is no bundled name, what the
+    plan's profile says the model was loaded from (``meta["runtime_model"]``, written by
+    ``hpp profile --model MODULE:FUNCTION``), so ``hpp run PLAN.json`` needs no ``--model``.
+
+    Raises
+    ------
+    HppInputError
+        Unknown name (lists the names), MODULE:FUNCTION that cannot be imported or returns
+        the wrong object (names the missing member), a layer count that differs from the
+        plan's or the profile's, a model name that differs from the plan's or the profile's
+        (naming both), or a plan TP degree the model's heads or MLP width cannot be split by.
+    """
+    from hpp.runtime.model_api import check_tp_degree
+    from hpp.runtime.zoo import check_layers_match, load_runtime_model
+    model = model_source(plan, profile, model)
+    rt = load_runtime_model(model)
+    spec = rt.spec
+    check_layers_match(rt, plan.num_layers, source=f"the plan {source}")
+    if profile is not None:
+        check_layers_match(rt, profile.num_layers, source=f"the profile of {profile.model}")
+    if not _names_match(plan.model, model, spec.name):
+        raise HppInputError(f"the plan is for model {plan.model!r} but the runtime model is {spec.name!r}",
+                            source=source, field="model",
+                            fix=f"run it with --model for {plan.model!r}, or plan for {spec.name!r}")
+    if profile is not None and not _names_match(profile.model, model, spec.name):
+        raise HppInputError(f"the plan's profile is of model {profile.model!r} but the runtime model is "
+                            f"{spec.name!r}", source=source, field="profile",
+                            fix=f"profile {spec.name!r} (hpp profile --model) and plan with that profile")
+    for p, pipe in enumerate(plan.pipelines):
+        for s, st in enumerate(pipe.stages):
+            if st.tp_degree > 1:
+                check_tp_degree(spec, st.tp_degree, field=f"pipelines[{p}].stages[{s}].tp_degree")
+    return rt
+
+
+def training_config(*, optimizer: str | None, lr: float | None, lr_schedule: str | None,
+                    lr_warmup_steps: int | None, clip_grad_norm: float | None, weight_decay: float | None, dtype: str,
+                    steps: int, lr_total_steps: int | None = None, saved: Mapping[str, Any] | None = None) -> Any:
+    """The run's :class:`hpp.runtime.training.TrainingConfig` (validated there: bad values are HppInputError).
+
+    Each setting left ``None`` is the checkpoint's (``saved``: its ``extra.training``, on
+    ``--resume``), else the default (AdamW, lr 1e-3, constant schedule, no warm-up, no
+    clipping). The schedule's length is ``lr_total_steps``, else the checkpoint's, else ``steps``.
+    """
+    from hpp.runtime.training import TrainingConfig
+    keys = ("optimizer", "lr", "weight_decay", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_steps",
+            "clip_grad_norm")
+    base: dict[str, Any] = {"optimizer": "adamw", "lr": 1e-3, "lr_schedule": "constant", "warmup_steps": 0,
+                            "total_steps": steps}
+    base.update({k: saved[k] for k in keys if saved and k in saved})
+    given = {"optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule, "warmup_steps": lr_warmup_steps,
+             "clip_grad_norm": clip_grad_norm, "weight_decay": weight_decay, "total_steps": lr_total_steps}
+    return TrainingConfig(**{**base, **{k: v for k, v in given.items() if v is not None}, "dtype": dtype})
+
+
+def open_metrics(path: str | Path | None) -> Path | None:
+    """``--metrics-jsonl``: check it can be written (HppInputError) and return it."""
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        p.open("a").close()
+    except OSError as exc:
+        raise HppInputError(f"--metrics-jsonl {str(path)!r} cannot be written ({exc.strerror})",
+                            field="metrics_jsonl", fix="give a writable file path") from None
+    return p
+
+
+def resume_notes(meta: Mapping[str, Any], training: Mapping[str, Any], plan: Plan) -> list[str]:
+    """What differs between the checkpoint's run and this one (the resumed run is then not one long run)."""
+    extra = meta.get("extra", {})
+    notes = [f"resuming step {meta['step']} from {meta['path']}"]
+    if extra.get("global_batch_size") not in (None, plan.global_batch_size):
+        notes.append(f"the checkpoint was trained with global batch {extra['global_batch_size']}, this plan uses "
+                     f"{plan.global_batch_size}")
+    before = extra.get("training") or {}
+    changed = sorted(k for k in before if k != "total_steps" and before.get(k) != training.get(k))
+    if changed:
+        notes.append("training settings differ from the checkpoint's run: " +
+                     ", ".join(f"{k} {before[k]} -> {training.get(k)}" for k in changed))
+    return notes
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """This host's part of a run.
+
+    Attributes
+    ----------
+    nnodes, node_rank : int
+        Hosts of the run and this host's node rank (1 and 0: one host runs the whole plan).
+    rdzv_endpoint : str or None
+        ``HOST:PORT`` of node rank 0's static rendezvous (None: ``torchrun --standalone``).
+    node_map : tuple[int, ...] or None
+        ``--node-map``: the plan node of each node rank.
+    ranks : tuple[int, ...]
+        The plan ranks this host starts, in local-rank order.
+    nodes : tuple[int, ...]
+        The plan nodes this host plays.
+    """
+
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str | None
+    node_map: tuple[int, ...] | None
+    ranks: tuple[int, ...]
+    nodes: tuple[int, ...]
+
+    @property
+    def whole(self) -> bool:
+        """This host runs every rank of the plan."""
+        return self.nnodes == 1
+
+
+def parse_endpoint(text: str) -> str:
+    """Check ``HOST:PORT`` (port 1-65535) and return it.
+
+    >>> parse_endpoint("10.0.0.1:29500")
+    '10.0.0.1:29500'
+
+    Raises
+    ------
+    HppInputError
+    """
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise HppInputError(f"--rdzv-endpoint {text!r} is not HOST:PORT", field="--rdzv-endpoint",
+                            fix="give node rank 0's address and a free port, e.g. 10.0.0.1:29500")
+    return text
+
+
+def host_share(plan: Plan, cluster: Cluster, *, nnodes: int = 1, node_rank: int = 0,
+               rdzv_endpoint: str | None = None, node_map: str | Sequence[int] | None = None,
+               emulate_node_type: str | None = None, device: str = "cpu", launcher: str = "torchrun"
+               ) -> HostShare:
+    """Check this host for its share of the plan and return that share.
+
+    Parameters
+    ----------
+    nnodes, node_rank, rdzv_endpoint
+        As torchrun's flags; ``nnodes > 1`` needs ``rdzv_endpoint`` and the torchrun launcher.
+    node_map : "2,0,1" or a sequence, optional
+        The plan node of each node rank (default: the plan's used nodes in order).
+    emulate_node_type : str, optional
+        ``TYPE`` or ``TYPE:COUNT``: this CPU host plays a node of that type (default
+        ``$HPP_EMULATE_NODE_TYPE``).
+    device : "cpu" or "cuda"
+        CUDA hosts are checked against the plan (GPU types and count); CPU hosts only when emulating.
+
+    Raises
+    ------
+    HppInputError
+        A bad flag, a host that is not the plan's node type or has too few devices
+        (:func:`hpp.runtime.binding.check_host`), ``--node-map`` without several hosts.
+    """
+    from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
+    if nnodes < 1:
+        raise HppInputError(f"--nnodes {nnodes}", field="--nnodes", fix="give the number of hosts (>= 1)")
+    if rdzv_endpoint is not None:
+        parse_endpoint(rdzv_endpoint)
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise HppInputError(f"--nnodes {nnodes} without --rdzv-endpoint", field="--rdzv-endpoint",
+                            fix="give HOST:PORT of the host with node rank 0 (the same on every host)")
+    if launcher != "torchrun" and (nnodes > 1 or rdzv_endpoint is not None):
+        raise HppInputError("several hosts need the torchrun launcher", field="--launcher",
+                            fix="drop --launcher fork")
+    if nnodes == 1 and node_rank != 0:
+        raise HppInputError(f"--node-rank {node_rank} with one host", field="--node-rank",
+                            fix="give --nnodes (the number of hosts) too")
+    nmap = parse_node_map(node_map) if isinstance(node_map, str) else (tuple(node_map) if node_map else None)
+    if nmap is not None and nnodes == 1:
+        raise HppInputError("--node-map needs several hosts", field="--node-map",
+                            fix="give --nnodes N --node-rank R --rdzv-endpoint HOST:PORT too, or drop --node-map")
+    emulate = emulate_node_type or os.environ.get(EMULATE_ENV) or None
+    found = detect_node_devices(emulate=emulate) if (device == "cuda" or emulate) else None
+    if device == "cuda" and found is None:
+        raise HppInputError("--device cuda but this host has no CUDA device", field="--device",
+                            fix="run on a GPU host, or use --device cpu")
+    mine = check_host(plan, found, nnodes=nnodes, node_rank=node_rank, node_map=nmap, cluster=cluster)
+    nodes = tuple(sorted({b.node for b in mine})) if nnodes == 1 else \
+        (host_nodes(plan, cluster, nmap)[node_rank],)
+    return HostShare(nnodes, node_rank, rdzv_endpoint, nmap, tuple(b.rank for b in mine), nodes)
+
+
+def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimizer: str | None = None
+                 ) -> dict[str, Any]:
+    """The metadata of the complete checkpoint ``path`` names, checked against this run.
+
+    Parameters
+    ----------
+    model_name, num_layers : the runtime model's (``ModelSpec.name``, layer count).
+    optimizer : ``"adamw"`` or ``"sgd"`` (None: not checked).
+
+    Raises
+    ------
+    HppInputError
+        Missing or incomplete checkpoint (naming the last complete one), another model
+        (name or layer count), or another optimizer.
+    """
+    from hpp.runtime.checkpoint import read_checkpoint_meta
+    meta = read_checkpoint_meta(path)
+    if (str(meta.get("model", "")).strip().lower() != model_name.strip().lower()
+            or meta.get("num_layers") != num_layers):
+        raise HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
+                            f"{model_name!r} ({num_layers} layers)", source=meta["path"], field="--resume",
+                            fix=f"resume with --model {meta.get('model')}, or from a checkpoint of {model_name}")
+    saved = meta.get("optimizer")
+    want = {"adamw": "AdamW", "sgd": "SGD"}.get(optimizer or "", optimizer)
+    if optimizer is not None and saved is not None and saved != want:
+        raise HppInputError(f"checkpoint has {saved} optimizer state, this run uses {want}", source=meta["path"],
+                            field="--optimizer", fix=f"resume with --optimizer {saved.lower()}")
+    return meta
+
+
+def prepare_save_dir(path: str | Path) -> Path:
+    """Create ``--save DIR`` (parents too) and check that it can be written.
+
+    Raises
+    ------
+    HppInputError
+    """
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".hpp-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise HppInputError(f"cannot write checkpoints there ({exc.strerror or exc})", source=str(p), field="--save",
+                            fix="give a writable directory on a file system every host sees") from None
+    return p
+
+
+def _complete(path: Path) -> bool:
+    from hpp.runtime.checkpoint import COMPLETE_MARKER, META_FILE
+    return (path / COMPLETE_MARKER).is_file() and (path / META_FILE).is_file()
+
+
+def clean_partial_checkpoints(root: str | Path) -> list[str]:
+    """Remove what unfinished saves left under ``root``; return the removed names.
+
+    ``.tmp-step-K`` (a save in progress) and ``step-K`` without its marker go; a complete
+    ``.old-step-K-*`` (the previous checkpoint of the same step, moved aside by a save that
+    replaced it) goes back to ``step-K`` when that is missing or incomplete, else it goes.
+    Complete ``step-K`` directories are never touched. Call only when no rank can still write.
+    """
+    root = Path(root)
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    entries = sorted(root.iterdir())
+    for child in entries:
+        if child.is_dir() and child.name.startswith("step-") and not _complete(child):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child.name)
+    for child in entries:
+        if child.name.startswith(".old-step-") and child.is_dir():
+            step = child.name[len(".old-step-"):].split("-")[0]
+            final = root / f"step-{step}"
+            if _complete(child) and not final.exists():
+                child.rename(final)
+                logger.warning("restored the complete checkpoint %s from %s", final, child.name)
+            else:
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child.name)
+        elif child.name.startswith(".tmp-step-"):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child.name)
+    return removed
+
+
+class LocalStepMonitor(StepMonitor):
+    """:class:`StepMonitor` over some plan ranks (this host's) whose steps are numbered from ``first_step``.
+
+    Parameters
+    ----------
+    ranks : sequence of int
+        The plan ranks whose ``rank<r>.steps.jsonl`` are read.
+    first_step : int
+        The first step of this run (a resumed run continues the global step numbering).
+    kwargs :
+        As :class:`StepMonitor` (``steps`` = the steps of this run).
+    """
+
+    def __init__(self, out_dir: Path, *, ranks: Sequence[int], first_step: int = 0, steps: int, **kwargs: Any
+                 ) -> None:
+        self.ranks, self.first_step = tuple(ranks), int(first_step)
+        super().__init__(out_dir, world_size=len(self.ranks), steps=first_step + steps, **kwargs)
+        if self._bar is not None and first_step:
+            self._bar.update(first_step)
+
+    def _read_new(self, index: int) -> None:
+        """Read ``rank<ranks[index]>.steps.jsonl``; a row of global step ``k`` is kept as ``k - first_step``."""
+        path = self.out_dir / f"rank{self.ranks[index]}.steps.jsonl"
+        try:
+            with open(path) as fh:
+                fh.seek(self._offsets[index])
+                chunk = fh.read()
+                self._offsets[index] = fh.tell()
+        except FileNotFoundError:
+            return
+        text = self._partial[index] + chunk
+        complete, _, self._partial[index] = text.rpartition("\n")
+        for line in complete.splitlines():
+            if line.strip():
+                row = json.loads(line)
+                self._rows[index][int(row["step"]) - self.first_step] = row
