@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
-# The closed loop on one CUDA GPU, and the runtime's update on it against single-process training.
+# The closed loop on one CUDA GPU for real architectures, and the runtime's update there against one process.
 #
-#   experiments/gpu_check.sh OUT_DIR        (torch with CUDA and this package installed; about 3 min on an H200)
+#   experiments/gpu_check.sh OUT_DIR                 (torch with CUDA and this package installed)
+#   HPP_GPU_CHECK_DEVICE=cpu experiments/gpu_check.sh OUT_DIR   (smoke test of this script on a CPU: tiny models)
 #
-# 1. hpp profile: OPT-350's layers (runtime model opt-350, float32) measured on the GPU at micro-batch 1-8;
-# 2. hpp plan: a one-GPU cluster of that type, planned with that profile (one pipeline, one stage);
-# 3. hpp run --device cuda: the plan executed (NCCL, torchrun): measured vs predicted iteration time;
-# 4. the update check: a micro model trained 3 steps by one CUDA rank (float64) against train_reference
-#    (one CPU process, float64), max |parameter difference| (the CPU tests check multi-rank plans).
-# Writes profile.json, cluster.json, plan.json, run.json and update.json under OUT_DIR.
+# For each model (opt-350 and llama-3-8 at their real architecture, Hugging Face classes; on the CPU smoke test
+# opt-tiny and llama-tiny):
+# 1. hpp profile --dtype bfloat16: the layers timed on the device under bf16 autocast, and the runtime step's
+#    memory per layer (FakeTensor + MemTracker);
+# 2. hpp plan: a one-device cluster of that type (one pipeline, one stage, TP 1);
+# 3. hpp run --dtype bfloat16 (NCCL, torchrun): measured vs predicted iteration time, tokens/s, MFU, and the
+#    measured peak memory (torch.cuda.max_memory_allocated; max_memory_reserved too) vs the predicted peak.
+# Then hpp run --verify (float64, 2 steps) of a tiny model's plan on the device against single-process training.
+# Writes profile-*.json, cluster.json, plan-*.json, run-*.json, verify.txt and summary.txt under OUT_DIR.
 set -euo pipefail
 out=${1:?usage: experiments/gpu_check.sh OUT_DIR}
-if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). Fix: run on a host with a CUDA GPU and a CUDA build of torch" >&2
-    exit 2
+device=${HPP_GPU_CHECK_DEVICE:-cuda}
+if [ "$device" = cuda ]; then
+    if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+        echo "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). Fix: run on a host with a CUDA GPU and a CUDA build of torch" >&2
+        exit 2
+    fi
+    read -r name mem < <(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name.replace(' ', '-'), p.total_memory)")
+    models=${HPP_GPU_CHECK_MODELS:-"opt-350 llama-3-8"}
+    sizes=1,2,4; gbs=16; steps=6; warm=2
+else
+    name=cpu; mem=$((8 * 2**30)); models=${HPP_GPU_CHECK_MODELS:-"opt-tiny llama-tiny"}
+    sizes=1,2; gbs=4; steps=3; warm=1
 fi
 mkdir -p "$out"
-read -r name mem < <(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name.replace(' ', '-'), p.total_memory)")
-echo "GPU: $name, $mem bytes"
-
-hpp profile --model opt-350 --device cuda --micro-batch-sizes 1,2,4,8 --device-type "$name" --out "$out/profile.json"
-
+echo "device: $name, $mem bytes" | tee "$out/summary.txt"
 cat > "$out/cluster.json" <<EOF
 {"format": "hpp-cluster", "version": 1, "name": "one-$name",
  "device_types": {"$name": {"memory_bytes": $mem, "gpus_per_node": 1}},
@@ -28,39 +37,44 @@ cat > "$out/cluster.json" <<EOF
             "intra_node_bandwidth_bytes_per_s": {"max_bytes_per_s": 4.5e11, "latency_s": 5e-06}}],
  "inter_node_bandwidth_bytes_per_s": {"max_bytes_per_s": 5e10, "latency_s": 1e-05}}
 EOF
-hpp plan --cluster "$out/cluster.json" --profile "$out/profile.json" --gbs 32 --max-tp 1 --no-baselines \
-    --out "$out/plan.json"
-hpp run "$out/plan.json" --device cuda --steps 6 --warmup-steps 2 --json > "$out/run.json"
-python3 - "$out/run.json" <<'EOF'
+for m in $models; do
+    hpp profile --model "$m" --device "$device" --dtype bfloat16 --micro-batch-sizes "$sizes" --device-type "$name" \
+        --repeats 5 --warmup 2 --out "$out/profile-$m.json"
+    hpp plan --cluster "$out/cluster.json" --profile "$out/profile-$m.json" --gbs "$gbs" --max-tp 1 --no-baselines \
+        --quiet --out "$out/plan-$m.json"
+    hpp run "$out/plan-$m.json" --device "$device" --dtype bfloat16 --steps "$steps" --warmup-steps "$warm" \
+        --quiet --json > "$out/run-$m.json"
+    python3 - "$m" "$out/run-$m.json" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
-rep = json.load(open(sys.argv[1]))
-m, p = rep["measured"]["iteration_time_s"], rep["predicted"].get("iteration_time_s")
-print(f"hpp run on the GPU: measured {m:.4f} s per iteration, predicted {p:.4f} s "
-      f"(measured / predicted {m / p:.3f}); {rep['measured']['throughput_samples_per_s']:.1f} samples/s")
+model, rep = sys.argv[1], json.load(open(sys.argv[2]))
+m, p = rep["measured"], rep["predicted"]
+t, tp = m["iteration_time_s"], p.get("iteration_time_s")
+ranks = rep["ranks"]
+alloc = max(r["peak_memory_bytes"] for r in ranks)
+reserved = max((r.get("peak_memory_reserved_bytes") or 0) for r in ranks)
+pred_mem = p.get("peak_memory_bytes")
+mfu = m.get("mfu")
+print(f"{model}: iteration measured {t:.4f} s, predicted {tp:.4f} s (measured / predicted {t / tp:.3f}); "
+      f"{m['throughput_tokens_per_s']:.0f} tokens/s; MFU {'n/a' if mfu is None else f'{mfu:.3f}'}; "
+      f"peak memory allocated {alloc / 2**30:.2f} GiB vs predicted {pred_mem / 2**30:.2f} GiB "
+      f"(measured / predicted {alloc / pred_mem:.3f}), reserved {reserved / 2**30:.2f} GiB")
 EOF
+done
 
-python3 - "$out" <<'EOF'
+# the update on the device equals single-process training (float64; a tiny model: the real ones do not fit twice)
+hpp plan --scenario cpu-hetero-4 --model llama-tiny --gbs 4 --max-tp 1 --no-baselines --quiet --out "$out/plan-verify.json"
+python3 - "$out/plan-verify.json" <<'EOF'
 import json, sys
-from dataclasses import asdict
-from pathlib import Path
-import torch
-from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import launch_forked
-from hpp.runtime.models import ModelConfig
-from hpp.runtime.reference import max_param_difference, train_reference
-from hpp.runtime.worker import WorkerConfig
-
-out = Path(sys.argv[1])
-cfg_m = ModelConfig("micro", num_blocks=4, hidden_size=32, num_heads=2, seq_len=16, vocab_size=64)
-plan = Plan("micro", 6, 13, (Pipeline((Stage(0, 6, "cuda", 1, (0,), "none"),), 3, 13, "1F1B"),))
-cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(cfg_m), steps=3, dtype="float64", save_params=True,
-                   timeout_s=60, lr=0.5, device="cuda")
-res = launch_forked(cfg, world_size=1, out_dir=out, timeout_s=180)
-assert res.ok, res.failure_message()
-params = [torch.load(out / "rank0.pt", map_location="cpu")]
-ref = train_reference(cfg_m, global_batch_size=13, steps=3, dtype=torch.float64, lr=0.5)
-worst, nan, n = max_param_difference(params, ref)
-json.dump({"max_abs_difference": worst, "nan": nan, "parameters": n}, open(out / "update.json", "w"))
-print(f"update check: {n} parameters after 3 steps on the GPU vs one CPU process: max |difference| {worst:.3g}"
-      f"{' (NaN!)' if nan else ''}")
+p = json.load(open(sys.argv[1]))            # keep one pipeline so that it fits one device
+p["pipelines"] = [p["pipelines"][0]]
+p["pipelines"][0]["num_samples"] = p["global_batch_size"]
+b = p["pipelines"][0]["micro_batch_size"]
+p["pipelines"][0]["num_micro_batches"] = -(-p["global_batch_size"] // b)
+st = p["pipelines"][0]["stages"]
+p["pipelines"][0]["stages"] = [dict(st[0], layers=[0, p["num_layers"]], device_ids=[0])]
+p["pipelines"][0]["schedule"] = "1F1B"
+p.pop("predicted", None)
+json.dump(p, open(sys.argv[1], "w"))
 EOF
+hpp run "$out/plan-verify.json" --device "$device" --steps 2 --verify --quiet --launcher fork 2>&1 \
+    | grep "^verify" | tee "$out/verify.txt" | tee -a "$out/summary.txt"

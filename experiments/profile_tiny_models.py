@@ -1,6 +1,7 @@
 """Regenerate the bundled CPU profiles of the tiny runtime models (opt-tiny, gpt-neo-tiny, llama-tiny).
 
     python experiments/profile_tiny_models.py [--models llama-tiny,...] [--repeats 20] [--warmup 5]
+    python experiments/profile_tiny_models.py --time-terms-only [--models gpt-tiny,opt-tiny,...]
 
 Per model: ``hpp profile``'s measurement (:func:`hpp.runtime.profiler.profile_model`) on
 one CPU thread at micro-batch sizes 1, 2, 4 (device type ``cpu``), TP degree 2 entries,
@@ -23,8 +24,16 @@ output_bytes are TP 1's (an upper bound / the whole hidden state a stage sends).
   position tables and rowwise biases whole);
 - activation_bytes and output_bytes = TP 1's.
 
-Each TP 2 entry says which in its note. Writes ``hpp/profiles/data/profile-<model>.json``
-(``--out-dir`` to write elsewhere) and prints one JSON line per model.
+Each TP 2 entry says which in its note. Every entry then gets the runtime step's time terms
+(``step_time``: loss, schedule overhead, gloo send/recv) and the profile the host's CPU
+contention (``meta["host_time"]``), measured once for all models
+(:mod:`hpp.runtime.time_profile`); no memory terms (the bundled CPU profiles keep the
+calibrated memory formula, so cpu-hetero-4's plans stay as they are).
+``--time-terms-only`` adds the time terms to the existing files (any bundled CPU profile,
+``gpt-tiny`` included) and leaves their measured layers alone.
+
+Writes ``hpp/profiles/data/profile-<model>.json`` (``--out-dir`` to write elsewhere) and
+prints one JSON line per model.
 """
 
 from __future__ import annotations
@@ -48,8 +57,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hpp.profiles.model_profile import ModelProfile, save_profile  # noqa: E402
+from hpp.profiles.model_profile import ModelProfile, load_profile, save_profile  # noqa: E402
 from hpp.runtime.profiler import profile_model, scale_profile  # noqa: E402
+from hpp.runtime.time_profile import HostStepTerms, add_measured_time_terms, measure_host_step_terms  # noqa: E402
 from hpp.runtime.stage import build_stage  # noqa: E402
 from hpp.runtime.zoo import load_runtime_model  # noqa: E402
 
@@ -166,24 +176,26 @@ def measure_tp(profile: ModelProfile, name: str, tp: int, *, warmup: int, repeat
         "degree": tp, "ranks": tp, "clock": "thread_time of each rank's compute thread, slower rank per layer"}))
 
 
-def make_profile(name: str, *, sizes: Sequence[int], repeats: int, warmup: int, tp2: str = "measure"
-                 ) -> ModelProfile:
+def make_profile(name: str, *, sizes: Sequence[int], repeats: int, warmup: int, tp2: str = "measure",
+                 shared: HostStepTerms | None = None) -> ModelProfile:
     model = load_runtime_model(name)
     prof = profile_model(name, device="cpu", micro_batch_sizes=sizes, warmup=warmup, repeats=repeats,
-                         num_threads=1)
+                         num_threads=1, memory_terms=False)
     if tp2 == "measure":
         prof = measure_tp(prof, name, DERIVED_TP, warmup=warmup, repeats=repeats)
     else:
         prof = derive_tp(prof, model, DERIVED_TP)
     prof = scale_profile(prof, {"cpu-2x": 2.0}, base_device_type="cpu")
+    prof = add_measured_time_terms(prof, model=name, shared=shared)
     load = prof.meta["load_average"]
     how = "measured on 2 gloo ranks" if tp2 == "measure" else "derived from TP 1"
     source = (f"measured on this project's CPU host by experiments/profile_tiny_models.py (hpp.runtime.profiler, "
               f"{repeats} repeats after {warmup} warm-up): machine {platform.node()!r} ({platform.machine()}, "
               f"{load['cores']} cores, 1-minute load {load['before']} before and {load['after']} after, other jobs "
               f"running), torch {torch.__version__}, {prof.meta['date']}; CPU time of one compute thread; cpu-2x = "
-              f"cpu x 2 (emulated); TP {DERIVED_TP} entries {how} (see their notes). The bundled CPU "
-              f"profile of {name} (hpp.runtime.hf_models).")
+              f"cpu x 2 (emulated); TP {DERIVED_TP} entries {how} (see their notes); runtime step time terms "
+              f"and host contention by hpp.runtime.time_profile. The bundled CPU profile of {name} "
+              f"(hpp.runtime.hf_models).")
     return replace(prof, source=source, licence="MIT (this project)")
 
 
@@ -196,12 +208,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=ROOT / "hpp" / "profiles" / "data")
     p.add_argument("--tp2", choices=("measure", "derive"), default="measure",
                    help="TP 2 entries: measured on 2 gloo ranks (default) or derived from TP 1")
+    p.add_argument("--time-terms-only", action="store_true",
+                   help="only add the runtime step's time terms to the existing profile files")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     sizes = tuple(int(x) for x in args.micro_batch_sizes.split(","))
+    shared = measure_host_step_terms()                 # model-independent: once for every model
     for name in args.models.split(","):
-        prof = make_profile(name, sizes=sizes, repeats=args.repeats, warmup=args.warmup, tp2=args.tp2)
         out = args.out_dir / f"profile-{name}.json"
+        if args.time_terms_only:
+            src = ROOT / "hpp" / "profiles" / "data" / f"profile-{name}.json"
+            prof = add_measured_time_terms(load_profile(src), model=name, shared=shared)
+            note = " Runtime step time terms and host contention added by experiments/profile_tiny_models.py"
+            prof = replace(prof, source=prof.source.split(note)[0].rstrip() + note + " --time-terms-only "
+                           f"(hpp.runtime.time_profile, 1-minute load {prof.meta['host_time']['load_average']}).")
+        else:
+            prof = make_profile(name, sizes=sizes, repeats=args.repeats, warmup=args.warmup, tp2=args.tp2,
+                                shared=shared)
         save_profile(prof, out)
         ms = {f"cpu_tp{t}_mb{b}_fwd_bwd_ms": round(1e3 * (sum(e.forward_s) + sum(e.backward_s)), 3)
               for (dev, t, b), e in sorted(prof.entries.items()) if dev == "cpu"}

@@ -12,8 +12,10 @@ Bad input is refused before any process starts: one line, exit 2.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -111,7 +113,7 @@ def test_two_hosts_run_a_plan_spanning_both_and_verify(two_host_run):
         assert m is not None and float(m.group(1)) <= 1e-9, out
         ranks = [int(line.split()[0]) for line in out.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+\s", line)]
         assert ranks == ([0, 2] if node_rank == 0 else [1, 3]), out
-        assert f"host {node_rank} of 2 (plan node {node_rank})" in out
+        assert f"host {node_rank} of 2 (plan node {node_rank}) runs ranks" in out
         names.add(int(m.group(2)))
     # host 0 holds layers 0-2 (26 tensors), host 1 layers 2-3 (15): together every parameter, layer 2 on both
     total = len(list(build_stage(micro(), 0, 4, seed=0).layer_parameters()))
@@ -135,6 +137,33 @@ def test_two_host_checkpoint_resumes_on_one_host(two_host_run, tmp_path, capsys)
     total = len(list(build_stage(micro(), 0, 4, seed=0).layer_parameters()))
     assert m is not None and float(m.group(1)) <= 1e-9 and int(m.group(2)) == total, out
     assert "resumed          from" in out and "(steps 4..5)" in out
+
+
+def test_raw_torchrun_lines_from_dry_run_run_both_hosts(tmp_path, capsys):
+    """``--dry-run DIR`` checks the host, writes DIR/worker_config.json and prints the raw torchrun line; the two
+    printed lines, run as they are, run the plan (each host's ranks write their results into its DIR)."""
+    plan = two_node_plan(tmp_path / "plan.json")
+    port = free_port()
+    cmds = []
+    for r in (0, 1):
+        code = run_main([plan, "--steps", "2", "--model", MODEL, "--nnodes", "2", "--node-rank", str(r),
+                         "--rdzv-endpoint", f"127.0.0.1:{port}", "--emulate-node-type", NODE_TYPES[r],
+                         "--group-timeout", "30", "--dry-run", str(tmp_path / f"host{r}")])
+        out = capsys.readouterr().out.splitlines()[0]
+        assert code == 0 and f"-m torch.distributed.run --nnodes=2 --node-rank={r} --rdzv-backend=static " \
+            f"--rdzv-endpoint=127.0.0.1:{port} --nproc-per-node=2 --max-restarts=0 -m hpp.runtime.worker " \
+            f"{tmp_path / f'host{r}' / 'worker_config.json'} {tmp_path / f'host{r}'}" in out, out
+        cmds.append(shlex.split(out))
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    res = finish(procs, timeout_s=LAUNCH_TIMEOUT_S)
+    print(f"raw torchrun, two hosts: {time.perf_counter() - t0:.1f} s")
+    assert [c for c, _o, _e in res] == [0, 0], [e[-1500:] for _c, _o, e in res]
+    for r, ranks in ((0, (0, 2)), (1, (1, 3))):
+        assert sorted(p.name for p in (tmp_path / f"host{r}").glob("rank*.json")) == [f"rank{k}.json" for k in ranks]
+        steps = [json.loads(x)["step"] for x in (tmp_path / f"host{r}" / f"rank{ranks[1]}.steps.jsonl").read_text()
+                 .splitlines()]
+        assert steps == [0, 1]
 
 
 def _refused(capsys, argv: list[str]) -> str:

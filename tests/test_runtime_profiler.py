@@ -167,3 +167,14 @@ def test_measured_tp2_param_bytes_equal_the_tp_plan_share():
         model = load_runtime_model(name)
         expect = [mod.tp_param_bytes(model, l, 2) for l in range(model.spec.num_layers)]
         assert list(load_bundled_profile(name).entries[("cpu", 2, 1)].param_bytes) == expect
+
+
+def test_profile_carries_the_runtime_steps_memory_terms_unless_asked_not_to():
+    """Issue 17.2: hpp profile measures the memory of the runtime's real step per layer (FakeTensor + MemTracker)."""
+    from hpp.runtime.profiler import profile_model
+    with_terms = profile_model("llama-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1, mixed_precision=True)
+    e = next(iter(with_terms.entries.values()))
+    assert e.has_step_memory and len(e.step_activation_bytes) == with_terms.num_layers
+    assert with_terms.meta["memory"]["dtype"] == "bfloat16" and "autocast" in with_terms.meta["dtype"]
+    without = profile_model("llama-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1, memory_terms=False)
+    assert not next(iter(without.entries.values())).has_step_memory

@@ -117,7 +117,8 @@ def test_ctrl_c_stops_every_process_exits_130_and_the_last_checkpoint_resumes(tm
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     stopped_s = time.perf_counter() - t0
-    print(f"SIGINT -> exit in {stopped_s:.2f} s")
+    with capsys.disabled():
+        print(f"SIGINT -> exit in {stopped_s:.2f} s")
     assert proc.returncode == 130 and stopped_s < STOP_BOUND_S, (proc.returncode, stopped_s, err[-2000:])
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == "hpp run: stopped by SIGINT (Ctrl-C): every local process of the run was ended"
@@ -187,7 +188,8 @@ def test_a_killed_host_launcher_leaves_nothing_and_the_checkpoint_resumes(tmp_pa
     t0 = time.perf_counter()
     procs[1].kill()                                               # SIGKILL: host 1's launcher cannot clean up
     (c0, _o0, e0), _ = finish(procs, timeout_s=90)
-    print(f"host launcher killed -> host 0 exited in {time.perf_counter() - t0:.2f} s")
+    with capsys.disabled():
+        print(f"host launcher killed -> host 0 exited in {time.perf_counter() - t0:.2f} s")
     assert c0 == 1 and "hpp run: error: run failed: " in e0 and "Traceback" not in e0.strip().splitlines()[-1], e0
     assert _wait_gone(trees[0] + trees[1], 10.0) == []            # host 1's agent and workers too
     _only_complete_checkpoints(ck)

@@ -51,8 +51,8 @@ def test_contention_is_relative_to_one_process():
 
 
 def test_add_time_terms_scales_emulated_types_like_the_padding():
-    prof = scale_profile(profile_model("gpt-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1), {"cpu-2x": 2.0},
-                         base_device_type="cpu")
+    prof = profile_model("gpt-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1, memory_terms=False)
+    prof = scale_profile(prof, {"cpu-2x": 2.0}, base_device_type="cpu")
     t = StepTimeTerms(1e-4, 2e-4, 3e-4, 0.5, 1e-3, 5e-5, 1e9, 1e-4)
     out = add_time_terms(prof, {1: t}, HostTimeTerms(2, (1.0, 1.3)))
     assert out.layer_profile("cpu", 1, 1).step_time == t

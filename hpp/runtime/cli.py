@@ -195,6 +195,10 @@ def _profile_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="CPU compute threads (hpp run uses 1 per rank)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="time the layers as hpp run --dtype runs them (bfloat16: autocast, fp32 weights)")
+    p.add_argument("--no-memory-terms", action="store_true",
+                   help="skip measuring the runtime step's memory per layer (FakeTensorMode + MemTracker)")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -228,7 +232,8 @@ def profile_main(argv: Sequence[str] | None = None) -> int:
         emulate = _parse_emulate(args.emulate)
         prof = profile_model(args.model, device=args.device, micro_batch_sizes=_parse_sizes(args.micro_batch_sizes),
                              tp_degree=args.tp, device_type=args.device_type, warmup=args.warmup,
-                             repeats=args.repeats, num_threads=args.threads)
+                             repeats=args.repeats, num_threads=args.threads,
+                             mixed_precision=args.dtype == "bfloat16", memory_terms=not args.no_memory_terms)
         if emulate:
             prof = scale_profile(prof, emulate, base_device_type=args.device_type or args.device)
         write_profile(prof, args.out)

@@ -3,8 +3,9 @@
 - :func:`measure_p2p`: one-way time of a send/recv pair between two gloo ranks on this host
   (round trip / 2, ``isend``/``irecv`` + ``wait`` as torch's pipeline schedules post them),
   fitted as ``latency + bytes / bandwidth``. Transfers are waits, so this is wall time; the
-  ``quantile`` (default 0.25) of the repeats is kept: a low quantile estimates the
-  uncontended latency, the median of a busy host includes waits for a core;
+  ``quantile`` (default 0.1) of the repeats is kept: a low quantile estimates the
+  uncontended transfer (on a host with load 8 on 2 cores the median of 50 round trips was
+  2-10x the 0.1 quantile, which stayed within 1.5x of the minimum);
 - :func:`measure_contention`: ``kappa(n)``, the CPU time of a fixed matmul op while ``n``
   processes run it at once / alone (SMT siblings and shared caches make a CPU second buy
   less work when the neighbours compute); 1 everywhere on a host where it does not matter
@@ -164,7 +165,7 @@ def _p2p_rank(rank: int, world_size: int, port: int, sizes: Sequence[int], warmu
 
 
 def measure_p2p(*, sizes: Sequence[int] = (4096, 65536, 262144, 1048576, 4194304), warmup: int = 5,
-                repeats: int = 30, quantile: float = 0.25, timeout_s: float = 120.0) -> P2PFit:
+                repeats: int = 40, quantile: float = 0.1, timeout_s: float = 120.0) -> P2PFit:
     """Ping-pong between two gloo ranks (``isend``/``irecv`` + ``wait``, as the schedules post them).
 
     Raises

@@ -109,13 +109,26 @@ def host_label(node_rank: int | None = None) -> str:
     return name if node_rank is None else f"{name} (node rank {node_rank})"
 
 
-def _die_with_parent(sig: int) -> None:
-    """Linux: deliver ``sig`` to this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``)."""
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), or None."""
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+def _die_with_parent(sig: int, *, prctl: Callable[..., int] | None = None, parent: int | None = None) -> None:
+    """Linux: deliver ``sig`` to this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
+
+    ``prctl`` resolved beforehand (:func:`_prctl`), so that a ``preexec_fn`` imports nothing;
+    ``parent``: exit at once if the parent is already gone (it died before the call).
+    """
+    fn = prctl or _prctl()
+    if fn is not None:
+        fn(1, int(sig), 0, 0, 0)                        # 1 = PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -288,9 +301,9 @@ def kill_tree(proc: subprocess.Popen, *, grace_s: float = _TERM_GRACE_S) -> None
     proc.wait()
 
 
-def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, port: int, log_file: str | None
-                ) -> None:
-    _die_with_parent(signal.SIGKILL)                  # the launcher gone (even SIGKILLed): this rank goes too
+def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, port: int, log_file: str | None,
+                parent: int) -> None:
+    _die_with_parent(signal.SIGKILL, parent=parent)   # the launcher gone (even SIGKILLed): this rank goes too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if log_file is not None:                          # --log-dir: this rank's stdout and stderr
@@ -337,7 +350,8 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
     port = free_port()
     t0 = time.perf_counter()
     procs = [ctx.Process(target=_fork_child, args=(cfg, r, world_size, str(out_dir), port,
-                                                   str(log_dir / f"rank{r}.log") if log_dir is not None else None),
+                                                   str(log_dir / f"rank{r}.log") if log_dir is not None else None,
+                                                   os.getpid()),
                          daemon=True)
              for r in range(world_size)]
     try:
@@ -467,8 +481,9 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
     t0 = time.perf_counter()
     timed_out = False
     with open(log_path, "w") as log:
+        prctl, me = _prctl(), os.getpid()
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
+                                preexec_fn=lambda: _die_with_parent(signal.SIGTERM, prctl=prctl, parent=me))
         deadline = t0 + timeout_s
         code: int | None = None
         try:

@@ -2,7 +2,8 @@
 
 For each layer ``l`` of a model, at micro-batch size ``b``, training dtype and TP
 degree ``t`` (one device of the TP group), under ``FakeTensorMode`` and MemTracker
-(:mod:`hpp.runtime.memory`; no real memory, any model size):
+(:mod:`hpp.runtime.fake_env`; no real memory, any model size; each measurement in a
+forked child, so the calling process keeps no fake-world state):
 
 - ``step_activation_bytes[l]``: bytes the layer adds to its stage per micro-batch in
   flight: the tensors its forward saves for backward plus its output (which the next
@@ -19,7 +20,9 @@ degree ``t`` (one device of the TP group), under ``FakeTensorMode`` and MemTrack
 The layer runs as it does in a stage (:class:`hpp.runtime.worker.StageForward`):
 under autocast for ``bfloat16``, its parameters' gradients allocated, its input a
 tensor of the activation dtype that requires grad (tokens for layer 0). Layers of
-identical structure (class, parameter and buffer shapes) are measured once.
+identical structure (class, parameter and buffer shapes) are measured once. Also:
+``tied_param_bytes``, what a stage holding both ends of a tied pair holds once.
+Not counted: module buffers (GPT-Neo's causal masks, 4 MiB per block at 2048 tokens).
 
 How the cost model composes them into a stage's peak:
 :func:`hpp.formulation.cost_model.stage_memory_breakdown`.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 

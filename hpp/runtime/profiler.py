@@ -85,10 +85,13 @@ def _saved_bytes(fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor])
 
 
 def measure_layer(layer: torch.nn.Module, make_input: Callable[[], torch.Tensor], *, device: torch.device,
-                  warmup: int, repeats: int, cpu_time: bool = False) -> dict[str, float | list[float]]:
+                  warmup: int, repeats: int, cpu_time: bool = False,
+                  mixed_precision: bool = False) -> dict[str, float | list[float]]:
     """Forward/backward/optimizer seconds (all repeats) and bytes of one layer.
 
     ``cpu_time``: on CPU, time with the calling thread's CPU clock (one compute thread only).
+    ``mixed_precision``: the forward runs under ``torch.autocast(bfloat16)`` with fp32
+    weights, as ``hpp run --dtype bfloat16`` runs it.
 
     Returns
     -------
@@ -103,7 +106,8 @@ def measure_layer(layer: torch.nn.Module, make_input: Callable[[], torch.Tensor]
     x = make_input()
     for i in range(warmup + repeats):
         t0 = now()
-        y = layer(x)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed_precision):
+            y = layer(x)
         t1 = now()
         grad = torch.ones_like(y)
         t2 = now()
@@ -152,7 +156,8 @@ def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel
 def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu",
                   micro_batch_sizes: Sequence[int] = (1, 2, 4), tp_degree: int = 1, device_type: str | None = None,
                   warmup: int = 3, repeats: int = 10, num_threads: int = 1, seed: int = 0,
-                  dtype: torch.dtype = torch.float32) -> ModelProfile:
+                  dtype: torch.dtype = torch.float32, mixed_precision: bool = False,
+                  memory_terms: bool = True) -> ModelProfile:
     """Measure ``model``'s per-layer profile on ``device`` for each micro-batch size.
 
     Parameters
@@ -164,6 +169,12 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
     micro_batch_sizes : sequence of int, each >= 1
     device_type : str, optional
         Name of the entries' device type (default: ``device``).
+    mixed_precision : bool
+        Time the layers as ``hpp run --dtype bfloat16`` runs them (autocast, fp32 weights).
+    memory_terms : bool
+        Also measure the memory of the runtime's real stage step per layer
+        (:func:`hpp.runtime.memory_profile.add_memory_terms`: FakeTensorMode + MemTracker, no
+        real memory used), which the cost model then prices instead of its calibrated formula.
 
     Returns
     -------
@@ -211,7 +222,7 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
                         dev).requires_grad_(True)
                 try:
                     rows[b].append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats,
-                                                 cpu_time=cpu_clock))
+                                                 cpu_time=cpu_clock, mixed_precision=mixed_precision))
                 except torch.OutOfMemoryError:
                     fits = [x for x in sizes if x < b]
                     raise HppInputError(f"micro-batch size {b} runs out of memory on {device} (layer {l})",
@@ -244,14 +255,20 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
             "device": device if device == "cpu" else torch.cuda.get_device_name(dev), "num_threads": num_threads,
             "clock": "thread_time (CPU time of the compute thread)" if cpu_clock else "perf_counter (wall)",
             "load_average": {"before": load_before, "after": _load_average(), "cores": os.cpu_count()},
-            "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeats": repeats,
+            "dtype": "bfloat16 autocast, fp32 weights" if mixed_precision else str(dtype).removeprefix("torch."),
+            "warmup": warmup, "repeats": repeats,
             "spread": spread, "spread_definition": "(max - min) / median over repeats, per layer",
             "runtime_model": runtime_name,
             "hyper_parameters": {"num_blocks": spec.num_blocks, "hidden_size": spec.hidden_size,
                                  "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
                                  "ffn_size": spec.ffn_size, "seq_len": spec.seq_len, "vocab_size": spec.vocab_size}}
-    return ModelProfile(model=spec.name, num_layers=spec.num_layers, sequence_length=spec.seq_len, entries=entries,
-                        source="measured by hpp profile (hpp.runtime.profiler)", licence="MIT", meta=meta)
+    profile = ModelProfile(model=spec.name, num_layers=spec.num_layers, sequence_length=spec.seq_len,
+                           entries=entries, source="measured by hpp profile (hpp.runtime.profiler)", licence="MIT",
+                           meta=meta)
+    if memory_terms:
+        from hpp.runtime.memory_profile import add_memory_terms
+        profile = add_memory_terms(profile, rmodel, dtype="bfloat16" if mixed_precision else "float32", seed=seed)
+    return profile
 
 
 def scale_profile(profile: ModelProfile, slowdowns: Mapping[str, float], *, base_device_type: str) -> ModelProfile:
@@ -276,6 +293,7 @@ def scale_profile(profile: ModelProfile, slowdowns: Mapping[str, float], *, base
             raise HppInputError(f"slowdown {k} for {name!r}", field="slowdown", fix="use a factor >= 1")
         for e in base:
             scaled = replace(e, device_type=name, forward_s=tuple(v * k for v in e.forward_s),
+                             step_time=e.step_time.emulated(k) if e.step_time is not None else None,
                              backward_s=tuple(v * k for v in e.backward_s),
                              note=f"emulated: {base_device_type} measurement with forward and backward x {k} "
                                   f"(sleep padding of hpp run --emulate-speed); optimizer step unscaled")
@@ -296,6 +314,7 @@ def dilate_profile(profile: ModelProfile, time_scale: float) -> ModelProfile:
     if not time_scale > 1.0:
         raise HppInputError(f"time scale {time_scale}", field="time_scale", fix="use a factor >= 1")
     entries = {k: replace(e, forward_s=tuple(v * time_scale for v in e.forward_s),
+                          step_time=e.step_time.emulated(time_scale) if e.step_time is not None else None,
                           backward_s=tuple(v * time_scale for v in e.backward_s)) for k, e in profile.entries.items()}
     return replace(profile, entries=entries, meta=dict(profile.meta, time_scale=time_scale))
 

@@ -334,7 +334,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     if warmup_steps >= steps:
         notes.append(f"{steps} step(s) <= warm-up {warmup_steps}: the median includes warm-up steps")
     if not share.whole:
-        notes.append(f"host {share.node_rank} of {share.nnodes} (plan node {share.nodes[0]}) ran ranks "
+        notes.append(f"host {share.node_rank} of {share.nnodes} (plan node {share.nodes[0]}) runs ranks "
                      f"{list(share.ranks)}: times, loss, memory{' and verify' if verify else ''} cover these ranks")
     hosts = {} if share.whole and share.rdzv_endpoint is None else \
         {"nnodes": share.nnodes, "node_rank": share.node_rank, "node_map": share.node_map,

@@ -47,8 +47,8 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
 from hpp.runtime.host_probe import fit_line, init_gloo, measure_contention, measure_p2p, run_forked
 
-__all__ = ["ScheduleOverheadFit", "measure_loss_s", "measure_schedule_overhead", "add_time_terms", "measure_time_terms",
-           "add_measured_time_terms", "main"]
+__all__ = ["ScheduleOverheadFit", "HostStepTerms", "measure_loss_s", "measure_schedule_overhead",
+           "measure_host_step_terms", "measure_time_terms", "add_time_terms", "add_measured_time_terms", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,12 @@ def _tiny_stage(index: int, num_stages: int) -> torch.nn.Module:
 
 
 def _overhead_rank(rank: int, world_size: int, port: int, schedule: str, micro_batches: Sequence[int],
-                   warmup: int, repeats: int) -> dict[int, tuple[float, float, float]]:
+                   warmup: int, repeats: int) -> dict[int, tuple[float, float, float, float]]:
+    """Per m: median (step CPU, step wall, CPU inside the ops, the stage's own compute) [s].
+
+    The micro-batch counts are interleaved (every repeat runs each m once), so a drift of
+    the host's speed during the measurement affects every m alike.
+    """
     from hpp.runtime.emulation import Instrument
     from hpp.runtime.training import TrainingConfig, lm_loss
     from hpp.runtime.worker import make_stage_schedule, run_schedule_step
@@ -154,20 +159,22 @@ def _overhead_rank(rank: int, world_size: int, port: int, schedule: str, micro_b
     b, s, h, v = _TINY
     first, last = rank == 0, rank == world_size - 1
     gen = torch.Generator().manual_seed(0)
-    out = {}
+    runs = {}
     try:
         for m in micro_batches:
             module = _tiny_stage(rank, world_size)
             stage, sched = make_stage_schedule(
                 module, stage_index=rank, num_stages=world_size, num_micro_batches=m, micro_batch_size=b,
                 seq_len=s, hidden_size=h, vocab_size=v, training=TrainingConfig(), device=torch.device("cpu"),
-                group=dist.group.WORLD, schedule=schedule, loss_fn=lambda o, t: lm_loss(o, t, denominator=m * b * s))
+                group=dist.group.WORLD, schedule=schedule,
+                loss_fn=lambda o, t, m=m: lm_loss(o, t, denominator=m * b * s))
             inst = Instrument()
             inst.attach(stage)
             x = torch.randint(0, v, (m * b, s), generator=gen)
             bare_in = x[:b] if first else torch.randn(b, s, h, generator=gen).requires_grad_(True)
-            cpu, wall, in_op, bare = [], [], [], []
-            for i in range(warmup + repeats):
+            runs[m] = (module, sched, inst, x, bare_in, ([], [], [], []))
+        for i in range(warmup + repeats):
+            for m, (module, sched, inst, x, bare_in, rec) in runs.items():
                 dist.barrier()
                 inst.reset()
                 c0, w0 = time.thread_time(), time.perf_counter()
@@ -178,15 +185,11 @@ def _overhead_rank(rank: int, world_size: int, port: int, schedule: str, micro_b
                     None if last else torch.ones_like(y))
                 c2 = time.thread_time()
                 if i >= warmup:
-                    cpu.append(c1 - c0)
-                    wall.append(w1 - w0)
-                    in_op.append(inst.cpu_s)
-                    bare.append(c2 - c1)
-            out[m] = (statistics.median(cpu), statistics.median(wall), statistics.median(in_op),
-                      statistics.median(bare))
+                    for lst, val in zip(rec, (c1 - c0, w1 - w0, inst.cpu_s, c2 - c1)):
+                        lst.append(val)
     finally:
         dist.destroy_process_group()
-    return out
+    return {m: tuple(statistics.median(lst) for lst in run[5]) for m, run in runs.items()}  # type: ignore[misc]
 
 
 def measure_schedule_overhead(*, schedule: str = "1F1B", num_stages: int = 2,
@@ -223,25 +226,52 @@ def measure_schedule_overhead(*, schedule: str = "1F1B", num_stages: int = 2,
 # ------------------------------------------------------------------ into a profile
 
 
-def measure_time_terms(model: Any, micro_batch_sizes: Sequence[int], *, warmup: int = 3, repeats: int = 10,
-                       dtype: torch.dtype = torch.float32,
-                       quick: bool = False) -> tuple[dict[int, StepTimeTerms], HostTimeTerms]:
-    """Everything above, for one model on this host: per micro-batch size step terms, and host terms."""
-    loss = measure_loss_s(model, micro_batch_sizes, warmup=warmup, repeats=repeats, dtype=dtype)
+@dataclass(frozen=True)
+class HostStepTerms:
+    """The model-independent measurements: the schedule on 1 and 2 stages, gloo send/recv, contention."""
+
+    one_stage: ScheduleOverheadFit
+    two_stages: ScheduleOverheadFit
+    p2p: Any                           # hpp.runtime.host_probe.P2PFit
+    host: HostTimeTerms
+
+    def step_terms(self, loss_forward_s: float, loss_backward_s: float) -> StepTimeTerms:
+        """A profile entry's terms with this loss (per micro-batch) [s]."""
+        one, two = self.one_stage, self.two_stages
+        return StepTimeTerms(loss_forward_s=loss_forward_s, loss_backward_s=loss_backward_s,
+                             micro_batch_overhead_s=one.per_micro_batch_s,
+                             micro_batch_overhead_in_op=one.in_op_fraction,
+                             step_overhead_s=max(one.per_step_s, two.per_step_s), p2p_latency_s=self.p2p.latency_s,
+                             p2p_bandwidth_bytes_per_s=self.p2p.bandwidth_bytes_per_s,
+                             p2p_overhead_s=max(0.0, two.per_micro_batch_s - one.per_micro_batch_s))
+
+
+def measure_host_step_terms(*, quick: bool = False) -> HostStepTerms:
+    """:func:`measure_schedule_overhead` on 1 and 2 stages, :func:`~hpp.runtime.host_probe.measure_p2p`, contention.
+
+    The per-neighbour cost ``p2p_overhead_s`` is the 2-stage fit's per-micro-batch cost minus
+    the 1-stage one's (posting and completing a stage's transfers). About 40 s (``quick``: 20 s).
+    """
     ms = (2, 4, 8) if quick else (2, 4, 8, 16)
     one = measure_schedule_overhead(num_stages=1, micro_batches=ms, repeats=8 if quick else 15)
     two = measure_schedule_overhead(num_stages=2, micro_batches=ms, repeats=8 if quick else 15)
-    p2p = measure_p2p(repeats=15 if quick else 30)
+    p2p = measure_p2p(repeats=20 if quick else 40)
     kappa = measure_contention(repeats=20 if quick else 40)
-    terms = {b: StepTimeTerms(loss_forward_s=f, loss_backward_s=g, micro_batch_overhead_s=one.per_micro_batch_s,
-                              micro_batch_overhead_in_op=one.in_op_fraction,
-                              step_overhead_s=max(one.per_step_s, two.per_step_s), p2p_latency_s=p2p.latency_s,
-                              p2p_bandwidth_bytes_per_s=p2p.bandwidth_bytes_per_s,
-                              p2p_overhead_s=max(0.0, two.per_micro_batch_s - one.per_micro_batch_s))
-             for b, (f, g) in loss.items()}
     host = HostTimeTerms(cores=os.cpu_count() or 1, contention=kappa,
                          load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
-    return terms, host
+    return HostStepTerms(one, two, p2p, host)
+
+
+def measure_time_terms(model: Any, micro_batch_sizes: Sequence[int], *, warmup: int = 3, repeats: int = 10,
+                       dtype: torch.dtype = torch.float32, quick: bool = False, shared: HostStepTerms | None = None
+                       ) -> tuple[dict[int, StepTimeTerms], HostTimeTerms]:
+    """Everything above, for one model on this host: per micro-batch size step terms, and host terms.
+
+    ``shared``: model-independent measurements to reuse (:func:`measure_host_step_terms`).
+    """
+    loss = measure_loss_s(model, micro_batch_sizes, warmup=warmup, repeats=repeats, dtype=dtype)
+    shared = shared or measure_host_step_terms(quick=quick)
+    return {b: shared.step_terms(f, g) for b, (f, g) in loss.items()}, shared.host
 
 
 def add_time_terms(profile: ModelProfile, terms: dict[int, StepTimeTerms], host: HostTimeTerms | None = None, *,
@@ -274,14 +304,16 @@ def add_time_terms(profile: ModelProfile, terms: dict[int, StepTimeTerms], host:
     return replace(profile, entries=entries, meta=meta)
 
 
-def add_measured_time_terms(profile: ModelProfile, *, model: Any | None = None, quick: bool = False) -> ModelProfile:
+def add_measured_time_terms(profile: ModelProfile, *, model: Any | None = None, quick: bool = False,
+                            shared: HostStepTerms | None = None) -> ModelProfile:
     """Measure the time terms on this host for ``profile``'s micro-batch sizes and add them (:func:`add_time_terms`).
 
-    ``model`` defaults to ``profile.meta["runtime_model"]`` (else ``profile.model``).
+    ``model`` defaults to ``profile.meta["runtime_model"]`` (else ``profile.model``); ``shared``
+    as in :func:`measure_time_terms`.
     """
     model = model or profile.meta.get("runtime_model") or profile.model
     sizes = sorted({k[2] for k in profile.entries})
-    terms, host = measure_time_terms(model, sizes, quick=quick)
+    terms, host = measure_time_terms(model, sizes, quick=quick, shared=shared)
     return add_time_terms(profile, terms, host)
 
 

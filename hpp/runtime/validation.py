@@ -127,7 +127,8 @@ def profile_for(specs: Sequence[EmulatedCluster], *, model: str = "gpt-tiny", mi
     """Profile ``model`` on this CPU (one thread), add each slow type as a scaled copy, then the time terms."""
     from hpp.runtime.profiler import profile_model, scale_profile
     from hpp.runtime.time_profile import add_measured_time_terms
-    prof = profile_model(model, device="cpu", micro_batch_sizes=micro_batch_sizes, repeats=repeats, warmup=warmup)
+    prof = profile_model(model, device="cpu", micro_batch_sizes=micro_batch_sizes, repeats=repeats, warmup=warmup,
+                         memory_terms=False)          # the emulated memory caps are set for the calibrated formula
     prof = scale_profile(prof, {s.slow_type: s.slowdown for s in specs}, base_device_type="cpu")
     return add_measured_time_terms(prof, model=model, quick=quick) if time_terms else prof
 
