@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hpp.cli_inputs import DEFAULT_GBS, check_plan_args, check_writable, left_out_types, plan_inputs
-from hpp.cli_output import estimate_json, idle_devices_note, num, plan_source, print_estimate
+from hpp.cli_output import estimate_json, idle_devices_note, num, plan_source, print_estimate, print_memory_breakdown
 from hpp.cliparse import DefaultsRawFormatter, Parser
 from hpp.errors import HppInputError
 
@@ -80,6 +80,7 @@ def cmd_plan(args) -> int:
 
     t0 = time.perf_counter()
     inp = plan_inputs(args)
+    config = _cost_config(args)
     cluster, profile, gbs, name, said = inp.cluster, inp.profile, inp.global_batch_size, inp.name, inp.said
     space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
@@ -102,14 +103,14 @@ def cmd_plan(args) -> int:
     if not args.no_baselines:
         say(f"baselines (together at most {args.baseline_time_limit:g} s; --baseline-time-limit S, "
             f"--no-baselines)")
-    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space,
+    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space, config=config,
                                                                  time_budget_s=args.baseline_time_limit,
                                                                  progress=progress)
     base_s = time.perf_counter() - t_base
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
     seed_s = _seed_from_previous(inp, seeds, say)
     say(f"HPP search (composition solve at most {args.time_limit:g} s; --time-limit S)")
-    res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, solver=args.solver,
+    res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, solver=args.solver, config=config,
                    profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
@@ -172,6 +173,20 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _add_memory_flags(p) -> None:
+    p.add_argument("--memory-headroom", type=float, default=0.0, metavar="FRAC",
+                   help="fraction of every device's memory kept free: a stage must fit in capacity x (1 - FRAC) "
+                        "minus the framework reserve")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                   help="optimizer the run uses (its states count in memory for profiles measured by hpp profile; "
+                        "the bundled GPU profiles keep their calibrated 16 bytes per parameter)")
+
+
+def _cost_config(args):
+    from hpp.formulation.cost_model import CostModelConfig
+    return CostModelConfig(memory_headroom=args.memory_headroom, optimizer=args.optimizer)
+
+
 def cmd_estimate(args) -> int:
     from hpp.formulation.cost_model import estimate_plan
     from hpp.interop import load_any_plan
@@ -183,7 +198,7 @@ def cmd_estimate(args) -> int:
         profile = load_bundled_profile(args.model)
     _check_writable(args.out)
     plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
-    est = estimate_plan(plan, cluster, profile)
+    est = estimate_plan(plan, cluster, profile, config=_cost_config(args))
     if args.out:
         write_plan_json(plan, args.out)
     if args.json:
@@ -194,6 +209,7 @@ def cmd_estimate(args) -> int:
     print(f"plan {args.plan}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
           f"{plan.num_devices} devices, global batch {plan.global_batch_size}")
     print_estimate(est, plan)
+    print_memory_breakdown(est)
     if args.out:
         print(f"hpp plan written to {args.out}")
     return 0
@@ -276,6 +292,7 @@ def _parser() -> argparse.ArgumentParser:
                         "but cannot certify it; default: skip it there)")
     p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"], help="composition solver")
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
+    _add_memory_flags(p)
     p.add_argument("--mixed-tp-pipelines", action="store_true",
                    help="let a pipeline's stages have different TP degrees (hpp run refuses such plans)")
     p.add_argument("--no-baselines", action="store_true", help="skip the baselines")
@@ -302,6 +319,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop.py)")
     e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
+    _add_memory_flags(e)
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_estimate)
 

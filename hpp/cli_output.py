@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Any, Iterable, Mapping
 
-__all__ = ["num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note"]
+__all__ = ["print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note"]
 
 
 def num(x: Any) -> Any:
@@ -40,7 +40,8 @@ def estimate_json(est) -> dict[str, Any]:
                         "backward_s": s.backward_s, "p2p_s": s.p2p_s, "busy_s": s.busy_s, "bubble_s": s.bubble_s,
                         "optimizer_s": s.optimizer_s, "grad_sync_s": s.grad_sync_s,
                         "in_flight_micro_batches": s.in_flight_micro_batches, "memory_bytes": s.memory_bytes,
-                        "capacity_bytes": s.capacity_bytes, "headroom_bytes": s.headroom_bytes}
+                        "capacity_bytes": s.capacity_bytes, "headroom_bytes": s.headroom_bytes,
+                        "memory_breakdown": dict(s.memory_breakdown)}
                        for s in p.stages]} for p in est.pipelines],
         "blocks": [{"layers": [b.layer_start, b.layer_stop], "holder_stages": list(b.holders),
                     "bytes": b.num_bytes, "allreduce_s": b.allreduce_s} for b in est.blocks],
@@ -72,6 +73,30 @@ def index_ranges(indices: Iterable[int]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+def print_memory_breakdown(est, out=None) -> None:
+    """Per distinct stage, the predicted peak memory's parts (``StageEstimate.memory_breakdown``) [MiB or GiB].
+
+    Profiles measured by ``hpp profile`` carry the runtime step's terms (parameters, gradients,
+    optimizer states, pipelining buffers, embedding, head and loss, activations, backward
+    transient, optimizer step, framework); the bundled GPU profiles the calibrated formula's
+    (framework, weights and states, activations, backward workspace, pipelining buffers).
+    """
+    w = (out or sys.stdout).write
+    unit, uname = _mem_unit(min(s.capacity_bytes for p in est.pipelines for s in p.stages))
+    seen: set[tuple] = set()
+    w(f"memory per stage [{uname}] (peak = the largest of the step's phases):\n")
+    for i, p in enumerate(est.pipelines):
+        for j, s in enumerate(p.stages):
+            parts = {k: v for k, v in s.memory_breakdown.items() if k not in ("peak", "phase")}
+            key = (s.device_type, s.tp_degree, s.layer_start, s.layer_stop, s.recompute, tuple(parts.items()))
+            if not parts or key in seen:
+                continue
+            seen.add(key)
+            body = ", ".join(f"{k.replace('_', ' ')} {v / unit:.1f}" for k, v in parts.items() if v)
+            w(f"  pipeline {i} stage {j} ({s.device_type}, layers [{s.layer_start},{s.layer_stop})): "
+              f"peak {s.memory_bytes / unit:.1f} of {s.capacity_bytes / unit:.1f} = {body}\n")
 
 
 def print_estimate(est, plan, out=None) -> None:

@@ -7,8 +7,10 @@ one host of ``C`` cores, which changes the time in two ways this module models:
 - **Sharing**: while ``n`` ranks compute at once, each gets ``min(1, C / n)`` of a core.
 - **Contention**: a CPU second buys less work while several cores compute (SMT siblings,
   shared caches): ``kappa(b)`` = CPU time of an op while ``b`` cores are busy / alone,
-  measured by :func:`hpp.runtime.time_profile.measure_contention` (``meta["host_time"]`` of
+  measured by :func:`hpp.runtime.host_probe.measure_contention` (``meta["host_time"]`` of
   the profile; 1 when not measured).
+- **Other load** (``background``): processes of other users that compute all the time
+  take their share of the cores too (0 on a quiet host).
 
 and, with ``--emulate-speed``, the padding of :mod:`hpp.runtime.emulation`: a rank of a
 device type ``k`` x slower at time scale ``D`` sleeps after each forward/backward op until
