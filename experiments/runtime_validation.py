@@ -94,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("pred s: the host model (cores shared by the ranks, CPU contention, emulation padding), what the run should "
           "measure; model s: the cost model's closed form at time scale D; plan s: the plan's own prediction (D = 1); "
           "cpu: CPU seconds the ranks' forward/backward used / predicted (the host's speed vs when profiled); "
-          "norm s: pred s with the CPU terms x cpu; bg: runnable processes besides the ranks before the run; "
-          "bg s: pred s with that background load")
+          "norm s: pred s with the CPU terms x cpu; bg: other processes computing on the host just before the run "
+          "(hpp.runtime.host_probe.background_load; 0 on a quiet host); bg s: pred s with that background load")
     print(f"{time.perf_counter() - t0:.0f} s; wrote {args.out}; load average now {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores (the 15 % target needs a quiet host: load below 0.5)")
     print(f"time (CPU speed normalised): max |error| {100 * max_abs_error(rows, normalised=True):.1f} % over "

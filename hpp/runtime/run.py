@@ -143,8 +143,15 @@ def default_time_scale(cluster: Cluster, *, cpu_count: int | None = None) -> flo
     return max(1.0, cluster.num_devices / float(cpu_count or os.cpu_count() or 1))
 
 
-def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0
-             ) -> dict[str, Any]:
+def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0,
+             device: str = "cpu", emulate_speed: bool = False) -> dict[str, Any]:
+    """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host_model``).
+
+    A CPU run shares this host's cores among its ranks (and pads emulated devices): the host
+    model replays the step with processor sharing, and its iteration time is what the run should
+    measure (``cost_model_iteration_time_s`` keeps the closed form, ``plan_iteration_time_s`` the
+    plan's own estimate).
+    """
     if profile is None:
         return {"iteration_time_s": None, "throughput_samples_per_s": None,
                 "reason": "the plan names no profile"}
@@ -155,8 +162,18 @@ def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time
         plan_est = est if time_scale == 1.0 else estimate_plan(plan, cluster, profile)
     except (HppInputError, ImportError) as exc:
         return {"iteration_time_s": None, "throughput_samples_per_s": None, "reason": str(exc)}
-    return {"iteration_time_s": est.iteration_time_s, "throughput_samples_per_s": est.throughput_samples_per_s,
-            "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
+    t_iter, extra = est.iteration_time_s, {}
+    if device == "cpu":
+        from hpp.runtime.host_model import host_terms, simulate_host_run
+        cores = os.cpu_count() or 1
+        host = simulate_host_run(plan, cluster, profile, cores=cores, emulate_speed=emulate_speed,
+                                 time_scale=time_scale)
+        t_iter = host.iteration_time_s
+        extra = {"cost_model_iteration_time_s": est.iteration_time_s,
+                 "host_model": {"cores": cores, "cpu_s": list(host.cpu_s),
+                                "contention": list(host_terms(profile, cores=cores).contention)}}
+    return {"iteration_time_s": t_iter, "throughput_samples_per_s": plan.global_batch_size / t_iter,
+            **extra, "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
             "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,
             "peak_memory_bytes": est.peak_memory_bytes,
             "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
@@ -193,7 +210,8 @@ def _summarise(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int
     ranks = []
     for r in results:
         row = {k: r.get(k) for k in ("rank", "pipeline", "stage", "device_id", "device_type", "layers", "recompute",
-                                     "tp_degree", "tp_rank", "num_micro_batches", "peak_memory_bytes", "slowdown",
+                                     "tp_degree", "tp_rank", "num_micro_batches", "peak_memory_bytes",
+                                     "peak_memory_reserved_bytes", "slowdown",
                                      "time_scale", "compute_s", "cpu_s", "padding_s", "flops_per_step")}
         kept_phases = r["phases"][warmup_steps:] if steps > warmup_steps else r["phases"]
         row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0]}
@@ -389,7 +407,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     measured, collectives, ranks = _summarise(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                               steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
-    predicted = _predict(plan, cluster, profile, time_scale=scale)
+    predicted = _predict(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed)
     timeline_path = None
     if timeline is not None:
         from hpp.runtime.timeline import write_timeline_png

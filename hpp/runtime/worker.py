@@ -405,7 +405,10 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                   "num_samples": role.num_samples, "step_times_s": step_times, "phases": phases, "collectives": coll,
                   "losses": losses_out, "flops_per_step": flops_per_step,
                   "outputs_kept": len(pstage.output_chunks) if pstage is not None else 0,
-                  "peak_memory_bytes": _peak_memory_bytes(device), "slowdown": instrument.slowdown,
+                  "peak_memory_bytes": _peak_memory_bytes(device),
+                  "peak_memory_reserved_bytes": (int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda"
+                                                 else None),
+                  "slowdown": instrument.slowdown,
                   "time_scale": instrument.time_scale, "compute_s": instrument.compute_s, "cpu_s": instrument.cpu_s,
                   "padding_s": instrument.padding_s, "events": events}
         if cfg.save_params:
