@@ -46,6 +46,8 @@ def load_bundled_profile(model: str) -> ModelProfile:
 
     >>> load_bundled_profile("OPT-350").num_layers
     26
+    >>> load_bundled_profile("opt-350").model            # names are matched case-insensitively
+    'OPT-350'
 
     Raises
     ------
@@ -53,6 +55,8 @@ def load_bundled_profile(model: str) -> ModelProfile:
         ``model`` has no bundled profile (the message lists the available ones).
     """
     available = bundled_models()
+    if model not in available:              # the runtime's names (opt-350, llama-3-8, ...) differ in case only
+        model = {m.lower(): m for m in available}.get(model.strip().lower(), model)
     if model not in available:
         raise HppInputError(f"no bundled profile for model {model!r}", field="model",
                             fix=f"use one of {list(available)} or load a profile file")

@@ -106,7 +106,7 @@ def _human_run(rep: dict) -> str:
                 if pr.get("throughput_samples_per_s") is not None else ""),
              f"  loss             {_fmt(m.get('loss'), '.4f')} (last step)   MFU {_fmt(m.get('mfu'), '.2%')}",
              f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks)",
-             "  rank pipe stage  tp device          layers   rec   mbs  peak_mem_MB  compute_s  padding_s"]
+             "  rank pipe stage  tp device          layers   rec   #mb  peak_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
         tp = f"{r.get('tp_rank') or 0}/{r.get('tp_degree') or 1}"
         lines.append(f"  {r['rank']:>4} {r['pipeline']:>4} {r['stage']:>5} {tp:>3} {r['device_type']:<15} "

@@ -133,7 +133,7 @@ def check_protocol(obj: object, *, source: str) -> RuntimeModel:
         if not hasattr(obj, member):
             raise HppInputError(f"{source} returned a {type(obj).__name__}, which has no {member!r}",
                                 field="model", fix=f"return an object with {', '.join(PROTOCOL_MEMBERS)} "
-                                                   "(the runtime model protocol, README 'Your own model')")
+                                                   "(the runtime model protocol, docs/RUNTIME.md 'Your own model')")
     if not isinstance(obj.spec, ModelSpec):  # type: ignore[attr-defined]
         raise HppInputError(f"{source}: 'spec' is a {type(obj.spec).__name__}, not a ModelSpec",  # type: ignore
                             field="model", fix="set spec = hpp.runtime.model_api.ModelSpec(...)")

@@ -123,6 +123,26 @@ class StageModule(nn.Module):
                     yield int(key), f"layers.{key}.{name}", p
 
 
+def _init_tied_copies(model: RuntimeModel, layers: Mapping[int, nn.Module], pairs: tuple[tuple[str, str], ...], *,
+                      seed: int, dtype: torch.dtype) -> None:
+    """A stage holding only the second name of a tied pair gets the first name's initial value.
+
+    In the single-device model the pair is one tensor (the first name's draw), so a copy on
+    another stage must start from that draw too, whatever the model's own ``build_layer`` of
+    the second layer drew (the runtime then keeps the copies equal by summing their gradients).
+    """
+    for first, second in pairs:
+        (la, pa), (lb, pb) = split_global_name(first), split_global_name(second)
+        if lb in layers and la not in layers:
+            src = model.build_layer(la, seed=seed, dtype=dtype).get_parameter(pa)
+            dst = layers[lb].get_parameter(pb)
+            if src.shape != dst.shape:
+                raise HppInputError(f"tied parameters {first} {tuple(src.shape)} and {second} {tuple(dst.shape)} "
+                                    "differ in shape", field="tied_parameters", fix="tie parameters of one shape")
+            with torch.no_grad():
+                dst.copy_(src)
+
+
 def tie_within(layers: Mapping[int, nn.Module], pairs: tuple[tuple[str, str], ...]) -> int:
     """Make each tied pair whose two layers are both in ``layers`` one parameter; return how many.
 
@@ -177,5 +197,7 @@ def build_stage(model: RuntimeModel, lo: int, hi: int, *, seed: int, dtype: torc
         raise HppInputError(f"layers [{lo}, {hi}) outside [0, {n}) of {model.spec.name}",
                             field="layers", fix=f"{model.spec.name} has {n} layers")
     layers = {l: model.build_layer(l, seed=seed, dtype=dtype) for l in range(lo, hi)}
-    tie_within(layers, tuple(model.tied_parameters()))
+    pairs = tuple(model.tied_parameters())
+    _init_tied_copies(model, layers, pairs, seed=seed, dtype=dtype)
+    tie_within(layers, pairs)
     return StageModule(layers, layer_start=lo, layer_stop=hi, recompute=recompute).to(device)
