@@ -45,6 +45,7 @@ from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.step_time import HostTimeTerms
+from hpp.runtime.timeline import schedule_order
 
 __all__ = ["HostPrediction", "simulate_host_run", "base_entry", "host_terms", "scale_cpu_work"]
 
@@ -136,18 +137,7 @@ def _stage_ops(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[tuple
 
 
 def _schedule_order(schedule: str, m: int, num_stages: int, s: int) -> list[tuple[str, int]]:
-    if schedule == "GPipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warm = min(m, num_stages - s)
-    order = [("F", i) for i in range(warm)]
-    f, b = warm, 0
-    while b < m:
-        order.append(("B", b))
-        b += 1
-        if f < m:
-            order.append(("F", f))
-            f += 1
-    return order
+    return schedule_order(s, num_stages, m, schedule)
 
 
 def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emulate: bool, time_scale: float
