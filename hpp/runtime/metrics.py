@@ -196,11 +196,22 @@ class StepMonitor:
         ``--metrics-jsonl``.
     stream : text stream, optional
         Default ``sys.stderr``; ``quiet`` prints nothing.
+    ranks : sequence of int, optional
+        The plan ranks whose files are read (default ``range(world_size)``; one host of a
+        multi-host run reads its own); ``world_size`` is then ``len(ranks)``.
+    first_step : int
+        The first global step of this run (a resumed run continues the numbering); a row of
+        global step ``k`` is kept as ``k - first_step``, and ``steps`` counts this run's steps.
     """
 
-    def __init__(self, out_dir: Path, *, world_size: int, steps: int, global_batch_size: int, seq_len: int,
-                 peak_flops_per_s: float | None, jsonl: Path | None = None, stream: TextIO | None = None,
-                 quiet: bool = False) -> None:
+    def __init__(self, out_dir: Path, *, world_size: int | None = None, steps: int, global_batch_size: int,
+                 seq_len: int, peak_flops_per_s: float | None, jsonl: Path | None = None,
+                 stream: TextIO | None = None, quiet: bool = False, ranks: Sequence[int] | None = None,
+                 first_step: int = 0) -> None:
+        self.ranks = tuple(range(world_size or 0) if ranks is None else ranks)
+        self.first_step = int(first_step)
+        world_size = len(self.ranks)
+        steps = self.first_step + steps
         self.out_dir, self.world_size, self.steps = Path(out_dir), world_size, steps
         self._agg = dict(global_batch_size=global_batch_size, seq_len=seq_len, peak_flops_per_s=peak_flops_per_s)
         self._offsets = [0] * world_size
@@ -216,22 +227,25 @@ class StepMonitor:
             # disable=None: a bar only on a terminal; tqdm.write still prints the step lines elsewhere
             self._bar = tqdm(total=steps, unit="step", file=self._stream, disable=None, leave=False,
                              dynamic_ncols=True)
+            if self.first_step:
+                self._bar.update(self.first_step)
 
-    def _read_new(self, rank: int) -> None:
-        path = self.out_dir / f"rank{rank}.steps.jsonl"
+    def _read_new(self, index: int) -> None:
+        """Read ``rank<ranks[index]>.steps.jsonl`` from where the last call stopped (complete lines only)."""
+        path = self.out_dir / f"rank{self.ranks[index]}.steps.jsonl"
         try:
             with open(path) as fh:
-                fh.seek(self._offsets[rank])
+                fh.seek(self._offsets[index])
                 chunk = fh.read()
-                self._offsets[rank] = fh.tell()
+                self._offsets[index] = fh.tell()
         except FileNotFoundError:
             return
-        text = self._partial[rank] + chunk
-        complete, _, self._partial[rank] = text.rpartition("\n")
+        text = self._partial[index] + chunk
+        complete, _, self._partial[index] = text.rpartition("\n")
         for line in complete.splitlines():
             if line.strip():
                 row = json.loads(line)
-                self._rows[rank][int(row["step"])] = row
+                self._rows[index][int(row["step"]) - self.first_step] = row
 
     def poll(self) -> list[StepMetrics]:
         """Read what the ranks wrote since the last call; report and return the steps now complete."""

@@ -58,10 +58,10 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import LaunchResult, launch_forked, launch_torchrun
 from hpp.runtime.layout import blocks, rank_roles
-from hpp.runtime.metrics import StepMetrics, plan_peak_flops_per_s
+from hpp.runtime.metrics import StepMetrics, StepMonitor, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
-from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, LocalStepMonitor, check_host_capacity, check_resume,
+from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
 from hpp.runtime.worker import WorkerConfig
@@ -381,7 +381,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     verified = None
     logs = Path(log_dir) if log_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="hpp-run-", dir=out_dir) as tmp:
-        monitor = LocalStepMonitor(Path(tmp), ranks=share.ranks, first_step=start, steps=steps,
+        monitor = StepMonitor(Path(tmp), ranks=share.ranks, first_step=start, steps=steps,
                                    global_batch_size=plan.global_batch_size, seq_len=spec.seq_len,
                                    peak_flops_per_s=peak, jsonl=jsonl, quiet=not progress)
         res = None

@@ -20,14 +20,10 @@ deep inside the ranks:
   save left (``.tmp-step-K``, a ``step-K`` without its ``complete`` marker) and puts
   back a complete checkpoint a replacing save had moved aside, so that only complete
   checkpoints remain and the latest of them resumes.
-
-:class:`LocalStepMonitor` is :class:`hpp.runtime.metrics.StepMonitor` restricted to this
-host's ranks and started at the first step of a resumed run.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -39,12 +35,11 @@ from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_from_dict, read_plan_json
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.runtime.metrics import StepMonitor
 from hpp.runtime.model_api import RuntimeModel
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
            "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
-           "resume_notes", "prepare_save_dir", "clean_partial_checkpoints", "LocalStepMonitor"]
+           "resume_notes", "prepare_save_dir", "clean_partial_checkpoints"]
 
 logger = logging.getLogger(__name__)
 
@@ -385,40 +380,3 @@ def clean_partial_checkpoints(root: str | Path) -> list[str]:
             removed.append(child.name)
     return removed
 
-
-class LocalStepMonitor(StepMonitor):
-    """:class:`StepMonitor` over some plan ranks (this host's) whose steps are numbered from ``first_step``.
-
-    Parameters
-    ----------
-    ranks : sequence of int
-        The plan ranks whose ``rank<r>.steps.jsonl`` are read.
-    first_step : int
-        The first step of this run (a resumed run continues the global step numbering).
-    kwargs :
-        As :class:`StepMonitor` (``steps`` = the steps of this run).
-    """
-
-    def __init__(self, out_dir: Path, *, ranks: Sequence[int], first_step: int = 0, steps: int, **kwargs: Any
-                 ) -> None:
-        self.ranks, self.first_step = tuple(ranks), int(first_step)
-        super().__init__(out_dir, world_size=len(self.ranks), steps=first_step + steps, **kwargs)
-        if self._bar is not None and first_step:
-            self._bar.update(first_step)
-
-    def _read_new(self, index: int) -> None:
-        """Read ``rank<ranks[index]>.steps.jsonl``; a row of global step ``k`` is kept as ``k - first_step``."""
-        path = self.out_dir / f"rank{self.ranks[index]}.steps.jsonl"
-        try:
-            with open(path) as fh:
-                fh.seek(self._offsets[index])
-                chunk = fh.read()
-                self._offsets[index] = fh.tell()
-        except FileNotFoundError:
-            return
-        text = self._partial[index] + chunk
-        complete, _, self._partial[index] = text.rpartition("\n")
-        for line in complete.splitlines():
-            if line.strip():
-                row = json.loads(line)
-                self._rows[index][int(row["step"]) - self.first_step] = row
