@@ -133,7 +133,7 @@ def load_profile(source: "str | Path | ModelProfile") -> "ModelProfile":
 def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Path | ModelProfile",
          global_batch_size: int = 1024, *, micro_batch_sizes: Sequence[int] | None = None,
          max_tp: int | None = None, max_stages: int = 8, max_types_per_pipeline: int = 2,
-         allow_recompute: bool = True, mixed_tp_pipelines: bool = False, time_limit_s: float = 10.0,
+         allow_recompute: bool = True, mixed_tp_pipelines: bool = False, time_limit_s: float | None = None,
          workers: int = 0, seed: int = 0,
          baselines: bool = False, baseline_time_limit_s: float = 10.0) -> "PlannerResult":
     """The HPP plan with the shortest predicted iteration time (what ``hpp plan`` prints).
@@ -148,8 +148,9 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
         The search space (``hpp plan``'s flags of those names; None = every measured size / TP;
         ``mixed_tp_pipelines``: stages of one pipeline may have different TP degrees, which
         ``hpp run`` refuses).
-    time_limit_s : float
-        Time limit [s] of the composition solve (LP bound and CP-SAT, at least 0.5 s for CP-SAT).
+    time_limit_s : float or None
+        Wall-clock limit [s] of the exact solver; None (default): none, the search stops at a
+        deterministic work limit, so the same input, seed and workers give the same plan.
     workers : int
         CP-SAT workers and stage-balance processes (0 = one per core).
     seed : int
@@ -162,7 +163,8 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
     -------
     PlannerResult
         ``.plan`` (write it with :func:`hpp.plan.write_plan_json`), ``.estimate`` (the cost model's
-        prediction), ``.composition`` (status, objective, bound and gap), ``.wall_s``, ``.stats``.
+        prediction), ``.search`` (status, objective = the plan's predicted time, bound, gap, source;
+        ``.composition`` is its old name), ``.wall_s``, ``.stats``.
 
     Raises
     ------

@@ -86,8 +86,9 @@ def cmd_plan(args) -> int:
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
                         max_types_per_pipeline=args.max_types_per_pipeline,
                         mixed_tp_pipelines=args.mixed_tp_pipelines)
-    settings = SolverSettings(max_time_in_seconds=args.time_limit, num_workers=args.workers, random_seed=args.seed,
-                              cpsat_on_subset=args.cpsat_on_subset)
+    settings = SolverSettings(solver=args.solver, max_time_in_seconds=args.time_limit, num_workers=args.workers,
+                              random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
+                              cpsat_params=args.cpsat_params or "")
     left_out = left_out_types(cluster, profile, space)
     notes = cluster_notes(cluster) + list(left_out.values())
     check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
@@ -109,8 +110,9 @@ def cmd_plan(args) -> int:
     base_s = time.perf_counter() - t_base
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
     seed_s = _seed_from_previous(inp, seeds, say)
-    say(f"HPP search (composition solve at most {args.time_limit:g} s; --time-limit S)")
-    res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, solver=args.solver, config=config,
+    say(f"HPP search ({settings.solver}; " + (f"wall-clock limit {args.time_limit:g} s)" if args.time_limit else
+        f"deterministic: CP-SAT stops at {settings.deterministic_time:g} work units; --time-limit S sets a wall limit)"))
+    res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, config=config,
                    profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
@@ -126,7 +128,8 @@ def cmd_plan(args) -> int:
     if idle:
         notes.append(idle)
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
-              "bound_s": num(comp.bound_s), "solver": comp.solver, "solve_s": comp.wall_s, "source": source,
+              "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
+              "solve_s": comp.wall_s, "source": source, "hit_time_limit": comp.hit_time_limit,
               "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
               "replan": _replan_json(inp, res, seed_s),
@@ -145,15 +148,10 @@ def cmd_plan(args) -> int:
     print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
     print_estimate(res.estimate, plan)
-    seen = res.stats.get("cpsat_candidates")
-    if seen == 0:
-        how = f" (more than {settings.max_candidates}: CP-SAT skipped, the LP bound covers all)"
-    elif seen is not None and seen < comp.num_candidates:
-        how = f" (CP-SAT saw the best {seen}; the bound covers all)"
-    else:
-        how = ""
-    print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s, "
-          f"bound {comp.bound_s:.4f} s, gap {comp.gap:.2%}, {comp.num_candidates} candidates{how}")
+    how = f" ({comp.note})" if comp.note else ""
+    print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s "
+          f"(the returned plan's predicted time), bound {comp.bound_s:.4f} s ({comp.bound_method}), gap {comp.gap:.2%}, "
+          f"{comp.num_candidates} candidates{how}{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
     if inp.excluded or inp.previous is not None:
         from hpp.replan import SEED_NAME
@@ -250,8 +248,9 @@ defaults: with no arguments, the bundled scenario opt350-a100x8-v100x8 (OPT-350,
 1024, 8 A100-40 + 8 V100-16); --model/--profile with --scenario replace its model; with
 --cluster FILE, --model NAME or --profile FILE is required and --gbs defaults to 1024. The
 first progress lines name every default in use. Time limits: --baseline-time-limit bounds both baselines together
-(about S + 1 s), --time-limit the HPP composition solve (LP bound + CP-SAT, which always gets
-at least 0.5 s); building the candidates (seconds at 4,096 GPUs) is outside both.
+(about S + 1 s), --time-limit sets a wall-clock limit on the exact solver (default: none; CP-SAT
+stops at a deterministic work limit, so the same input, --seed and --workers give the same plan);
+building the candidates (seconds at 4,096 GPUs) is outside both.
 
 """
 
@@ -281,16 +280,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline")
     p.add_argument("--max-types-per-pipeline", type=int, default=2,
                    help="most GPU types in one pipeline (3 searches far more shapes)")
-    p.add_argument("--time-limit", type=float, default=10.0,
-                   help="time limit [s] of the composition solve: LP bound and CP-SAT (CP-SAT gets what the bound "
-                        "leaves, at least 0.5 s); candidate building and baselines are outside it")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="wall-clock limit [s] of the exact solver (default: none, deterministic; with a limit the "
+                        "answer can depend on the machine's load, and the result says when it was hit)")
     p.add_argument("--workers", type=int, default=0,
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--cpsat-on-subset", action="store_true",
                    help="with more than 200 candidates, still run CP-SAT on the best 200 (it may improve the plan "
                         "but cannot certify it; default: skip it there)")
-    p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "greedy"], help="composition solver")
+    p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "milp", "heuristic", "greedy"],
+                   help="composition solver (greedy: the old name of heuristic)")
+    p.add_argument("--cpsat-params", metavar="TEXT",
+                   help='extra CP-SAT parameters in text format, e.g. "num_workers:1,random_seed:1" (applied last)')
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")
     _add_memory_flags(p)
     p.add_argument("--mixed-tp-pipelines", action="store_true",

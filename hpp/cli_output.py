@@ -144,31 +144,20 @@ def print_estimate(est, plan, out=None) -> None:
 def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
     """(``search.source`` key, one sentence) saying where the returned plan came from.
 
-    The search's own plan comes from CP-SAT or from the heuristic incumbent (CP-SAT skipped, or its
-    solutions not better once priced with the exact gradient sync: CP-SAT's progress lines count the
-    sync in its relaxed model, so its objective there can sit below the exact one); a baseline's plan
-    is returned when the cost model prices it below the search's.
+    ``comp`` is the search's :class:`~hpp.solvers.SolveResult`: its objective, bound, gap and status
+    describe the returned plan whatever its source (the search's heuristic incumbent, the exact
+    solver's answer, a baseline's plan or the surviving pipelines of ``--previous``).
     """
-    seeded = stats.get("seeded_from")
-    if comp.solver == "greedy":
-        key, what = "greedy", "the greedy composition, no bound"
-    elif stats.get("plan_from") == "cp-sat":
-        key, what = "cp-sat", "CP-SAT's solution"
-    elif comp.solver == "heuristic":
-        key, what = "heuristic", "the heuristic incumbent, CP-SAT skipped"
-    else:
-        key, what = "heuristic", ("the heuristic incumbent, as CP-SAT's solutions priced with the exact gradient "
-                                  "sync were not better")
-    if seeded == "previous":              # hpp.replan.SEED_NAME: the surviving pipelines of --previous
-        return ("previous",
-                f"plan returned: the surviving pipelines of --previous, which the cost model prices below the "
-                f"search's best ({what}: objective {comp.objective_s:.4f} s); the objective, bound and gap above are "
-                f"the search's")
-    if seeded:
-        return (f"baseline:{seeded}",
-                f"plan returned: the {seeded} baseline's, which the cost model prices below the search's best "
-                f"({what}: objective {comp.objective_s:.4f} s); the objective, bound and gap above are the search's")
-    return key, f"plan returned: the search's, {what}"
+    src = comp.source
+    if src == "baseline:previous":        # hpp.replan.SEED_NAME: the surviving pipelines of --previous
+        return ("previous", "plan returned: the surviving pipelines of --previous, which the cost model prices below "
+                            "the search's best; objective, bound and gap above are this plan's")
+    if src.startswith("baseline:"):
+        name = src.split(":", 1)[1]
+        return (src, f"plan returned: the {name} baseline's, which the cost model prices below the search's best; "
+                     f"objective, bound and gap above are this plan's")
+    what = {"cp-sat": "CP-SAT's solution", "milp": "the MILP's solution"}.get(src, "the heuristic incumbent")
+    return src, f"plan returned: the search's, {what}"
 
 
 def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset()) -> str | None:

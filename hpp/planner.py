@@ -1,11 +1,11 @@
 """The HPP planner: hierarchical balance (stage balance -> data balance -> composition).
 
-``plan_hpp`` runs the search of HPP.md: candidate shapes are stage-balanced by the
-memoised DP, batched over all shapes (:mod:`hpp.formulation.stage_balance_batch`), pruned
-(:mod:`hpp.pruning`), composed (:mod:`hpp.formulation.heuristics` for the incumbent,
-:mod:`hpp.formulation.lp_bound` for the bound, and CP-SAT with the incumbent as hint when it
-can see every candidate, :mod:`hpp.formulation.composition`), bound to devices,
-data-balanced exactly, and re-priced with the cost model.
+``plan_hpp`` runs the one solve path: candidates (:func:`make_problem`: shapes stage-balanced by
+the memoised DP, batched over all shapes, pruned) -> :func:`hpp.solvers.solve` (incumbent, LP
+bound, CP-SAT or MILP on the bound problem) -> bind -> estimate. Every figure of the result
+(objective, bound, gap, status) describes the returned plan: the objective is the cost model's
+predicted iteration time of that plan, the bound a proven lower bound of it over all candidates
+and bindings; a seeded baseline plan, when returned, is first checked against the search space.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -22,22 +23,26 @@ from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
-from hpp.formulation.composition import CompositionProblem, CompositionResult, SolverSettings, solve_composition_cpsat
-from hpp.formulation.heuristics import fill_heuristic, greedy_composition, solo_objective_s
-from hpp.formulation.lp_bound import composition_bounds
+from hpp.formulation.bound_model import lower_bound_candidates
+from hpp.formulation.composition import CompositionProblem, SyncFloor
+from hpp.formulation.collectives import p2p_link_options
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
+from hpp.formulation.solver_settings import SolverSettings
+from hpp.formulation.space_limits import space_violations
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster, Link, cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.memo import StageCostCache
-from hpp.pruning.rules import PruningOptions, exceeds_incumbent
+from hpp.pruning.rules import PruningOptions
 from hpp.formulation.stage_balance import StageBalancer
+from hpp.solvers import SolveResult, certify, solve
 
 __all__ = ["PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes", "SOLVERS"]
 
 log = logging.getLogger(__name__)
 
-SOLVERS = ("cp-sat", "greedy")
+#: Deprecated: solver names (see :data:`hpp.solvers.SOLVER_NAMES`; ``greedy`` = ``heuristic``).
+SOLVERS = ("cp-sat", "milp", "heuristic", "greedy")
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,9 @@ class PlannerResult:
     plan : Plan
     estimate : PlanEstimate
         The cost model's prediction of ``plan``.
-    composition : CompositionResult
-        Solver status, objective (the composition model), bound, gap, wall time.
+    search : SolveResult
+        Figures of ``plan``: status, objective (= ``estimate.iteration_time_s``), bound, gap,
+        ``source`` (``"heuristic"``, ``"cp-sat"``, ``"milp"`` or ``"baseline:<name>"``).
     wall_s : float
         Total search time (candidates + solve + binding) [s].
     stats : dict
@@ -59,9 +65,14 @@ class PlannerResult:
 
     plan: Plan
     estimate: PlanEstimate
-    composition: CompositionResult
+    search: SolveResult
     wall_s: float
     stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def composition(self) -> SolveResult:
+        """Deprecated name of :attr:`search`."""
+        return self.search
 
 
 def pipeline_link(cluster: Cluster) -> Link:
@@ -76,12 +87,15 @@ def pipeline_link(cluster: Cluster) -> Link:
 
 def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                  space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
-                 config: CostModelConfig = CostModelConfig(), workers: int = 1
-                 ) -> tuple[CompositionProblem, dict[str, Any]]:
-    """Build the candidates (stage balance + pruning) of an instance.
+                 config: CostModelConfig = CostModelConfig(), workers: int = 1,
+                 profile_ref: Mapping[str, Any] | None = None) -> tuple[CompositionProblem, dict[str, Any]]:
+    """Build the candidates (stage balance + pruning) of an instance, with its bound problem and estimator.
 
     ``workers``: processes for the stage balance (0: one per usable core; see
     :func:`~hpp.formulation.candidates.build_candidates`; the candidates are the same for any value).
+    The problem's ``estimator`` binds counts to devices and prices the plan with the cost model
+    (``profile_ref``: how the plan names its profile, default ``{"name": profile.model}``); its
+    ``bound`` problem has the candidates' lower-bound times (:mod:`hpp.formulation.bound_model`).
 
     Returns
     -------
@@ -100,7 +114,8 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     left_out = check_micro_batch_sizes(cluster, profile, space)
     link = pipeline_link(cluster)
     caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
-    cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise, global_batch_size=global_batch_size)
+    cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise, global_batch_size=global_batch_size,
+                           pair_links=partial(p2p_link_options, cluster) if cluster.per_pair else None)
     balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
     cands, stats = build_candidates(cluster, profile, balancer, space, pruning, workers=workers)
     stats["candidates_s"] = time.perf_counter() - t0
@@ -112,7 +127,32 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
         raise InfeasibleError(memory_shortfall_message(cluster, profile, cache, space), field="cluster",
                               fix="add devices with more memory, allow recomputation, raise --max-stages or --max-tp,"
                                   " or use smaller micro-batches")
-    return CompositionProblem(cands, cluster, global_batch_size, link), stats
+    problem = CompositionProblem(cands, cluster, global_batch_size, link)
+    t1 = time.perf_counter()
+    problem.bound = CompositionProblem(lower_bound_candidates(cluster, profile, cands, pipeline_link=link, config=config),
+                                       cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster))
+    stats["bound_model_s"] = time.perf_counter() - t1
+    problem.estimator = _estimator(cluster, profile, global_batch_size, cands, config,
+                                   profile_ref or {"name": profile.model})
+    return problem, stats
+
+
+def _estimator(cluster: Cluster, profile: ModelProfile, global_batch_size: int, cands, config: CostModelConfig,
+               profile_ref: Mapping[str, Any]) -> Callable[[Mapping[int, int]], tuple[Plan, PlanEstimate]]:
+    """counts -> (the bound plan, its cost-model estimate), memoised on the counts."""
+    cluster_ref = cluster_to_dict(cluster)
+    memo: dict[frozenset, tuple[Plan, PlanEstimate]] = {}
+
+    def estimator(counts: Mapping[int, int]) -> tuple[Plan, PlanEstimate]:
+        key = frozenset((c, x) for c, x in counts.items() if x > 0)
+        got = memo.get(key)
+        if got is None:
+            plan = build_plan(cluster, model=profile.model, num_layers=profile.num_layers,
+                              sequence_length=profile.sequence_length, global_batch_size=global_batch_size,
+                              candidates=cands, counts=dict(key), profile_ref=profile_ref, cluster_ref=cluster_ref)
+            got = memo[key] = (plan, estimate_plan(plan, cluster, profile, config=config, estimate_missing=False))
+        return got
+    return estimator
 
 
 def check_micro_batch_sizes(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> list[str]:
@@ -177,47 +217,27 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
            f"{best[0] / 2**30:.2f} GiB ({best[1]})"
 
 
-def _subproblem(problem: CompositionProblem, keep: list[int], hint: dict[int, int]
-                ) -> tuple[CompositionProblem, dict[int, int]]:
-    """The problem restricted to candidates ``keep`` (indices into ``problem``) and the hint re-indexed."""
-    remap = {old: new for new, old in enumerate(keep)}
-    sub = CompositionProblem([problem.candidates[i] for i in keep], problem.cluster, problem.global_batch_size,
-                             problem.sync_link, solo_cache=problem.solo_cache, ring_cache=problem.ring_cache)
-    return sub, {remap[c]: x for c, x in hint.items() if c in remap}
-
-
-def _best_candidates(problem: CompositionProblem, hint: dict[int, int], limit: int) -> list[int]:
-    """Up to ``limit`` candidate indices: the hint's, then the best by solo objective, per device-type set."""
-    groups: dict[frozenset, list[int]] = {}
-    for c, cand in enumerate(problem.candidates):
-        groups.setdefault(frozenset(cand.devices), []).append(c)
-    share = max(1, (limit - len(hint)) // max(1, len(groups)))
-    keep = set(hint)
-    for members in groups.values():
-        keep.update(sorted(members, key=lambda c: solo_objective_s(problem, c))[:share])
-    return sorted(keep)
-
-
 @gc_paused()
 def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
              space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
              settings: SolverSettings = SolverSettings(), config: CostModelConfig = CostModelConfig(),
-             solver: str = "cp-sat", profile_ref: Mapping[str, Any] | None = None,
+             solver: str | None = None, profile_ref: Mapping[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
              seed_plans: Mapping[str, Plan] | None = None) -> PlannerResult:
-    """Find the HPP plan with the shortest predicted iteration time.
+    """Find the HPP plan with the shortest predicted iteration time (the one solve path).
 
     Parameters
     ----------
     cluster, profile : the inventory and the model's per-layer profile.
     global_batch_size : int
         G, samples per iteration; any positive integer (no divisibility needed).
-    space, pruning, settings, config : search space, pruning switches, CP-SAT settings, cost-model constants.
-    solver : ``"cp-sat"`` (default: incumbent, LP bound and gap; CP-SAT runs when there are at most
-        ``settings.max_candidates`` candidates, see :class:`SolverSettings`) or ``"greedy"`` (no bound).
+    space, pruning, settings, config : search space, pruning switches, solver settings, cost-model constants.
+    solver : deprecated; overrides ``settings.solver`` when given (``"greedy"`` = ``"heuristic"``).
     profile_ref : how the plan names its profile (default ``{"name": profile.model}``).
-    seed_plans : optional valid plans (e.g. the baselines', whose spaces HPP's contains); if the cost
-        model prices one below the searched plan, it is returned instead (``stats["seeded_from"]``).
+    seed_plans : optional valid plans (e.g. the baselines'); one inside the search space (checked:
+        :func:`~hpp.formulation.space_limits.space_violations`) that the cost model prices below the
+        search's plan is returned instead (``search.source == "baseline:<name>"``,
+        ``stats["seeded_from"]``), with objective, gap and status of that plan against the same bound.
     progress : optional callback for one-line progress messages (stderr in the CLI).
 
     Returns
@@ -234,94 +254,46 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     if not isinstance(cluster, Cluster):
         raise TypeError(f"plan_hpp: cluster must be a Cluster, got {type(cluster).__name__}"
                         + ("; call it (e.g. scenario.cluster())" if callable(cluster) else ""))
-    if solver not in SOLVERS:
-        raise HppInputError(f"unknown solver {solver!r}", field="--solver", fix=f"use one of {list(SOLVERS)}")
+    if solver is not None:
+        settings = SolverSettings(**{**settings.__dict__, "solver": solver})
+    if not pruning.incumbent_bound and settings.warm_start:
+        settings = SolverSettings(**{**settings.__dict__, "warm_start": False})
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     problem, stats = make_problem(cluster, profile, global_batch_size, space=space, pruning=pruning, config=config,
-                                  workers=settings.num_workers)
+                                  workers=settings.num_workers, profile_ref=profile_ref)
     if stats.get("types_left_out"):
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
             f"{', '.join(stats['types_left_out'])}")
     say(f"{len(problem.candidates)} candidate pipelines from {stats['shapes']} shapes "
         f"({stats['candidates_s']:.2f} s)")
-    t1 = time.perf_counter()
-    hint, hint_obj = greedy_composition(problem)
-    fill, fill_obj = fill_heuristic(problem)
-    if fill_obj < hint_obj:
-        hint, hint_obj = fill, fill_obj
-    stats["heuristic_s"] = time.perf_counter() - t1
-    stats["heuristic_objective_s"] = hint_obj
-    say(f"heuristic incumbent {hint_obj:.4f} s")
-    if solver == "greedy":
-        comp = CompositionResult(hint, "HEURISTIC", hint_obj, math.nan, math.nan, time.perf_counter() - t1,
-                                 len(problem.candidates), solver="greedy")
-    else:
-        if pruning.incumbent_bound and math.isfinite(hint_obj):
-            keep = [i for i, c in enumerate(problem.candidates) if not exceeds_incumbent(c, hint_obj)]
-            stats["pruned_incumbent"] = len(problem.candidates) - len(keep)
-            if stats["pruned_incumbent"]:
-                say(f"incumbent bound pruned {stats['pruned_incumbent']} candidates ({len(keep)} left)")
-            problem, hint = _subproblem(problem, keep, hint)
-        t2 = time.perf_counter()
-        lb, comp_lb = composition_bounds(problem, workers=settings.num_workers)
-        global_bound = max(lb + min(c.partition.optimizer_s for c in problem.candidates), comp_lb)
-        stats["bound_s"] = time.perf_counter() - t2
-        n, kept = len(problem.candidates), None
-        if n > settings.max_candidates and not settings.cpsat_on_subset:
-            # CP-SAT would see a subset only and could not certify the plan: the incumbent and the LP bound decide
-            comp = CompositionResult(hint, "UNKNOWN", hint_obj, math.nan, math.nan, 0.0, n, solver="heuristic")
-            stats["cpsat_candidates"] = 0
-        else:
-            sub, sub_hint = problem, hint
-            stats["cpsat_candidates"] = n
-            if n > settings.max_candidates:
-                kept = _best_candidates(problem, hint, settings.max_candidates)
-                sub, sub_hint = _subproblem(problem, kept, hint)
-                stats["cpsat_candidates"] = len(kept)
-            # the time limit covers bound + CP-SAT: CP-SAT gets what is left (at least 0.5 s)
-            left = settings.max_time_in_seconds - (time.perf_counter() - t1)
-            comp = solve_composition_cpsat(sub, settings=replace(settings, max_time_in_seconds=max(0.5, left)),
-                                           hint=sub_hint, symmetry=pruning.symmetry,
-                                           incumbent_s=hint_obj if pruning.incumbent_bound else None,
-                                           lower_bound_pipe_s=lb, progress=progress)
-        counts, obj = comp.counts, comp.objective_s
-        if kept is not None:
-            counts = {kept[c]: x for c, x in counts.items()}
-        stats["plan_from"] = "cp-sat" if comp.solver == "cp-sat" else "heuristic"
-        if not counts or obj > hint_obj * (1 + 1e-9) or counts == hint:
-            counts, obj = hint, hint_obj          # the incumbent is a feasible solution of the same model
-            stats["plan_from"] = "heuristic"
-        # CP-SAT's bound holds for the candidates it saw and for its relaxed sync (one bucket per stage):
-        # the gap is always the exact objective against the best valid bound
-        bound = global_bound if kept is not None or comp.bound_s != comp.bound_s else max(comp.bound_s, global_bound)
-        gap = max(0.0, (obj - bound) / obj) if obj > 0 else 0.0
-        if gap <= 1e-6:
-            status, gap = "OPTIMAL", 0.0
-        elif comp.status in ("OPTIMAL", "FEASIBLE", "UNKNOWN", "INFEASIBLE"):
-            status = "FEASIBLE"
-        else:
-            status = comp.status
-        comp = CompositionResult(counts, status, obj, bound, gap, comp.wall_s, len(problem.candidates),
-                                 solver=comp.solver)
-        seen = (f"; CP-SAT saw the best {len(kept)} of {n} candidates" if kept else
-                f"; CP-SAT skipped: {n} candidates > {settings.max_candidates}" if comp.solver == "heuristic" else "")
-        say(f"search {comp.status}: objective {comp.objective_s:.4f} s, bound {comp.bound_s:.4f} s, "
-            f"gap {comp.gap:.2%} ({comp.wall_s:.2f} s{seen})")
-    stats["solve_s"] = comp.wall_s
+    res = solve(problem, settings, progress=progress)
+    stats["solve_s"] = res.wall_s
     stats["num_candidates"] = len(problem.candidates)
-    plan = build_plan(cluster, model=profile.model, num_layers=profile.num_layers,
-                      sequence_length=profile.sequence_length, global_batch_size=global_batch_size,
-                      candidates=problem.candidates, counts=comp.counts,
-                      profile_ref=profile_ref or {"name": profile.model}, cluster_ref=cluster_to_dict(cluster))
-    est = estimate_plan(plan, cluster, profile, config=config, estimate_missing=False)
+    stats["plan_from"] = res.source
+    if not res.counts:
+        raise InfeasibleError(f"no plan found ({res.status}: {res.note})", field="cluster",
+                              fix="add devices with more memory or relax the search space")
+    plan, est = problem.estimator(res.counts)
     for name, seed in (seed_plans or {}).items():
-        if not space.mixed_tp_pipelines and any(len({s.tp_degree for s in pipe.stages}) > 1
-                                                for pipe in seed.pipelines):
-            continue                # a seed outside the space (several TP degrees in one pipeline)
+        bad = space_violations(seed, space, cluster=cluster, profile=profile)
+        if bad:
+            log.info("seed %s outside the search space: %s", name, "; ".join(bad))
+            continue
         seed_est = estimate_plan(seed, cluster, profile, config=config, estimate_missing=False)
         if seed_est.fits_memory and seed_est.iteration_time_s < est.iteration_time_s * (1 - 1e-12):
             plan, est = seed, seed_est
             stats["seeded_from"] = name
+            res = certify(res, seed_est.iteration_time_s, source=f"baseline:{name}", counts={})
+    if res.source.startswith("baseline:") and res.objective_s < res.bound_s:
+        # a seed below the bound of the candidates lies outside them (another partition of the same shape):
+        # the bound of the space is then at most its time, and nothing proves it optimal
+        res = replace(res, bound_s=res.objective_s, gap=0.0, status="FEASIBLE",
+                      note=(res.note + "; " if res.note else "") + "the returned seed beats the candidates' bound")
+    bad = space_violations(plan, space, cluster=cluster, profile=profile)
+    if bad:       # an internal invariant: the candidates are built inside the space
+        raise AssertionError(f"returned plan outside the search space: {'; '.join(bad)}")
+    if res.objective_s < res.bound_s * (1 - 1e-9) - 1e-9:
+        log.error("objective %.9g s below the bound %.9g s", res.objective_s, res.bound_s)
     wall = time.perf_counter() - t0
-    return PlannerResult(plan, est, comp, wall, stats)
+    return PlannerResult(plan, est, res, wall, stats)

@@ -96,7 +96,7 @@ def shrink_cluster(cluster: Cluster, excluded: Iterable[int]) -> tuple[Cluster, 
         for d in kept:
             id_map[d.device_id] = len(id_map)
         nodes.append(replace(node, num_devices=len(kept)))
-    return Cluster(cluster.name, dict(cluster.device_types), tuple(nodes), cluster.inter_node), id_map
+    return Cluster(cluster.name, dict(cluster.device_types), tuple(nodes), cluster.inter_node, cluster.network), id_map
 
 
 def exclude_devices(cluster: Cluster, device_ids: Iterable[int]) -> Cluster:

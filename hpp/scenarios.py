@@ -3,7 +3,9 @@
 Each scenario names a bundled model profile, a global batch size and a cluster of
 whole nodes (4 GPUs per node for A100/V100/GH-96, 8 for the RTX types, the
 ``gpus_per_node`` of :data:`~hpp.profiles.devices.BUNDLED_DEVICE_TYPES`). Links
-come from Sailor's measured network fits (:mod:`hpp.profiles.network`).
+come from Sailor's measured network fits (:mod:`hpp.profiles.network`), per pair of
+device types (a version-2 cluster, issue 19; ``make_cluster(..., per_pair=False)`` builds
+the version-1 cluster with one inter-node link, the slowest pair's, as before).
 
 A scenario that carries its own ``device_types`` (emulated CPU "devices": a
 slowdown factor and a memory cap each) builds its cluster from those instead,
@@ -21,7 +23,7 @@ from typing import Mapping
 from hpp.errors import HppInputError
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType
-from hpp.profiles.network import default_inter_node_link, default_intra_node_link
+from hpp.profiles.network import default_inter_node_link, default_intra_node_link, default_network
 
 __all__ = ["Scenario", "SCENARIOS", "DEFAULT_SCENARIO", "CPU_LINK", "get_scenario", "make_cluster",
            "make_emulated_cluster"]
@@ -50,17 +52,23 @@ class Scenario:
     description: str = ""
     device_types: tuple[DeviceType, ...] = ()
 
-    def cluster(self) -> Cluster:
-        """The scenario's cluster (whole nodes; measured links, or :data:`CPU_LINK` for emulated types)."""
+    def cluster(self, *, per_pair: bool = True) -> Cluster:
+        """The scenario's cluster (whole nodes; measured links, or :data:`CPU_LINK` for emulated types).
+
+        ``per_pair=False``: one inter-node link for every pair of nodes (version 1, the model before
+        issue 19), the slowest pair's.
+        """
         if self.device_types:
             return make_emulated_cluster(self.name, self.device_types, dict(self.gpus))
-        return make_cluster(self.name, dict(self.gpus))
+        return make_cluster(self.name, dict(self.gpus), per_pair=per_pair)
 
 
-def make_cluster(name: str, gpus: Mapping[str, int]) -> Cluster:
+def make_cluster(name: str, gpus: Mapping[str, int], *, per_pair: bool = True) -> Cluster:
     """A cluster of ``gpus[type]`` devices per type in nodes of the type's ``gpus_per_node``.
 
-    A count that is not a multiple of the node size leaves one smaller node.
+    A count that is not a multiple of the node size leaves one smaller node. Links: Sailor's
+    measured fits per pair of device types (:func:`~hpp.profiles.network.default_network`);
+    ``per_pair=False``: version 1, the slowest pair's link between every two nodes.
 
     Raises
     ------
@@ -79,7 +87,10 @@ def make_cluster(name: str, gpus: Mapping[str, int]) -> Cluster:
             n = min(per, count)
             nodes.append(Node(dtype, n, default_intra_node_link(dtype, n)))
             count -= n
-    return Cluster(name, dict(BUNDLED_DEVICE_TYPES), tuple(nodes), default_inter_node_link(gpus))
+    if not per_pair:
+        return Cluster(name, dict(BUNDLED_DEVICE_TYPES), tuple(nodes), default_inter_node_link(gpus))
+    network, slowest = default_network(nodes)
+    return Cluster(name, dict(BUNDLED_DEVICE_TYPES), tuple(nodes), slowest, network)
 
 
 def make_emulated_cluster(name: str, device_types: tuple[DeviceType, ...], counts: Mapping[str, int], *,

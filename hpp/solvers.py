@@ -1,30 +1,30 @@
-"""Interchangeable solvers of the composition problem, one interface and one result record.
+"""The one solve path: ``solve(problem, settings) -> SolveResult`` for every solver.
 
-Every solver gets a :class:`~hpp.formulation.composition.CompositionProblem` (candidates from
-the stage-balance DP, inventory, global batch) and returns a :class:`SolveResult`. All are
-judged by the same function, :func:`~hpp.formulation.composition.composition_objective_s`
-(``objective_s``), so their answers are comparable:
+Candidates (:func:`hpp.planner.make_problem`) -> :func:`solve` (CP-SAT, MILP or the heuristic,
+chosen by ``settings.solver``) -> bind -> estimate. ``hpp plan`` (:func:`hpp.planner.plan_hpp`) and
+``hpp bench-solvers`` (:mod:`hpp.solver_bench`) both call :func:`solve`.
 
-- ``"cp-sat"``: :func:`~hpp.formulation.composition.solve_composition_cpsat` (the default).
-- ``"milp"``: the same composition model as a MILP (:mod:`hpp.composition_milp`), solved by
-  HiGHS through :func:`scipy.optimize.milp`.
-- ``"heuristic"``: the best of :func:`greedy_composition` and :func:`fill_heuristic`; no bound.
+What every solver does, in one place:
 
-Both exact solvers minimise the *solver model* of the composition module: T_pipe (exact data
-balance) + T_sync relaxed to ``max_c sync_s(c, h)`` over used candidates c (one bucket per
-stage) + T_opt. That relaxation never exceeds the judged objective (block-wise sync splits a
-gradient into more, smaller all-reduces), so a solver's bound is a valid lower bound on the
-judged objective, up to CP-SAT's rounding to whole microseconds (see :data:`OPTIMUM_RTOL`).
-A result is ``proven_optimal`` when the solver closed its own model (``status == "OPTIMAL"``)
-AND the judged objective of its answer is within the tolerance of its bound; an answer that
-is optimal for the relaxed model only keeps ``status == "OPTIMAL"`` with ``gap > tol``.
+1. Incumbent: the best of :func:`~hpp.formulation.heuristics.greedy_composition` and
+   :func:`~hpp.formulation.heuristics.fill_heuristic` on the search model.
+2. Presolve (``warm_start``): candidates whose lower-bound single micro-batch already exceeds the
+   incumbent's objective are dropped (rule ``incumbent_bound``; any plan using one is slower).
+3. Bound: the LP bound (:func:`hpp.formulation.lp_bound.composition_bounds`) on the *bound problem*
+   (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
+   any link model) of all candidates left.
+4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
+   (at most ``max_candidates``), with the incumbent as hint and cutoff; its bound then counts.
+5. Judge: every answer is priced by ``problem.estimator`` (bind + the cost model:
+   :func:`~hpp.formulation.cost_model.estimate_plan`) where the problem has one, else by
+   :func:`~hpp.formulation.composition.composition_objective_s`; the best is returned.
+6. Figures of the returned answer: ``objective_s`` its judged time, ``bound_s`` a proven lower
+   bound of the judged time over all candidates and all bindings, ``gap`` = :func:`gap`, status by
+   :func:`status_of`: ``OPTIMAL`` only when objective and bound agree within the tolerance.
 
-Shared steps of the exact solvers (``warm_start=True``, the default): the heuristic's answer is
-the incumbent (CP-SAT hint; for both a cutoff ``model objective <= incumbent``), candidates whose
-single micro-batch already exceeds the incumbent are dropped (exact rule ``incumbent_bound``),
-the LP bound on T_pipe is a redundant constraint, and the final answer is the better (judged) of
-the solver's and the incumbent; the heuristic's seconds count in their wall time. A solver that
-hits its time limit returns its best answer and bound; it never raises for that.
+Status vocabulary: ``OPTIMAL``, ``FEASIBLE``, ``INFEASIBLE`` (no candidate can be used),
+``NO_SOLUTION`` (nothing found). Determinism: no wall-clock cut unless the settings set one
+(``max_time_in_seconds``); ``hit_time_limit`` says when it stopped the exact solver.
 """
 
 from __future__ import annotations
@@ -32,30 +32,32 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.composition import (CompositionProblem, SolverSettings, build_composition_model,
-                                         composition_objective_s, pipeline_time_for_counts, solve_composition_cpsat)
+from hpp.formulation.composition import CompositionProblem, composition_objective_s, pipeline_time_for_counts
 from hpp.formulation.heuristics import fill_heuristic, greedy_composition, solo_objective_s
-from hpp.formulation.lp_bound import composition_lower_bound_s, lp_lower_bound_pipe_s
+from hpp.formulation.lp_bound import composition_bounds
+from hpp.formulation.solver_settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings
 from hpp.pruning.rules import exceeds_incumbent
 
-__all__ = ["SolverOptions", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S",
-           "solve", "check_solver", "model_objective_s", "within_tolerance", "export_cpsat_model", "subproblem"]
+__all__ = ["SolverSettings", "SolverOptions", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL",
+           "OPTIMUM_ATOL_S", "STATUSES", "solve", "check_solver", "model_objective_s", "within_tolerance", "gap",
+           "status_of", "certify", "export_cpsat_model", "subproblem"]
 
 log = logging.getLogger(__name__)
 
 #: Two objectives [s] are "the same optimum" when they differ by at most
-#: ``OPTIMUM_ATOL_S + OPTIMUM_RTOL * max(|a|, |b|)``. CP-SAT rounds every time up to whole
-#: microseconds (``_us``): k micro-batches of a pipeline add up to k us, i.e. a relative error
-#: of at most 1 us / tau (tau >= 1 ms on every profile we ship: <= 1e-3); HiGHS stops at a
-#: relative gap of 1e-6 (set below). 1e-3 relative covers both.
+#: ``OPTIMUM_ATOL_S + OPTIMUM_RTOL * max(|a|, |b|)``. The bound models round every time DOWN to whole
+#: microseconds (k micro-batches of a pipeline lose up to k us: relative <= 1 us / tau, tau >= 1 ms on
+#: every profile we ship) and HiGHS stops at a relative gap of 1e-6: 1e-3 relative covers both.
 OPTIMUM_RTOL = 1e-3
 OPTIMUM_ATOL_S = 1e-5
 #: HiGHS' relative MIP gap at which it stops and calls the answer optimal.
 MILP_REL_GAP = 1e-6
+#: The status vocabulary of :class:`SolveResult`.
+STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "NO_SOLUTION")
 
 
 def within_tolerance(a: float, b: float) -> bool:
@@ -63,102 +65,113 @@ def within_tolerance(a: float, b: float) -> bool:
     return abs(a - b) <= OPTIMUM_ATOL_S + OPTIMUM_RTOL * max(abs(a), abs(b))
 
 
-@dataclass(frozen=True)
-class SolverOptions:
-    """Explicit solver parameters (STYLE.md rule 5).
+def gap(objective_s: float, bound_s: float) -> float:
+    """The one gap: ``(objective - bound) / objective``, at least 0; nan without a finite objective or bound.
 
-    Attributes
-    ----------
-    time_limit_s : float
-        Wall limit of the solve proper [s] (the warm-start heuristic comes on top).
-    num_workers : int
-        CP-SAT workers (0 = one per core); HiGHS' MIP search is single-threaded.
-    random_seed : int
-    warm_start : bool
-        Give the exact solvers the heuristic incumbent (hint, cutoff, ``incumbent_bound`` rule).
-    max_candidates : int
-        Above this many candidates (after the presolve), or above ``max_table_entries`` entries of
-        the per-candidate sync tables (candidates x most pipelines), the exact solvers see the best
-        candidates only (by solo objective, per device-type set, the incumbent's kept), as the
-        planner does; their bound is then the global :func:`composition_lower_bound_s` and their
-        status never "OPTIMAL" by the solver alone.
+    >>> gap(10.0, 9.0)
+    0.1
     """
+    if not (math.isfinite(objective_s) and objective_s > 0 and bound_s == bound_s):
+        return math.nan
+    return max(0.0, (objective_s - bound_s) / objective_s)
 
-    time_limit_s: float = 10.0
-    num_workers: int = 1
-    random_seed: int = 0
-    warm_start: bool = True
-    max_candidates: int = 1000
-    max_table_entries: int = 1_000_000
 
-    def __post_init__(self) -> None:
-        if not (self.time_limit_s > 0 and math.isfinite(self.time_limit_s)):
-            raise HppInputError(f"time limit {self.time_limit_s!r} s", field="--time-limit",
-                                fix="give a positive number of seconds")
-        if self.num_workers < 0:
-            raise HppInputError(f"num_workers={self.num_workers}", field="--workers", fix="give 0 (all cores) or more")
+def status_of(objective_s: float, bound_s: float, *, infeasible: bool = False) -> str:
+    """The one status rule: OPTIMAL when objective and bound agree within the tolerance, FEASIBLE with a
+    finite objective, else INFEASIBLE (``infeasible``: no candidate can be used) or NO_SOLUTION."""
+    if not math.isfinite(objective_s):
+        return "INFEASIBLE" if infeasible else "NO_SOLUTION"
+    if bound_s == bound_s and objective_s - bound_s <= OPTIMUM_ATOL_S + OPTIMUM_RTOL * abs(objective_s):
+        return "OPTIMAL"
+    return "FEASIBLE"
 
 
 @dataclass(frozen=True)
 class SolveResult:
-    """One solver's answer on one composition problem (scipy ``OptimizeResult`` style).
+    """The answer of :func:`solve` (scipy ``OptimizeResult`` style); the one result type of the solve path.
 
     Attributes
     ----------
     solver : str
+        ``settings.solver``.
     status : str
-        The solver's status on its own model: ``OPTIMAL``, ``FEASIBLE``, ``INFEASIBLE``,
-        ``NO_SOLUTION`` (nothing found in time) or ``HEURISTIC`` (no bound).
-    proven_optimal : bool
-        ``status == "OPTIMAL"`` and ``objective_s`` within the tolerance of ``bound_s``.
+        :data:`STATUSES`, from :func:`status_of` of ``objective_s`` and ``bound_s``.
     objective_s : float
-        :func:`composition_objective_s` of ``counts`` (the judge; inf without a solution).
-    model_objective_s : float
-        :func:`model_objective_s` of ``counts`` (what the exact solvers minimise).
+        The judged time of the returned answer [s]: the cost model's predicted iteration time of its
+        plan where the problem has an estimator (always in the planner), else the composition
+        objective; inf without an answer.
     bound_s : float
-        Proven lower bound [s] (nan for the heuristic).
+        A proven lower bound of the judged time over all candidates and bindings [s].
     gap : float
-        ``(objective_s - bound_s) / objective_s`` (nan without a bound).
+        :func:`gap` of the two.
     wall_s : float
-        Seconds, warm-start heuristic included.
-    hit_time_limit : bool
-    nodes : int
-        Branch-and-bound nodes (HiGHS); -1 where the solver does not report them.
-    num_candidates : int
-        Candidates the solver saw (after the shared presolve).
+        Seconds, heuristic, bound and judging included.
     counts : dict[int, int]
-        Copies per candidate index of the problem as given.
-    note : str
+        Copies per candidate index of the problem (empty when the answer is not the search's).
+    num_candidates : int
+        Candidates left after the presolve.
+    source : str
+        Where the answer comes from: ``"heuristic"`` (the incumbent), ``"cp-sat"`` / ``"milp"`` (the exact
+        solver's), or ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
+    bound_method : str
+        What proved ``bound_s``: ``"lp"``, ``"cp-sat"``, ``"milp"`` or ``"cutoff"`` (nothing beats the incumbent).
+    hit_time_limit : bool
+        The user's wall-clock limit stopped the exact solver (the answer may then depend on the machine).
+    nodes : int
+        Branch-and-bound nodes (HiGHS); -1 elsewhere.
+    model_objective_s : float
+        The search model's price of ``counts`` (:func:`composition_objective_s`).
+    solver_status : str
+        The exact solver's status on its own (bound) model; "" when it did not run.
     solver_model_objective_s : float
-        :func:`model_objective_s` of the solver's own answer, before the better-judged incumbent may
-        replace it (with ``status == "OPTIMAL"``: the optimum of the solver model; exact solvers that
-        both close the model agree on it).
+        The exact solver's objective on its bound model (nan when it did not run).
+    note : str
     """
 
     solver: str
     status: str
-    proven_optimal: bool
     objective_s: float
-    model_objective_s: float
     bound_s: float
     gap: float
     wall_s: float
-    hit_time_limit: bool
-    nodes: int
-    num_candidates: int
     counts: dict = field(default_factory=dict)
-    note: str = ""
+    num_candidates: int = 0
+    source: str = "heuristic"
+    bound_method: str = "lp"
+    hit_time_limit: bool = False
+    nodes: int = -1
+    model_objective_s: float = math.nan
+    solver_status: str = ""
     solver_model_objective_s: float = math.nan
+    note: str = ""
+
+    @property
+    def proven_optimal(self) -> bool:
+        """``status == "OPTIMAL"`` (objective equals the proven bound within the tolerance)."""
+        return self.status == "OPTIMAL"
+
+
+def certify(result: SolveResult, objective_s: float, *, source: str | None = None,
+            counts: Mapping[int, int] | None = None) -> SolveResult:
+    """``result`` describing another answer of the same problem: objective, gap and status re-derived
+    against the same bound (e.g. a seeded baseline's plan the planner returns instead)."""
+    return replace(result, objective_s=objective_s, gap=gap(objective_s, result.bound_s),
+                   status=status_of(objective_s, result.bound_s), source=source or result.source,
+                   counts=dict(counts) if counts is not None else result.counts)
+
+
+def SolverOptions(time_limit_s: float = 10.0, num_workers: int = 1, random_seed: int = 0, warm_start: bool = True,
+                  max_candidates: int = 1000, max_table_entries: int = 1_000_000) -> SolverSettings:
+    """Deprecated: the settings ``hpp bench-solvers`` used (a wall limit; the exact solver on a subset above
+    ``max_candidates``) as a :class:`SolverSettings`."""
+    return SolverSettings(max_time_in_seconds=time_limit_s, num_workers=num_workers, random_seed=random_seed,
+                          warm_start=warm_start, max_candidates=max_candidates, cpsat_on_subset=True,
+                          max_table_entries=max_table_entries)
 
 
 def model_objective_s(problem: CompositionProblem, counts: Mapping[int, int]) -> float:
-    """The exact solvers' objective of ``counts`` [s]: the composition model with relaxed sync.
-
-    T_pipe is the exact data balance with at least one micro-batch per copy
-    (``max(least time, max fill)``), T_sync = ``max_c sync_s(c, h)`` over used candidates, T_opt
-    the slowest optimizer step. Never above :func:`composition_objective_s` of a plan whose
-    copies all get samples.
-    """
+    """The exact solvers' model objective of ``counts`` on ``problem`` [s] (the relaxed per-stage sync;
+    on a bound problem, the sync floor): T_pipe with at least one micro-batch per copy + max sync + T_opt."""
     counts = {c: x for c, x in counts.items() if x > 0}
     if not counts:
         return math.inf
@@ -171,45 +184,42 @@ def model_objective_s(problem: CompositionProblem, counts: Mapping[int, int]) ->
 
 
 def subproblem(problem: CompositionProblem, keep: list[int]) -> CompositionProblem:
-    """The problem restricted to candidates ``keep`` (indices into ``problem``; order kept)."""
-    return CompositionProblem([problem.candidates[i] for i in keep], problem.cluster, problem.global_batch_size,
-                              problem.sync_link)
+    """The problem restricted to candidates ``keep`` (:meth:`CompositionProblem.restricted`)."""
+    return problem.restricted(keep)
 
 
-def _gap(obj: float, bound: float) -> float:
-    if not (math.isfinite(obj) and obj > 0 and bound == bound):
-        return math.nan
-    return max(0.0, (obj - bound) / obj)
+def check_solver(name: str) -> str:
+    """``name`` if it is a known solver (``greedy``: ``heuristic``); raises HppInputError listing the known ones."""
+    return SolverSettings(solver=name).solver
 
 
-def _heuristic(problem: CompositionProblem) -> tuple[dict[int, int], float, str]:
+def _judge(problem: CompositionProblem) -> Callable[[dict], float]:
+    """counts -> judged objective [s] (memoised on the counts)."""
+    memo: dict[frozenset, float] = {}
+
+    def judge(counts: dict) -> float:
+        counts = {c: x for c, x in counts.items() if x > 0}
+        if not counts:
+            return math.inf
+        key = frozenset(counts.items())
+        got = memo.get(key)
+        if got is None:
+            if problem.estimator is not None:
+                got = problem.estimator(counts)[1].iteration_time_s
+            else:
+                got = composition_objective_s(problem, counts)
+            memo[key] = got
+        return got
+    return judge
+
+
+def _heuristic(problem: CompositionProblem) -> tuple[dict[int, int], float]:
+    from hpp.formulation import heuristics
+    if hasattr(heuristics, "best_incumbent"):            # C2's better incumbent, when it lands
+        return heuristics.best_incumbent(problem)
     g_counts, g_obj = greedy_composition(problem)
     f_counts, f_obj = fill_heuristic(problem)
-    if f_obj < g_obj:
-        return f_counts, f_obj, "fill"
-    return g_counts, g_obj, "greedy"
-
-
-def _solve_heuristic(problem: CompositionProblem, options: SolverOptions, _inc: "SolveResult | None") -> SolveResult:
-    t0 = time.perf_counter()
-    counts, obj, which = _heuristic(problem)
-    status = "HEURISTIC" if counts else "NO_SOLUTION"
-    model = model_objective_s(problem, counts)
-    return SolveResult("heuristic", status, False, obj, model, math.nan, math.nan, time.perf_counter() - t0, False, -1,
-                       len(problem.candidates), counts, f"best of greedy/fill: {which}", model)
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """What the exact solvers share: the reduced problem, the index map, the incumbent, the LP bound."""
-
-    sub: CompositionProblem
-    keep: list[int]
-    hint: dict[int, int]
-    incumbent_s: float | None
-    lb_pipe_s: float | None
-    prep_s: float
-    global_bound_s: float | None = None     # set when the candidates were restricted
+    return (f_counts, f_obj) if f_obj < g_obj else (g_counts, g_obj)
 
 
 def _best_candidates(problem: CompositionProblem, keep: list[int], must: set[int], limit: int) -> list[int]:
@@ -220,162 +230,145 @@ def _best_candidates(problem: CompositionProblem, keep: list[int], must: set[int
     share = max(1, (limit - len(must)) // max(1, len(groups)))
     out = set(must)
     for members in groups.values():
-        out.update(sorted(members, key=lambda c: solo_objective_s(problem, c))[:share])
+        out.update(sorted(members, key=lambda c: (solo_objective_s(problem, c), c))[:share])
     return sorted(out)
 
 
-def _prepare(problem: CompositionProblem, options: SolverOptions, inc: SolveResult | None) -> _Prepared:
-    t0 = time.perf_counter()
-    extra = 0.0
-    if options.warm_start:
-        if inc is None:
-            inc = _solve_heuristic(problem, options, None)
-        extra = inc.wall_s
-    keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
-    hint: dict[int, int] = {}
-    inc_s = None
-    if options.warm_start and inc is not None and inc.counts:
-        inc_s = inc.objective_s
-        keep = sorted(set(c for c in keep if not exceeds_incumbent(problem.candidates[c], inc_s)) | set(inc.counts))
-    global_bound = None
-    most_pipelines = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
-    limit = min(options.max_candidates, max(50, options.max_table_entries // max(1, most_pipelines)))
-    if len(keep) > limit:
-        reduced = subproblem(problem, keep)
-        global_bound = max(lp_lower_bound_pipe_s(reduced) + min(c.partition.optimizer_s for c in reduced.candidates),
-                           composition_lower_bound_s(reduced))
-        keep = _best_candidates(problem, keep, set(inc.counts) if inc_s is not None and inc else set(), limit)
-    remap = {old: new for new, old in enumerate(keep)}
-    if inc_s is not None and inc is not None:
-        hint = {remap[c]: x for c, x in inc.counts.items()}
-    sub = subproblem(problem, keep)
-    lb = lp_lower_bound_pipe_s(sub) if options.warm_start and keep and global_bound is None else None
-    return _Prepared(sub, keep, hint, inc_s, lb, time.perf_counter() - t0 + extra, global_bound)
-
-
-def _finish(problem: CompositionProblem, solver: str, prep: _Prepared, sub_counts: dict[int, int], status: str,
-            bound: float, wall_s: float, hit_limit: bool, nodes: int, note: str = "") -> SolveResult:
-    """Map back to the problem's indices, keep the better of the solver's and the incumbent's answer."""
-    counts = {prep.keep[c]: x for c, x in sub_counts.items() if x > 0}
-    if counts and not problem.fits(counts):          # solver-agnostic validation of the answer
-        note = (note + "; " if note else "") + f"answer {counts} does not fit the inventory: dropped"
-        counts = {}
-        status = "NO_SOLUTION" if status != "OPTIMAL" else "FEASIBLE"
-    obj = composition_objective_s(problem, counts) if counts else math.inf
-    inc_counts = {prep.keep[c]: x for c, x in prep.hint.items()}
-    own = model_objective_s(problem, counts or inc_counts)
-    if prep.incumbent_s is not None and (not counts or obj > prep.incumbent_s * (1 + 1e-12)):
-        counts = inc_counts
-        obj = prep.incumbent_s
-        note = (note + "; " if note else "") + "incumbent kept"
-        if status == "NO_SOLUTION":
-            status = "FEASIBLE"
-    if prep.lb_pipe_s is not None:                    # T >= T_pipe >= the LP bound
-        bound = max(bound, prep.lb_pipe_s) if bound == bound else prep.lb_pipe_s
-    if prep.global_bound_s is not None:               # the solver saw some candidates only: its bound is local
-        bound = prep.global_bound_s
-        note = (note + "; " if note else "") + f"restricted to {len(prep.sub.candidates)} candidates"
-        status = "FEASIBLE" if status in ("OPTIMAL", "INFEASIBLE") and counts else status
-    gap = _gap(obj, bound)
-    proven = status == "OPTIMAL" and gap == gap and (obj - bound) <= OPTIMUM_ATOL_S + OPTIMUM_RTOL * abs(obj)
-    return SolveResult(solver, status, proven, obj, model_objective_s(problem, counts), bound, gap,
-                       wall_s + prep.prep_s, hit_limit, nodes, len(prep.sub.candidates), counts, note, own)
-
-
-def _solve_cpsat(problem: CompositionProblem, options: SolverOptions, inc: SolveResult | None) -> SolveResult:
-    prep = _prepare(problem, options, inc)
-    if not prep.sub.candidates:
-        return _finish(problem, "cp-sat", prep, {}, "INFEASIBLE", math.nan, 0.0, False, -1, "no usable candidate")
-    settings = SolverSettings(max_time_in_seconds=options.time_limit_s, num_workers=options.num_workers,
-                              random_seed=options.random_seed, patience_s=None)
-    r = solve_composition_cpsat(prep.sub, settings=settings, hint=prep.hint or None, incumbent_s=prep.incumbent_s,
-                                lower_bound_pipe_s=prep.lb_pipe_s)
-    status = {"UNKNOWN": "NO_SOLUTION", "MODEL_INVALID": "NO_SOLUTION"}.get(r.status, r.status)
-    hit = status != "OPTIMAL" and status != "INFEASIBLE" and r.wall_s >= 0.95 * options.time_limit_s
-    return _finish(problem, "cp-sat", prep, r.counts, status, r.bound_s, r.wall_s, hit, -1)
-
-
-def _solve_milp(problem: CompositionProblem, options: SolverOptions, inc: SolveResult | None) -> SolveResult:
+def _exact(name: str, sub, settings: SolverSettings, hint: dict, cutoff: float | None, lb_pipe: float,
+           progress) -> tuple[dict, str, float, float, bool, int, str]:
+    """(counts, status, bound, model objective, hit limit, nodes, note) of the exact solver on bound problem ``sub``."""
+    if name == "cp-sat":
+        from hpp.formulation.composition_cpsat import solve_composition_cpsat
+        r = solve_composition_cpsat(sub, settings=settings, hint=hint or None, incumbent_s=cutoff,
+                                    lower_bound_pipe_s=lb_pipe, progress=progress)
+        status = {"UNKNOWN": "NO_SOLUTION", "MODEL_INVALID": "NO_SOLUTION"}.get(r.status, r.status)
+        counts = r.counts if status in ("OPTIMAL", "FEASIBLE") else {}
+        return counts, status, r.bound_s, model_objective_s(sub, counts), r.hit_time_limit, -1, ""
     from hpp.composition_milp import solve_composition_milp
-
-    prep = _prepare(problem, options, inc)
-    if not prep.sub.candidates:
-        return _finish(problem, "milp", prep, {}, "INFEASIBLE", math.nan, 0.0, False, -1, "no usable candidate")
-    r = solve_composition_milp(prep.sub, time_limit_s=options.time_limit_s, cutoff_s=prep.incumbent_s,
-                               lower_bound_pipe_s=prep.lb_pipe_s, mip_rel_gap=MILP_REL_GAP)
-    status = r.status
-    bound = r.bound_s
-    if status == "INFEASIBLE" and prep.incumbent_s is not None:
-        # nothing beats the cutoff: the incumbent is optimal (any better plan has model objective < cutoff)
-        status, bound = "OPTIMAL", prep.incumbent_s
-    return _finish(problem, "milp", prep, r.counts, status, bound, r.wall_s, r.hit_time_limit, r.nodes,
-                   f"{r.num_variables} vars, {r.num_constraints} rows")
+    r = solve_composition_milp(sub, time_limit_s=settings.max_time_in_seconds or 60.0, cutoff_s=cutoff,
+                               lower_bound_pipe_s=lb_pipe, mip_rel_gap=MILP_REL_GAP,
+                               formulation=settings.formulation)
+    hit = r.hit_time_limit and settings.max_time_in_seconds is not None
+    return (r.counts, r.status, r.bound_s, r.model_objective_s, hit, r.nodes,
+            f"{r.num_variables} vars, {r.num_constraints} rows")
 
 
-_REGISTRY: dict[str, Callable[[CompositionProblem, SolverOptions, "SolveResult | None"], SolveResult]] = {
-    "cp-sat": _solve_cpsat,
-    "milp": _solve_milp,
-    "heuristic": _solve_heuristic,
-}
-SOLVER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
-DEFAULT_SOLVER = "cp-sat"
-
-
-def check_solver(name: str) -> str:
-    """``name`` if it is a known solver; raises HppInputError listing the known ones."""
-    if name not in _REGISTRY:
-        raise HppInputError(f"unknown solver {name!r}", field="--solver", fix=f"use one of {list(SOLVER_NAMES)}")
-    return name
-
-
-def solve(problem: CompositionProblem, solver: str = DEFAULT_SOLVER, *, options: SolverOptions = SolverOptions(),
-          incumbent: SolveResult | None = None) -> SolveResult:
-    """Solve ``problem`` with the named solver.
+def solve(problem: CompositionProblem, settings: SolverSettings | str = SolverSettings(), *,
+          options: SolverSettings | None = None, incumbent: SolveResult | None = None,
+          progress: Callable[[str], None] | None = None) -> SolveResult:
+    """Solve ``problem`` with ``settings.solver`` (see the module docstring for the steps).
 
     Parameters
     ----------
     problem : CompositionProblem
-    solver : ``"cp-sat"``, ``"milp"`` or ``"heuristic"`` (:data:`SOLVER_NAMES`).
-    options : SolverOptions
+    settings : SolverSettings
+        (Deprecated form: a solver name, with ``options`` the settings.)
     incumbent : SolveResult, optional
-        A heuristic answer already computed on ``problem`` (the warm start; computed if None).
-        Its ``wall_s`` is added to the exact solver's.
+        A heuristic answer already computed on ``problem`` (its counts are the incumbent).
+    progress : optional callback for one-line progress messages.
 
     Returns
     -------
     SolveResult
-        Never raises on a time limit: the best answer found (or the incumbent) with its bound.
+        Never raises on a limit: the best answer found with its bound.
 
     Raises
     ------
     HppInputError
-        Unknown solver name, bad options.
+        Unknown solver name, bad settings, a problem without candidates.
     """
-    fn = _REGISTRY[check_solver(solver)]
+    if isinstance(settings, str):
+        settings = replace(options or SolverOptions(), solver=settings)
+    t0 = time.perf_counter()
+    name = settings.solver
     if not problem.candidates:
         raise HppInputError("the composition problem has no candidate pipeline", field="candidates",
                             fix="check that some pipeline shape fits memory")
-    res = fn(problem, options, incumbent)
-    log.debug("%s: %s obj %.6g bound %.6g (%.2f s)", solver, res.status, res.objective_s, res.bound_s, res.wall_s)
+    say = progress or (lambda _msg: None)
+    judge = _judge(problem)
+    bp = problem.bound_problem()
+    if incumbent is not None and incumbent.counts:
+        inc_counts = dict(incumbent.counts)
+    else:
+        inc_counts, _ = _heuristic(problem)
+    inc_obj = judge(inc_counts)
+    answers = [(inc_obj, "heuristic", inc_counts)]
+    keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
+    if settings.warm_start and math.isfinite(inc_obj):
+        # any plan using c takes at least c's lower-bound single micro-batch: slower than the incumbent
+        keep = sorted({c for c in keep if not exceeds_incumbent(bp.candidates[c], inc_obj)} | set(inc_counts))
+    if not keep:
+        return SolveResult(name, "INFEASIBLE", math.inf, math.nan, math.nan, time.perf_counter() - t0,
+                           num_candidates=0, source="", note="no candidate fits the inventory")
+    bsub = bp.restricted(keep)
+    lb_pipe, lb_total = composition_bounds(bsub, workers=settings.num_workers)
+    bound = max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total)
+    bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
+    if name != "heuristic":
+        most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
+        limit = min(settings.max_candidates, max(50, settings.max_table_entries // max(1, most)))
+        full = len(keep) <= limit
+        if full or settings.cpsat_on_subset:
+            sel = keep if full else _best_candidates(problem, keep, set(inc_counts), limit)
+            remap = {old: new for new, old in enumerate(sel)}
+            hint = {remap[c]: x for c, x in inc_counts.items() if c in remap} if settings.warm_start else {}
+            cutoff = inc_obj if settings.warm_start and math.isfinite(inc_obj) else None
+            counts, solver_status, ex_bound, solver_model, hit, nodes, note = _exact(
+                name, bp.restricted(sel), settings, hint, cutoff, lb_pipe if full else None, progress)
+            counts = {sel[c]: x for c, x in counts.items() if x > 0}
+            if counts and problem.fits(counts):
+                answers.append((judge(counts), name, counts))
+            elif counts:
+                note = (note + "; " if note else "") + f"answer {counts} does not fit the inventory: dropped"
+            if full:
+                if solver_status == "INFEASIBLE" and cutoff is not None:
+                    ex_bound = cutoff                   # nothing's bound model beats the incumbent
+                elif cutoff is not None and ex_bound == ex_bound:
+                    ex_bound = min(ex_bound, cutoff)    # plans cut off cost more than the incumbent
+                if ex_bound == ex_bound and ex_bound > bound:
+                    bound, bound_method = ex_bound, ("cutoff" if solver_status == "INFEASIBLE" else name)
+            else:
+                note = (note + "; " if note else "") + f"{name} saw {len(sel)} of {len(keep)} candidates"
+        else:
+            note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP bound covers all"
+    obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
+    if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
+        log.error("bound %.9g s above a feasible objective %.9g s: the bound model is wrong", bound, obj)
+    res = SolveResult(name, status_of(obj, bound), obj, bound, gap(obj, bound), time.perf_counter() - t0,
+                      counts, len(keep), source, bound_method, hit, nodes, composition_objective_s(problem, counts)
+                      if counts else math.inf, solver_status, solver_model, note)
+    say(f"{name} {res.status}: objective {obj:.4f} s ({source}), bound {bound:.4f} s ({bound_method}), "
+        f"gap {res.gap:.2%}{'; ' + note if note else ''}")
+    log.debug("%s: %s obj %.6g bound %.6g (%.2f s)", name, res.status, obj, bound, res.wall_s)
     return res
 
 
-def export_cpsat_model(problem: CompositionProblem, path, *, options: SolverOptions = SolverOptions()) -> dict:
-    """Write the CP-SAT model of ``problem`` (a ``CpModelProto``) to ``path``; returns a description.
+def export_cpsat_model(problem: CompositionProblem, path, *, options: SolverSettings = SolverSettings()) -> dict:
+    """Write the CP-SAT model :func:`solve` would solve on ``problem`` (its bound problem, all candidates left
+    after the presolve, the warm start of ``options``) to ``path``; returns a description.
 
-    ``.pb`` writes the binary proto, ``.pbtxt``/``.txt`` the text format. The model is exactly the
-    one :func:`solve_composition_cpsat` solves (captured from it, with the warm start of ``options``:
-    hint, cutoff, ``incumbent_bound`` presolve, LP bound). Variables ``x_<c>`` are the copies of
-    candidate c of the *returned* ``candidates`` list; the objective is in integer microseconds.
+    ``.pb`` writes the binary proto, ``.pbtxt``/``.txt`` the text format. Variables ``x_<i>`` are the copies of
+    the i-th listed candidate; the objective is in integer microseconds (rounded down: a bound model).
     """
-    prep = _prepare(problem, options, None)
-    model, _ = build_composition_model(prep.sub, hint=prep.hint or None, incumbent_s=prep.incumbent_s,
-                                       lower_bound_pipe_s=prep.lb_pipe_s)
+    from hpp.formulation.composition_cpsat import build_composition_model
+
+    judge = _judge(problem)
+    bp = problem.bound_problem()
+    keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
+    hint, inc_obj = {}, None
+    if options.warm_start:
+        inc_counts, _ = _heuristic(problem)
+        inc_obj = judge(inc_counts)
+        keep = sorted({c for c in keep if not exceeds_incumbent(bp.candidates[c], inc_obj)} | set(inc_counts))
+        hint = {keep.index(c): x for c, x in inc_counts.items()}
+    bsub = bp.restricted(keep)
+    lb_pipe = composition_bounds(bsub)[0] if options.warm_start else None
+    model, _ = build_composition_model(bsub, settings=options, hint=hint or None, incumbent_s=inc_obj,
+                                       lower_bound_pipe_s=lb_pipe)
     if not model.export_to_file(str(path)):
         raise HppInputError("CP-SAT could not write the model", source=str(path), fix="check the path")
     return {"path": str(path), "objective_unit": "microseconds", "num_variables": len(model.proto.variables),
             "num_constraints": len(model.proto.constraints),
-            "candidates": [{"index": i, "problem_index": c, "label": prep.sub.candidates[i].label(),
-                            "variable": f"x_{i}"} for i, c in enumerate(prep.keep)],
-            "incumbent_s": prep.incumbent_s}
-
+            "candidates": [{"index": i, "problem_index": c, "label": problem.candidates[c].label(),
+                            "variable": f"x_{i}"} for i, c in enumerate(keep)],
+            "incumbent_s": inc_obj}

@@ -1,53 +1,114 @@
 """Device binding: turn candidate copies into pipelines bound to physical devices, and a Plan.
 
-TP groups are placed largest first (sizes are powers of two that divide the node
-sizes, so first-fit decreasing always succeeds when the composition's per-size
-capacity constraints hold); a stage prefers the node of the previous stage of its
-pipeline, so that point-to-point traffic stays inside a node where it can.
+:func:`bind_devices` computes node assignments by up to three rules and keeps the best by
+:class:`~hpp.formulation.binding_score.BindingScore` (fewest node crossings, then the
+fastest gradient rings, then the fastest stage-to-stage links; ties keep the earlier rule):
+
+1. hpp's original best-fit rule (:func:`~hpp.formulation.binding_rules.best_fit_assign`),
+   first, so that a plan whose binding is already as good keeps its device ids;
+2. run packing (:func:`~hpp.formulation.binding_rules.packed_assign`): a pipeline's
+   stages of one device type go whole onto one node where one holds them;
+3. for small inputs (at most :data:`EXACT_MAX_STAGES` stages in all, on at most
+   :data:`EXACT_MAX_NODES` nodes of the device types they use), an exact branch and bound
+   (:func:`~hpp.formulation.binding_exact.exact_assign`) started from the better of the two;
+   it stops after :data:`EXACT_MAX_EXPANSIONS` placements (then it keeps the best found).
+
+At scale the binding is therefore the better of rules 1 and 2: each pipeline's runs of
+same-type stages whole on one node where a node holds them, zones filled in order.
+
+TP groups never span nodes in any of them. Device ids are then taken node by node, TP
+groups largest first (then copy, stage), each from the lowest free ids of its node.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
+from hpp.formulation.binding_exact import exact_assign
+from hpp.formulation.binding_rules import best_fit_assign, packed_assign
+from hpp.formulation.binding_score import BindingScore, BindingScorer, node_crossings
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.data_balance import balance_data
 from hpp.plan import Pipeline, Plan, Stage, default_schedule
 from hpp.profiles.cluster import Cluster
 
-__all__ = ["bind_devices", "build_plan"]
+__all__ = ["bind_devices", "bind_nodes", "build_plan", "node_crossings", "EXACT_MAX_STAGES", "EXACT_MAX_NODES",
+           "EXACT_MAX_EXPANSIONS"]
+
+log = logging.getLogger(__name__)
+
+#: Largest total number of stages (TP groups) over all copies that gets the exact search.
+EXACT_MAX_STAGES = 12
+#: Most nodes (of the device types the copies use) that get the exact search.
+EXACT_MAX_NODES = 16
+#: Placements the exact search may try before it keeps the best found (then it is not proven).
+EXACT_MAX_EXPANSIONS = 5_000
+
+
+def bind_nodes(cluster: Cluster, shapes: Sequence[Candidate], *, exact: bool = True
+               ) -> tuple[list[list[int]], BindingScore, str]:
+    """Node of every stage of every copy: ``(nodes[p][s], score, rule)`` (see the module docstring).
+
+    Parameters
+    ----------
+    exact : allow the exact search on small inputs (False: the greedy rules only).
+
+    Raises
+    ------
+    HppInputError
+        No rule places every TP group on a node of its device type.
+    """
+    kinds = [c.shape for c in shapes]
+    scorer = BindingScorer(cluster, [c.partition.boundaries for c in shapes])
+    best: tuple[list[list[int]], BindingScore, str] | None = None
+    for rule, assign in (("best-fit", best_fit_assign), ("packed", packed_assign)):
+        nodes = assign(cluster, kinds)
+        if nodes is not None:
+            score = scorer.score(nodes)
+            if best is None or score.better_than(best[1]):
+                best = (nodes, score, rule)
+    used = {k.device_type for shape in kinds for k in shape}
+    if (exact and sum(len(k) for k in kinds) <= EXACT_MAX_STAGES
+            and sum(n.device_type in used for n in cluster.nodes) <= EXACT_MAX_NODES):
+        nodes, score, proven = exact_assign(cluster, kinds, scorer, incumbent=best[0] if best else None,
+                                            max_expansions=EXACT_MAX_EXPANSIONS)
+        if nodes is not None and (best is None or score.better_than(best[1])):
+            best = (nodes, score, "exact" if proven else "search")
+        log.debug("binding: exact search %s", "finished" if proven else "stopped at its budget")
+    if best is None:
+        worst = max((k for shape in kinds for k in shape), key=lambda k: k.tp_degree)
+        raise HppInputError(f"cannot place the TP groups (largest {worst.tp_degree} x {worst.device_type}): "
+                            "the nodes are full", field="cluster.nodes", fix="use fewer pipelines or smaller TP degrees")
+    log.debug("binding: %s rule, %d node crossings", best[2], best[1].crossings)
+    return best
 
 
 def bind_devices(cluster: Cluster, shapes: Sequence[Candidate]) -> list[list[tuple[int, ...]]]:
     """Device ids for every stage of every pipeline copy in ``shapes`` (one entry per copy).
+
+    Returns
+    -------
+    list (one per copy) of list (one per stage) of tuple[int, ...]
+        The ``tp_degree`` device ids of the stage, all on one node.
 
     Raises
     ------
     HppInputError
         The copies do not fit the cluster's nodes.
     """
+    nodes, _, _ = bind_nodes(cluster, shapes)
     free: dict[int, list[int]] = {}
     for d in cluster.devices:
         free.setdefault(d.node, []).append(d.device_id)
-    requests = [(p, s, k) for p, cand in enumerate(shapes) for s, k in enumerate(cand.shape)]
-    requests.sort(key=lambda r: (-r[2].tp_degree, r[0], r[1]))
+    requests = sorted(((p, s, k) for p, cand in enumerate(shapes) for s, k in enumerate(cand.shape)),
+                      key=lambda r: (-r[2].tp_degree, r[0], r[1]))
     placed: dict[tuple[int, int], tuple[int, ...]] = {}
-    node_of: dict[tuple[int, int], int] = {}
     for p, s, kind in requests:
-        options = [n for n, ids in free.items()
-                   if cluster.nodes[n].device_type == kind.device_type and len(ids) >= kind.tp_degree]
-        if not options:
-            raise HppInputError(f"cannot place a TP group of {kind.tp_degree} x {kind.device_type}: the nodes are full",
-                                field="cluster.nodes", fix="use fewer pipelines or smaller TP degrees")
-        prefer = [node_of.get((p, s - 1)), node_of.get((p, s + 1))]
-        pick = next((n for n in prefer if n in options), None)
-        if pick is None:
-            pick = min(options, key=lambda n: (len(free[n]), n))       # best fit
-        ids = tuple(free[pick][:kind.tp_degree])
-        del free[pick][:kind.tp_degree]
-        placed[(p, s)] = ids
-        node_of[(p, s)] = pick
+        n = nodes[p][s]
+        placed[(p, s)] = tuple(free[n][:kind.tp_degree])
+        del free[n][:kind.tp_degree]
     return [[placed[(p, s)] for s in range(len(cand.shape))] for p, cand in enumerate(shapes)]
 
 

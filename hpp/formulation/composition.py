@@ -1,41 +1,38 @@
 """Composition: which candidate pipelines to build, how many copies, and the data split.
 
-The composition model (what the CP-SAT model, the greedy heuristic and the
-exhaustive oracle all minimise) prices a multiset of candidate copies as
+The composition model (what the heuristics and the exhaustive oracle minimise) prices a
+multiset of candidate copies as
 
     T = T_pipe + T_sync + T_opt
     T_pipe = least T with sum_c x_c * cap_c(T) >= G      (data balance, exact)
     T_sync = block-wise ring all-reduces of the used candidates' blocks (h = sum_c x_c), the
-             slowest stage's sum; the CP-SAT model uses its relaxation max_c max_s ring(W_s, h)
+             slowest stage's sum
     T_opt  = max over used c of its slowest optimizer step
 
-where ``ring`` is :func:`hpp.formulation.cost_model.ring_allreduce_s` and ``link``
-the inter-node link (the intra-node link on a one-node cluster). On clusters whose
-links are uniform and latency-free this equals the cost model of the bound plan;
-otherwise the plan is re-priced by the cost model (solver-agnostic validation) and
-both figures are reported.
+where ``ring`` is :func:`hpp.formulation.cost_model.ring_allreduce_s` over ``sync_link`` (the
+inter-node link; the intra-node link on a one-node cluster). The reported objective of a plan is
+the cost model's (:func:`hpp.formulation.cost_model.estimate_plan` of the bound plan), which
+prices the binding's actual links; the composition model is the search's approximation of it.
 
-CP-SAT model (times in integer microseconds, ``US_PER_S``): variables x_c (copies),
-k_c (most micro-batches per copy), h; constraint families: inventory per device
-type and per TP-group size, samples cover G, pipeline time, gradient sync, optimizer
-step; objective T_pipe + T_sync + T_opt. The greedy plan goes in as a hint.
+Bounds are computed on the *bound problem* (:meth:`CompositionProblem.bound_problem`): the same
+candidates with lower-bound times (stage point-to-point at the cheapest link a binding could give,
+:mod:`hpp.formulation.bound_model`) and a gradient-sync floor (:class:`SyncFloor`) that holds for
+any link model, non-monotone bandwidth fits included. Any bound of the bound problem's model is a
+lower bound of the cost model's iteration time of every plan of the candidates, under any binding.
 
-The heuristics that give the incumbent are in :mod:`hpp.formulation.heuristics`, the LP
-bound in :mod:`hpp.formulation.lp_bound`.
+The CP-SAT model is in :mod:`hpp.formulation.composition_cpsat` (re-exported here); the
+heuristics in :mod:`hpp.formulation.heuristics`, the LP bound in :mod:`hpp.formulation.lp_bound`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from hpp.formulation.candidates import Candidate, tp_capacity
 from hpp.formulation.cost_model import ring_allreduce_s
@@ -44,62 +41,105 @@ from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
            "pipeline_time_for_counts", "solve_composition_cpsat", "SolverSettings", "build_composition_model",
-           "block_sync_s"]
+           "block_sync_s", "SyncFloor", "to_us"]
 
 log = logging.getLogger(__name__)
 
 US_PER_S = 1_000_000
-_PER_COPY_MAX_VARS = 3000   # "auto": per-copy variables while sum of copy bounds stays below this
+
+
+def to_us(x_s: float, *, down: bool = False) -> int:
+    """Seconds to integer microseconds: rounded up (the search model), or down (``down``: a bound model,
+    whose every term must stay at most the true value)."""
+    if down:
+        return int(math.floor(x_s * US_PER_S))
+    return int(math.ceil(x_s * US_PER_S - 1e-6))
 
 
 @dataclass(frozen=True)
-class SolverSettings:
-    """How the planner's composition step runs CP-SAT (all parameters explicit).
+class SyncFloor:
+    """A lower bound of any gradient sync of h pipelines, valid for every link model [s].
+
+    Whatever the binding, the block split and the all-reduce algorithm (ring over the slowest
+    link, hierarchical, any bandwidth fit, monotone or not), each holder of a stage of W bytes per
+    device sends at least 2 (h-1)/h W bytes over links whose bandwidth never exceeds their peak
+    (Patarasuk and Yuan 2009, the all-reduce bandwidth floor; ``Link.bandwidth_bytes_per_s`` is
+    at most ``max_bytes_per_s`` at every message size). So
+
+        floor(W, h) = max(2 (h-1)/h * W / peak_any,
+                          [h > g] 2 (h-g)/h * W / (g * peak_inter))
+
+    with ``peak_any`` the largest peak of any link among the cluster's devices, and, when the h
+    ranks cannot share one node (h > g = most devices of a node, several nodes), the inter-node
+    part of a hierarchical all-reduce with at most g ranks per node at the largest inter-node peak
+    ``peak_inter`` (a flat ring over an inter-node link costs more). Latency is left out (0 is a
+    valid floor). The floor is linear in W and nondecreasing in h.
 
     Attributes
     ----------
-    max_time_in_seconds : float
-        CP-SAT's time limit [s] (what is left of it after the LP bound).
-    num_workers : int
-        CP-SAT workers, and processes for the stage balance and the LP bound; 0 = one per usable core.
-    random_seed : int
-    log_search_progress : bool
-        CP-SAT's own log on stderr.
-    max_candidates : int
-        CP-SAT runs when there are at most this many candidates (it then sees them all and can prove
-        optimality). With more it could see only the best of them (chosen per device-type set) and
-        could not certify the plan: it is skipped, and the heuristic incumbent with the LP bound over
-        all candidates decides, unless ``cpsat_on_subset``.
-    cpsat_on_subset : bool
-        Run CP-SAT on the best ``max_candidates`` candidates even when there are more (it may improve
-        the plan, never certify it). Off by default: on the benchmark's 32- and 64-GPU inputs of 2-4
-        types, given the best 13 to 200 candidates, it found no solution at all within its patience
-        (status UNKNOWN) and cost 0.07-0.17 s per search (measured).
-    patience_s : float or None
-        Stop CP-SAT when no better solution came for this long [s] (None: use the full limit); 0.05 s
-        gave the same plans as 0.1 and 0.03 s on 14 sweep inputs of 8-128 GPUs x 2-4 types (measured).
-    formulation : str
-        ``"per-copy"`` (linear), ``"product"`` (x_c * k_c), or ``"auto"`` (per-copy when small).
+    peak_any_bytes_per_s, peak_inter_bytes_per_s : float
+    node_devices : int
+        g, most devices of one node.
+    multi_node : bool
     """
 
-    max_time_in_seconds: float = 10.0
-    num_workers: int = 0
-    random_seed: int = 0
-    log_search_progress: bool = False
-    max_candidates: int = 200
-    cpsat_on_subset: bool = False
-    patience_s: float | None = 0.05
-    formulation: str = "auto"     # "per-copy" (linear), "product" (x_c * k_c), or "auto" (per-copy when small)
+    peak_any_bytes_per_s: float
+    peak_inter_bytes_per_s: float
+    node_devices: int
+    multi_node: bool
+
+    @staticmethod
+    def of(cluster: Cluster) -> "SyncFloor":
+        """The floor of ``cluster``'s links (N1's ``link_bound`` / ``inter_link_bound`` where the cluster has them)."""
+        types = sorted(cluster.count_by_type())
+        if hasattr(cluster, "link_bound"):
+            peak_any = cluster.link_bound(types).max_bytes_per_s
+        else:
+            peak_any = max([n.intra_node.max_bytes_per_s for n in cluster.nodes] + [cluster.inter_node.max_bytes_per_s])
+        if hasattr(cluster, "inter_link_bound"):
+            peak_inter = cluster.inter_link_bound(types).max_bytes_per_s
+        else:
+            peaks = [cluster.inter_node.max_bytes_per_s]
+            net = getattr(cluster, "network", None)
+            for links in (getattr(net, "inter", None), getattr(net, "zone_links", None)):
+                peaks.extend(link.max_bytes_per_s for link in (links or {}).values())
+            peak_inter = max(peaks)
+        return SyncFloor(float(peak_any), float(max(peak_inter, 0.0) or peak_any),
+                         max(n.num_devices for n in cluster.nodes), len(cluster.nodes) > 1)
+
+    def seconds(self, num_bytes: float, h: int) -> float:
+        """floor(W, h) [s] of the class docstring."""
+        if h <= 1 or num_bytes <= 0:
+            return 0.0
+        t = 2.0 * (h - 1) / h * num_bytes / self.peak_any_bytes_per_s
+        g = self.node_devices
+        if self.multi_node and h > g:
+            t = max(t, 2.0 * (h - g) / h * num_bytes / (g * self.peak_inter_bytes_per_s))
+        return t
+
+
+_PER_COPY_MAX_VARS = 3000   # "auto": per-copy variables while sum of copy bounds stays below this
 
 
 @dataclass
 class CompositionProblem:
-    """Candidates, inventory and global batch of one composition instance."""
+    """Candidates, inventory and global batch of one composition instance.
+
+    ``sync_floor`` set: a *bound problem* (see the module docstring): :meth:`sync_s` and the sync
+    tables give :class:`SyncFloor` values, and the solver models built on it round every time
+    down. ``bound``: the bound problem of this one (:meth:`bound_problem`), ``estimator``: a
+    function ``counts -> (plan, PlanEstimate)`` (the binding and the cost model, set by
+    :func:`hpp.planner.make_problem`) that judges answers; without it answers are judged by
+    :func:`composition_objective_s`.
+    """
 
     candidates: list[Candidate]
     cluster: Cluster
     global_batch_size: int
     sync_link: Link
+    sync_floor: SyncFloor | None = None
+    bound: "CompositionProblem | None" = field(default=None, repr=False)
+    estimator: Callable[[dict], Any] | None = field(default=None, repr=False)
     _sync_cache: dict = field(default_factory=dict, repr=False)
     _tp_cache: dict = field(default_factory=dict, repr=False)
     #: solo objective per candidate object (id), shared with sub-problems of the same instance
@@ -109,6 +149,33 @@ class CompositionProblem:
     #: max_copies and _copy_rows, by candidate index and by (device counts, TP-group counts)
     _ub_cache: dict = field(default_factory=dict, repr=False)
     _rows_cache: dict = field(default_factory=dict, repr=False)
+
+    def bound_problem(self) -> "CompositionProblem":
+        """The bound problem of this one (same candidate indices; see the module docstring), made once.
+
+        :func:`hpp.planner.make_problem` sets it with the candidates' point-to-point lower bounds; a
+        problem built directly (tests, instance files without profile) gets the same candidates, whose
+        times are then taken as exact, with the :class:`SyncFloor` of its cluster.
+        """
+        if self.sync_floor is not None:
+            return self
+        if self.bound is None:
+            self.bound = CompositionProblem(self.candidates, self.cluster, self.global_batch_size, self.sync_link,
+                                            sync_floor=SyncFloor.of(self.cluster))
+        return self.bound
+
+    def restricted(self, keep: Sequence[int]) -> "CompositionProblem":
+        """The problem restricted to candidates ``keep`` (indices; order kept), its bound problem likewise;
+        the memo of solo objectives and ring times is shared."""
+        sub = CompositionProblem([self.candidates[i] for i in keep], self.cluster, self.global_batch_size,
+                                 self.sync_link, sync_floor=self.sync_floor, solo_cache=self.solo_cache,
+                                 ring_cache=self.ring_cache)
+        if self.sync_floor is None and self.bound is not None:
+            sub.bound = self.bound.restricted(keep)
+        if self.estimator is not None:
+            est = self.estimator
+            sub.estimator = lambda counts, _est=est, _keep=list(keep): _est({_keep[c]: x for c, x in counts.items()})
+        return sub
 
     @cached_property
     def inventory(self) -> dict[str, int]:
@@ -133,6 +200,9 @@ class CompositionProblem:
         """
         key = (c, h)
         got = self._sync_cache.get(key)
+        if got is None and self.sync_floor is not None:
+            got = self._sync_cache[key] = self.sync_floor.seconds(
+                max(self.candidates[c].partition.stage_param_bytes, default=0.0), h)
         if got is None:
             stage_bytes = self.candidates[c].partition.stage_param_bytes
             got = self.ring_cache.get((stage_bytes, h))       # candidates share stage gradients
@@ -144,6 +214,8 @@ class CompositionProblem:
     def sync_s_all(self, h: int) -> list[float]:
         """``[sync_s(c, h) for every candidate c]`` [s], the same floats: :meth:`ring_s` once per distinct
         stage gradient size, then each candidate's largest (max is exact)."""
+        if self.sync_floor is not None:
+            return [self.sync_s(c, h) for c in range(len(self.candidates))]
         owner, sizes = [], []
         for c, cand in enumerate(self.candidates):
             stage_bytes = cand.partition.stage_param_bytes
@@ -171,11 +243,16 @@ class CompositionProblem:
         return got
 
     def sync_table_us(self, c: int, max_pipelines: int) -> list[int]:
-        """``[sync_s(c, h) in integer microseconds (rounded up) for h = 1 .. max_pipelines]``, vectorised."""
+        """``[sync_s(c, h) in integer microseconds for h = 1 .. max_pipelines]`` (rounded up; down on a bound
+        problem), vectorised."""
         return self.sync_tables_us([c], max_pipelines)[0]
 
     def sync_tables_us(self, cs: Sequence[int], max_pipelines: int) -> list[list[int]]:
         """:meth:`sync_table_us` of each candidate of ``cs``, vectorised over all their stages at once."""
+        if self.sync_floor is not None:        # a bound problem: floors (linear in W), rounded down
+            per_byte = np.array([self.sync_floor.seconds(1.0, hh) for hh in range(1, max_pipelines + 1)])
+            w = np.array([max(self.candidates[c].partition.stage_param_bytes, default=0.0) for c in cs], dtype=float)
+            return np.floor(w[:, None] * per_byte[None, :] * US_PER_S).astype(np.int64).tolist()
         h = np.arange(1, max_pipelines + 1, dtype=np.float64)
         link = self.sync_link
         owner, stage_bytes = [], []           # one row per stage with a gradient
@@ -319,219 +396,14 @@ def composition_objective_s(problem: CompositionProblem, counts: dict[int, int])
     return t_pipe + t_sync + t_opt
 
 
-@dataclass(frozen=True)
-class CompositionResult:
-    """Result record of a composition solve (scipy OptimizeResult style).
-
-    Attributes
-    ----------
-    counts : dict[int, int]
-        Copies per candidate index.
-    status : str
-        ``OPTIMAL``, ``FEASIBLE``, ``INFEASIBLE``, ``UNKNOWN`` or ``HEURISTIC``.
-    objective_s, bound_s : float
-        Objective of ``counts`` and a proven lower bound [s] (in the planner's result: the best of
-        CP-SAT's and the LP bound over all candidates).
-    gap : float
-        (objective - bound) / objective; 0 when proven optimal; nan without a bound.
-    wall_s : float
-        CP-SAT's time (model and solve) [s]; 0 when it was skipped.
-    num_candidates : int
-    solver : str
-        ``"cp-sat"`` (it ran; ``PlannerResult.stats["plan_from"]`` says whether its solution or the
-        heuristic incumbent is the plan), ``"heuristic"`` (CP-SAT skipped above ``max_candidates``:
-        incumbent plus LP bound) or ``"greedy"`` (the ``greedy`` solver: no bound, status ``HEURISTIC``).
-    """
-
-    counts: dict
-    status: str
-    objective_s: float
-    bound_s: float
-    gap: float
-    wall_s: float
-    num_candidates: int
-    solver: str = "cp-sat"
 
 
-def _us(x: float) -> int:
-    return int(math.ceil(x * US_PER_S - 1e-6))
-
-
-class _Improvements(cp_model.CpSolverSolutionCallback):
-    """Records when CP-SAT last improved its incumbent, and reports each improvement."""
-
-    def __init__(self, report: Callable[[str], None] | None = None) -> None:
-        super().__init__()
-        self.last = time.perf_counter()
-        self.report = report
-
-    def on_solution_callback(self) -> None:
-        self.last = time.perf_counter()
-        if self.report is not None:
-            self.report(f"CP-SAT solution {self.objective_value / US_PER_S:.4f} s in its relaxed model (sync one "
-                        f"bucket per stage; priced exactly at the end), bound {self.best_objective_bound / US_PER_S:.4f} s")
-
-
-def _solve_with_patience(solver: cp_model.CpSolver, model: cp_model.CpModel, patience_s: float | None,
-                         report: Callable[[str], None] | None = None) -> int:
-    """``solver.solve(model)``, stopped early once no better solution came for ``patience_s`` seconds."""
-    cb = _Improvements(report)
-    if patience_s is None:
-        return solver.solve(model, cb)
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.02):
-            if time.perf_counter() - cb.last > patience_s:
-                solver.stop_search()
-                return
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        return solver.solve(model, cb)
-    finally:
-        done.set()
-        watcher.join()
-
-
-def build_composition_model(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
-                            hint: dict[int, int] | None = None, symmetry: bool = True,
-                            incumbent_s: float | None = None, lower_bound_pipe_s: float | None = None
-                            ) -> tuple[cp_model.CpModel, list]:
-    """The CP-SAT model of the composition (see the module docstring) and its copy variables x_c.
-
-    Objective in integer microseconds (``US_PER_S``); ``x_<c>`` is the number of copies of
-    candidate c. ``incumbent_s`` adds the cutoff objective <= incumbent; ``lower_bound_pipe_s``
-    the redundant LP bound on the pipeline time; ``hint`` goes in as a solution hint.
-    """
-    cands = problem.candidates
-    G = problem.global_batch_size
-    m = cp_model.CpModel()
-    n = len(cands)
-    ub = [problem.max_copies(c) for c in range(n)]
-    H = max(1, sum(ub))
-    H = min(H, problem.cluster.num_devices)
-    # --- variables: x_c copies, k_c most micro-batches per copy, covered_c micro-batches over all copies
-    per_copy = settings.formulation == "per-copy" or (settings.formulation == "auto"
-                                                     and sum(ub) <= _PER_COPY_MAX_VARS)
-    x, k, used, covered = [], [], [], []
-    for c in range(n):
-        kmax = -(-G // cands[c].micro_batch_size)
-        xc = m.new_int_var(0, ub[c], f"x_{c}")
-        uc = m.new_bool_var(f"used_{c}")
-        kc = m.new_int_var(0, kmax, f"k_{c}")
-        if per_copy:   # one (exists, micro-batches) pair per possible copy: linear, no product
-            ys = [m.new_bool_var(f"y_{c}_{j}") for j in range(ub[c])]
-            ks = [m.new_int_var(0, kmax, f"k_{c}_{j}") for j in range(ub[c])]
-            for y, kk in zip(ys, ks):
-                m.add(kk <= kmax * y)
-                m.add(kk >= y)
-                m.add(kc >= kk)
-            if symmetry:   # copies in order: present ones first, most micro-batches first
-                for j in range(1, ub[c]):
-                    m.add(ys[j] <= ys[j - 1])
-                    m.add(ks[j] <= ks[j - 1])
-            m.add(xc == sum(ys))
-            covered.append(sum(ks))
-        else:          # x_c * k_c as a CP-SAT product
-            if not symmetry:   # one boolean per copy: the symmetric model, for the ablation
-                ys = [m.new_bool_var(f"y_{c}_{j}") for j in range(ub[c])]
-                m.add(xc == sum(ys))
-            pc = m.new_int_var(0, ub[c] * kmax, f"p_{c}")
-            m.add_multiplication_equality(pc, [xc, kc])
-            covered.append(pc)
-        x.append(xc), k.append(kc), used.append(uc)
-    h = m.new_int_var(1, H, "num_pipelines")
-    horizon = _us(max(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
-                      for c in cands)) + 1
-    t_pipe = m.new_int_var(0, horizon, "t_pipe_us")
-    t_sync_max = max(_us(problem.sync_s(c, H)) for c in range(n)) + 2
-    t_sync = m.new_int_var(0, max(t_sync_max, 1), "t_sync_us")
-    t_opt = m.new_int_var(0, max(_us(c.partition.optimizer_s) for c in cands) + 1, "t_opt_us")
-    # --- usage links
-    for c in range(n):
-        m.add(x[c] >= 1).only_enforce_if(used[c])
-        m.add(x[c] == 0).only_enforce_if(used[c].Not())
-        m.add(k[c] >= 1).only_enforce_if(used[c])
-    m.add(h == sum(x))
-    # --- inventory per device type and per TP-group size
-    for t, cnt in problem.inventory.items():
-        terms = [x[c] * cands[c].devices[t] for c in range(n) if t in cands[c].devices]
-        if terms:
-            m.add(sum(terms) <= cnt)
-        sizes = sorted({kk[1] for cd in cands for kk in cd.tp_groups if kk[0] == t and kk[1] > 1})
-        for s in sizes:
-            terms = [x[c] * sum(nn * kk[1] for kk, nn in cands[c].tp_groups.items() if kk[0] == t and kk[1] >= s)
-                     for c in range(n)]
-            m.add(sum(terms) <= problem.tp_capacity(t, s) * s)
-    # --- samples cover the global batch
-    m.add(sum(covered[c] * cands[c].micro_batch_size for c in range(n)) >= G)
-    # --- pipeline time: phi + (k - 1) tau for every used candidate
-    for c in range(n):
-        p = cands[c].partition
-        m.add(t_pipe >= _us(p.fill_s - p.bottleneck_s) + k[c] * _us(p.bottleneck_s)).only_enforce_if(used[c])
-    # --- gradient sync: a table over the number of pipelines h per candidate
-    tables = problem.sync_tables_us(range(n), H)
-    for c in range(n):
-        table = [0] + tables[c]
-        sync_c = m.new_int_var(0, max(table), f"sync_{c}")
-        m.add_element(h, table, sync_c)
-        m.add(t_sync >= sync_c).only_enforce_if(used[c])
-    # --- optimizer step
-    for c in range(n):
-        m.add(t_opt >= _us(cands[c].partition.optimizer_s)).only_enforce_if(used[c])
-    # --- redundant: the LP bound of the pipeline time (least T whose fractional capacity covers G)
-    if lower_bound_pipe_s is not None:
-        m.add(t_pipe >= int(lower_bound_pipe_s * US_PER_S))
-    if incumbent_s is not None and math.isfinite(incumbent_s):
-        m.add(t_pipe + t_sync + t_opt <= _us(incumbent_s) + 3)  # + rounding of the three terms
-    m.minimize(t_pipe + t_sync + t_opt)
-    if hint:
-        for c in range(n):
-            m.add_hint(x[c], hint.get(c, 0))
-    return m, x
-
-
-def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
-                            hint: dict[int, int] | None = None, symmetry: bool = True,
-                            incumbent_s: float | None = None,
-                            lower_bound_pipe_s: float | None = None,
-                            progress: Callable[[str], None] | None = None) -> CompositionResult:
-    """Solve the composition with OR-Tools CP-SAT (model: :func:`build_composition_model`).
-
-    ``progress`` receives one line per improved incumbent (the CLI prints them on stderr).
-
-    Never raises on a time limit: returns the best solution found (or the hint) with its gap.
-    CP-SAT prices gradient sync with one bucket per stage, a relaxation of the block-wise sync
-    of :func:`composition_objective_s`: its bound is valid; the returned objective is exact.
-    """
-    t0 = time.perf_counter()
-    n = len(problem.candidates)
-    m, x = build_composition_model(problem, settings=settings, hint=hint, symmetry=symmetry,
-                                   incumbent_s=incumbent_s, lower_bound_pipe_s=lower_bound_pipe_s)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = settings.max_time_in_seconds
-    solver.parameters.num_workers = settings.num_workers
-    solver.parameters.random_seed = settings.random_seed
-    solver.parameters.log_search_progress = settings.log_search_progress
-    status = _solve_with_patience(solver, m, settings.patience_s, progress)
-    wall = time.perf_counter() - t0
-    name = solver.status_name(status)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        counts = {c: int(solver.value(x[c])) for c in range(n) if solver.value(x[c]) > 0}
-        bound = solver.best_objective_bound / US_PER_S
-    else:
-        counts = dict(hint or {})
-        bound = solver.best_objective_bound / US_PER_S if status != cp_model.INFEASIBLE else math.nan
-    obj = composition_objective_s(problem, counts) if counts else math.inf
-    if lower_bound_pipe_s is not None and bound == bound:
-        bound = max(bound, lower_bound_pipe_s)     # T >= T_pipe >= the LP bound
-    if status == cp_model.UNKNOWN and counts:
-        name = "FEASIBLE"                          # the hint: a feasible solution of the same model
-    if status == cp_model.INFEASIBLE and hint:
-        # the incumbent constraint made it infeasible: the hint is optimal within rounding
-        name, bound = "OPTIMAL", obj
-    gap = 0.0 if name == "OPTIMAL" else ((obj - bound) / obj if math.isfinite(obj) and obj > 0 and bound == bound
-                                         else math.nan)
-    return CompositionResult(counts, name, obj, bound, max(0.0, gap), wall, n)
+def __getattr__(name: str):
+    """The CP-SAT model's names and the settings, re-exported lazily (they import this module)."""
+    if name in ("CompositionResult", "build_composition_model", "solve_composition_cpsat"):
+        from hpp.formulation import composition_cpsat
+        return getattr(composition_cpsat, name)
+    if name == "SolverSettings":
+        from hpp.formulation.solver_settings import SolverSettings
+        return SolverSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

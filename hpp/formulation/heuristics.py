@@ -15,7 +15,7 @@ from typing import Sequence
 
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 
-__all__ = ["greedy_composition", "fill_heuristic", "solo_objective_s"]
+__all__ = ["greedy_composition", "fill_heuristic", "solo_objective_s", "best_incumbent"]
 
 
 def _fill_in_order(problem: CompositionProblem, counts: dict[int, int], order: Sequence[int]
@@ -250,4 +250,29 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
                 if t < obj * (1 - 1e-12):
                     counts, obj, improved = trial, t, True
                     break
+    return counts, obj
+
+
+def best_incumbent(problem: CompositionProblem, *, pool_size: int = 8, max_evals: int = 300
+                   ) -> tuple[dict[int, int], float]:
+    """The search's incumbent: the better of :func:`greedy_composition` and :func:`fill_heuristic`, then a
+    local search over copy counts (:func:`hpp.formulation.copy_bound.local_search`: one copy less, one
+    more or one swapped, among the plan's candidates and the ``pool_size`` best by solo objective),
+    at most ``max_evals`` plans priced (a count, so the answer is deterministic).
+
+    Returns
+    -------
+    (counts, objective_s)
+    """
+    from hpp.formulation.copy_bound import local_search
+
+    g_counts, g_obj = greedy_composition(problem)
+    f_counts, f_obj = fill_heuristic(problem)
+    counts, obj = (f_counts, f_obj) if f_obj < g_obj else (g_counts, g_obj)
+    if not counts or max_evals <= 0:
+        return counts, obj
+    floor = _solo_floors_s(problem)
+    members = [c for c in range(len(problem.candidates)) if math.isfinite(floor[c])]
+    pool = _least_solo(problem, members, floor, pool_size)
+    counts, obj, _ = local_search(problem, dict(counts), obj, pool, max_evals=max_evals)
     return counts, obj

@@ -213,9 +213,15 @@ def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int =
     return composition_bounds(problem, num_classes=num_classes)[1]
 
 
-def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, workers: int = 1
-                       ) -> tuple[float, float]:
+def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, workers: int = 1,
+                       incumbent_s: float | None = None, copies: bool = True) -> tuple[float, float]:
     """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
+
+    The second value is the larger of the sync-class LP bound below and, with ``copies`` (default),
+    the branch and bound of :func:`hpp.formulation.copy_bound.copy_bound` (micro-batches per copy
+    kept integer, pipeline counts and penalty levels searched; issue 21 item 6). ``incumbent_s``:
+    the objective of a known plan; parts of the search worth at least it are dropped with that
+    value (the bound is then at most ``incumbent_s``, still a valid lower bound).
 
     The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
     Sync classes: a plan of h >= 2 pipelines has T_sync >= sync_c(2) for every candidate c it
@@ -255,6 +261,11 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
         if hi == math.inf:
             pipe_all = pipe
         best = min(best, lo + pipe + t_opt)
+    if copies:
+        from hpp.formulation.copy_bound import copy_bound
+
+        inc = None if incumbent_s is None or not math.isfinite(incumbent_s) else incumbent_s
+        best = max(best, copy_bound(problem, incumbent_s=inc).bound_s)
     return pipe_all, best
 
 

@@ -142,11 +142,15 @@ class StageBalancer:
         Let a stage use full activation recomputation when it does not fit otherwise.
     memoise : bool
         Keep DP rows per (micro-batch size, suffix); False for the ablation.
+    packed_p2p : bool
+        Price a transfer between two stages of one kind where a node-packing binding puts them
+        (:meth:`link_out`); False: on the fastest link they could share (a lower bound).
     """
 
     cache: StageCostCache
     allow_recompute: bool = True
     memoise: bool = True
+    packed_p2p: bool = True
     rows_computed: int = 0
     rows_reused: int = 0
     _rows: dict = field(default_factory=dict, repr=False)
@@ -156,14 +160,37 @@ class StageBalancer:
     def num_layers(self) -> int:
         return self.cache.profile.num_layers
 
-    def _stage_costs(self, kind: StageKind, b: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def link_out(self, suffix: tuple[StageKind, ...]) -> tuple:
+        """The link options from the first stage of ``suffix`` to the next (its own kind's for a last stage,
+        which sends nothing). With ``packed_p2p`` a pair of equal kinds is priced where a binding that
+        packs the run of equal kinds onto nodes from its end puts it
+        (:func:`hpp.formulation.collectives.p2p_link_options` with ``run``); else the lower-bound options."""
+        k = suffix[0]
+        if len(suffix) == 1:
+            return self.cache.links(k, k)
+        run = None
+        if self.packed_p2p and suffix[1] == k:
+            run = 1
+            while run + 1 < len(suffix) and suffix[run + 1] == k:
+                run += 1
+        return self.cache.links(k, suffix[1], run)
+
+    def links(self, shape: tuple[StageKind, ...], i: int) -> tuple[tuple, tuple]:
+        """(link_in, link_out) options of stage ``i`` of ``shape`` (a first stage, which receives nothing,
+        takes its own kind's options)."""
+        return (self.link_out(shape[i - 1:]) if i > 0 else self.cache.links(shape[0], shape[0]),
+                self.link_out(shape[i:]))
+
+    def _stage_costs(self, kind: StageKind, b: int, d: int, link_in: tuple = (), link_out: tuple = ()
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(C, use_full, p2p): per-micro-batch compute of [u, v) on ``kind`` at distance d from the end
-        with the cheapest recomputation mode that fits memory (inf if none fits)."""
-        key = (kind, b, d)
+        with the cheapest recomputation mode that fits memory (inf if none fits), transfers priced on
+        ``link_in`` / ``link_out`` (empty: the cache's one link)."""
+        key = (kind, b, d, link_in, link_out)
         got = self._costs.get(key) if self.memoise else None
         if got is not None:
             return got
-        tab = self.cache.table(kind.device_type, kind.tp_degree, b)
+        tab = self.cache.table(kind.device_type, kind.tp_degree, b, link_in or None, link_out or None)
         fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
         C = np.where(fits, tab.compute_none_s, np.inf)
         use_full = np.zeros_like(fits)
@@ -175,10 +202,13 @@ class StageBalancer:
             self._costs[key] = got
         return got
 
-    def _row(self, b: int, suffix: tuple[StageKind, ...], objective: str):
+    def _row(self, b: int, suffix: tuple[StageKind, ...], objective: str, link_in: tuple | None = None):
         """DP row over u for ``suffix`` covering [u, L): exact min-max ("bottleneck": best bottleneck
-        only) or exact lexicographic (fill, bottleneck) ("fill": with choices for backtracking)."""
-        key = (b, suffix, objective)
+        only) or exact lexicographic (fill, bottleneck) ("fill": with choices for backtracking).
+        ``link_in``: the link options into the suffix's first stage (None: a first stage's)."""
+        if link_in is None and suffix:
+            link_in = self.cache.links(suffix[0], suffix[0])
+        key = (b, suffix, objective, link_in)
         if self.memoise:
             got = self._rows.get(key)
             if got is not None:
@@ -191,8 +221,9 @@ class StageBalancer:
             rb[L] = 0.0
             row = (rb, rb.copy(), None, None)
         else:
-            prev_b, prev_s, _, _ = self._row(b, suffix[1:], objective)
-            C, use_full, p2p = self._stage_costs(suffix[0], b, len(suffix))
+            link_out = self.link_out(suffix)
+            prev_b, prev_s, _, _ = self._row(b, suffix[1:], objective, link_out if len(suffix) > 1 else None)
+            C, use_full, p2p = self._stage_costs(suffix[0], b, len(suffix), link_in, link_out)
             bott = np.maximum(C, prev_b[None, :])
             idx = np.arange(L + 1)
             if objective == "bottleneck":
@@ -214,7 +245,7 @@ class StageBalancer:
     def _threshold_fill(self, shape: tuple[StageKind, ...], b: int, limit: float):
         """Min-fill partition with every stage's compute <= ``limit`` (phase 2 of the bottleneck objective)."""
         S = len(shape)
-        costs = [self._stage_costs(shape[S - d], b, d) for d in range(1, S + 1)]      # last stage first
+        costs = [self._stage_costs(shape[S - d], b, d, *self.links(shape, S - d)) for d in range(1, S + 1)]
         phi, ends = least_fill_within([(C, p2p) for C, _, p2p in costs], limit, self.num_layers)
         idx = np.arange(self.num_layers + 1)
         return phi, [(v, full[idx, v]) for v, (_, full, _) in zip(ends, reversed(costs))]
@@ -273,7 +304,7 @@ class StageBalancer:
             if not np.isfinite(rs[0]):
                 return None
             tau, phi = rb[0], rs[0]
-            steps = [self._row(b, shape[i:], "fill")[2:] for i in range(len(shape))]
+            steps = [self._row(b, shape[i:], "fill", self.links(shape, i)[0])[2:] for i in range(len(shape))]
         else:
             raise ValueError(f"objective must be 'bottleneck' or 'fill', got {objective!r}")
         bounds = [0]
@@ -292,7 +323,7 @@ class StageBalancer:
         S = len(shape)
         bott = 0.0
         for i, kind in enumerate(shape):
-            tab = self.cache.table(kind.device_type, kind.tp_degree, micro_batch_size)
+            tab = self.cache.table(kind.device_type, kind.tp_degree, micro_batch_size, *self.links(shape, i))
             lo, hi = bounds[i], bounds[i + 1]
             bott = max(bott, float(tab.compute_full_s[lo, hi] if rec[i] else tab.compute_none_s[lo, hi]))
             opt = max(opt, float(tab.optimizer_s[lo, hi]))

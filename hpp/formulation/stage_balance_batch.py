@@ -155,28 +155,35 @@ class _Trie:
         self.costs: list = []
         self.tables: list = []
 
-        def node(b: int, suffix: tuple) -> int:
-            key = (b, suffix)
+        links = balancer.cache.links
+        link_out_of = balancer.link_out
+
+        def node(b: int, suffix: tuple, link_in: tuple) -> int:
+            # a node is a suffix AND the link options into its first stage (issue 19: links per pair of
+            # stage kinds); a whole shape's first stage receives nothing: it takes its own kind's options
+            key = (b, suffix, link_in)
             got = self.ids.get(key)
             if got is not None:
                 balancer.rows_reused += 2          # both objectives' rows of this suffix, shared
                 return got
-            p = node(b, suffix[1:]) if len(suffix) > 1 else 0
             kind, d = suffix[0], len(suffix)
-            ck = (kind, b, d)
+            link_out = link_out_of(suffix)
+            p = node(b, suffix[1:], link_out) if d > 1 else 0
+            ck = (kind, b, d, link_in, link_out)
             if ck not in cost_ids:
                 cost_ids[ck] = len(self.costs)
-                self.costs.append(balancer._stage_costs(kind, b, d))
-            tk = (kind, b)
+                self.costs.append(balancer._stage_costs(kind, b, d, link_in, link_out))
+            tk = (kind, b, link_in, link_out)
             if tk not in table_ids:
                 table_ids[tk] = len(self.tables)
-                self.tables.append(balancer.cache.table(kind.device_type, kind.tp_degree, b))
+                self.tables.append(balancer.cache.table(kind.device_type, kind.tp_degree, b, link_in, link_out))
             n = self.ids[key] = len(parent)
             parent.append(p), level.append(d), cost_of.append(cost_ids[ck]), table_of.append(table_ids[tk])
             balancer.rows_computed += 2
             return n
 
-        self.pair_node = np.array([node(b, shapes[i]) for i, b in pairs], dtype=np.int64)
+        self.pair_node = np.array([node(b, shapes[i], links(shapes[i][0], shapes[i][0])) for i, b in pairs],
+                                  dtype=np.int64)
         self.parent = np.array(parent, dtype=np.int64)
         self.level = np.array(level, dtype=np.int64)
         self.cost_of = np.array(cost_of, dtype=np.int64)

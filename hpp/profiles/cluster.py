@@ -1,80 +1,41 @@
 """Clusters: nodes of devices of one type, and the links between them.
 
 A cluster is a tuple of nodes; node ``n`` holds ``num_devices`` devices of one
-device type. Devices get global ids (ranks) node by node: node 0's devices are
-``0 .. k0-1``, node 1's are ``k0 .. k0+k1-1`` and so on.
+device type (and optionally sits in a zone). Devices get global ids (ranks) node by
+node: node 0's devices are ``0 .. k0-1``, node 1's are ``k0 .. k0+k1-1`` and so on.
 
 Bandwidths are :class:`Link` models: a peak in bytes/s, a latency in seconds and
 optionally Sailor's measured fit (``network/*.json`` in the public data), where the
 bandwidth for a message of ``x`` bytes is ``(a*L^2 + b*L + c) GB/s`` with
 ``L = log2(x / 1e6)``, capped at the peak.
 
-JSON form (version 1): see :data:`CLUSTER_FORMAT_HELP` (also in ``hpp plan --help``).
-Every key is checked: an unknown or misspelled one is refused, naming the closest valid key.
+Two network descriptions (JSON forms in :mod:`hpp.profiles.cluster_format`):
+
+- version 1: each node's intra-node link and ONE inter-node link for every pair of nodes;
+- version 2 (:class:`NetworkLinks`): links per pair of node groups: the inter-node link of
+  each pair of device types (a node of type A to a node of type B), and of each pair of zones
+  (nodes in different zones use the zone pair's link); intra-node links per type.
+
+:meth:`Cluster.node_link` gives the link between two nodes under either description.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Mapping
+from itertools import combinations_with_replacement
+from typing import Iterable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.fileio import read_json
-from hpp.profiles.devices import (BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict,
-                                  device_type_to_dict)
+from hpp.profiles.devices import DeviceType
 
-__all__ = ["Link", "Node", "Device", "Cluster", "cluster_from_dict", "cluster_to_dict",
+__all__ = ["Link", "Node", "Device", "NetworkLinks", "Cluster", "cluster_from_dict", "cluster_to_dict",
            "load_cluster", "save_cluster", "cluster_notes", "DEFAULT_LATENCY_S", "CLUSTER_FORMAT_HELP"]
 
 #: Default per-message latency [s] when a cluster gives none (order of a NCCL/ethernet hop).
 DEFAULT_LATENCY_S = 1e-5
 _BYTES_PER_GB = 1e9
-
-#: The cluster file format, for users (``hpp plan --help`` shows it; the README has the same text).
-CLUSTER_FORMAT_HELP = """\
-cluster file (--cluster FILE; JSON; `hpp scenarios --cluster NAME` prints one to edit):
-  {"format": "hpp-cluster", "version": 1, "name": "my-cluster",
-   "device_types": {"A100-40": {"memory_bytes": 42338615296, "gpus_per_node": 4}},
-   "nodes": [{"device_type": "A100-40", "num_devices": 4,
-              "intra_node_bandwidth_bytes_per_s": 2.4e11},
-             {"device_type": "V100-16", "num_devices": 4,
-              "intra_node_bandwidth_bytes_per_s": {"max_bytes_per_s": 1.5e11,
-                                                   "fit_gb_per_s": [0.5, 10.0, 40.0]}}],
-   "inter_node_bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}
-  nodes (required): one entry per host; devices get ids (ranks) node by node.
-    device_type: a bundled type (A100-40, A100-80, V100-16, GH-96, Titan-RTX, RTX-2080,
-      RTX-3090) or one defined under device_types; the profile must cover it.
-    num_devices (required): the devices this node has. A TP group and the intra-node link
-      stay inside one node.
-    intra_node_bandwidth_bytes_per_s (required): the link between two devices of the node.
-  inter_node_bandwidth_bytes_per_s (required): the link between devices of different nodes.
-  device_types (optional for bundled types): memory_bytes = memory of one device [bytes];
-    gpus_per_node = the type's usual node size: `hpp scenarios` cuts GPU counts into nodes
-    of it; in a cluster file each node's num_devices is what counts. A node with more
-    devices than gpus_per_node is planned as one node of that many (TP groups up to its
-    size, its intra-node link between all of them; hpp plan notes it). slowdown (>= 1,
-    emulated CPU devices only): compute is padded to slowdown x the measured time.
-  A link is bytes/s (a number) or {"max_bytes_per_s": peak, "latency_s": s per message,
-    "fit_gb_per_s": [a, b, c]}: Sailor's measured fit, the bandwidth for one message of x
-    bytes is (a*L^2 + b*L + c) GB/s with L = log2(x / 1e6), capped at the peak (without a
-    fit, or where it is not positive: always the peak).
-  latency_s (optional, default 1e-05): per-message latency of links given as numbers.
-  format, version (1), name, description: optional. Unknown keys are refused."""
-
-_TOP_KEYS = ("format", "version", "name", "description", "device_types", "nodes",
-             "inter_node_bandwidth_bytes_per_s", "latency_s")
-_NODE_KEYS = ("device_type", "num_devices", "intra_node_bandwidth_bytes_per_s")
-_TYPE_KEYS = ("memory_bytes", "gpus_per_node", "slowdown")
-_LINK_KEYS = ("max_bytes_per_s", "latency_s", "fit_gb_per_s")
-#: Keys users write for a node's device count or type that difflib does not map well.
-_NODE_ALIASES = {"gpus": "num_devices", "num_gpus": "num_devices", "gpus_per_node": "num_devices",
-                 "count": "num_devices", "devices": "num_devices", "n": "num_devices",
-                 "type": "device_type", "gpu": "device_type", "gpu_type": "device_type"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +98,14 @@ class Node:
         Devices on this node, > 0.
     intra_node : Link
         Link between two devices of this node.
+    zone : str or None
+        The node's zone (version-2 clusters; ``None``: no zones).
     """
 
     device_type: str
     num_devices: int
     intra_node: Link
+    zone: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +118,47 @@ class Device:
     device_type: str
 
 
+def _pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
+
+@dataclass(frozen=True)
+class NetworkLinks:
+    """Inter-node links per pair of node groups (version-2 clusters).
+
+    Attributes
+    ----------
+    inter : Mapping[(str, str), Link]
+        Link between a node of type A and a node of type B, keyed by the sorted pair
+        ``(min(A, B), max(A, B))``; ``(A, A)`` between two nodes of type A.
+    zone_links : Mapping[(str, str), Link]
+        Link between nodes of two different zones, keyed by the sorted pair; used instead of
+        ``inter`` whenever the two nodes' zones differ.
+    zones : tuple of str
+        The declared zones (empty: none).
+    """
+
+    inter: Mapping[tuple[str, str], Link]
+    zone_links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+    zones: tuple[str, ...] = ()
+
+    def type_link(self, a: str, b: str) -> Link | None:
+        """The (a, b) inter-node link, or None if not given."""
+        return self.inter.get(_pair(a, b))
+
+    def zone_link(self, a: str, b: str) -> Link | None:
+        """The (a, b) zone link, or None if not given."""
+        return self.zone_links.get(_pair(a, b))
+
+
+def _slowest(links: Iterable[Link]) -> Link:
+    """The link of least peak bandwidth (first one on ties)."""
+    return min(links, key=lambda l: l.max_bytes_per_s)
+
+
 @dataclass(frozen=True)
 class Cluster:
-    """Nodes of devices, device types and the inter-node link.
+    """Nodes of devices, device types and the links between nodes.
 
     Attributes
     ----------
@@ -164,13 +166,18 @@ class Cluster:
     device_types : Mapping[str, DeviceType]
     nodes : tuple[Node, ...]
     inter_node : Link
-        Link between devices of different nodes.
+        Version 1: the link between devices of different nodes. Version 2: the slowest (least
+        peak) inter-node link between any two nodes of the cluster (the one-link view that
+        :meth:`single_link` keeps; code that wants the actual link uses :meth:`node_link`).
+    network : NetworkLinks or None
+        Version 2: links per pair of device types and of zones; ``None`` = version 1.
     """
 
     name: str
     device_types: Mapping[str, DeviceType]
     nodes: tuple[Node, ...]
     inter_node: Link
+    network: NetworkLinks | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +191,40 @@ class Cluster:
             if n.num_devices <= 0:
                 raise HppInputError(f"node {i} has num_devices={n.num_devices}", field=f"nodes[{i}].num_devices",
                                     fix="give a positive number of devices")
+        if self.network is not None:
+            self._check_network(self.network)
+
+    def _check_network(self, net: NetworkLinks) -> None:
+        """Every pair of node groups the cluster holds has a link; zones are declared; all or no nodes zoned."""
+        zoned = [n.zone is not None for n in self.nodes]
+        if any(zoned) and not all(zoned):
+            i = zoned.index(False)
+            raise HppInputError(f"node {i} has no zone while other nodes have one", field=f"nodes[{i}].zone",
+                                fix=f"give every node a zone (one of {list(net.zones)}) or none")
+        for i, n in enumerate(self.nodes):
+            if n.zone is not None and n.zone not in net.zones:
+                raise HppInputError(f"unknown zone {n.zone!r}", field=f"nodes[{i}].zone",
+                                    fix=f"use one of {list(net.zones)} or declare it under zones")
+        groups: dict[str | None, dict[str, int]] = {}
+        for n in self.nodes:
+            per = groups.setdefault(n.zone, {})
+            per[n.device_type] = per.get(n.device_type, 0) + 1
+        for zone, per in groups.items():
+            for a, b in combinations_with_replacement(sorted(per), 2):
+                if (a != b or per[a] > 1) and net.type_link(a, b) is None:
+                    where = f" in zone {zone!r}" if zone is not None else ""
+                    raise HppInputError(f"no inter-node link between {a} and {b}{where}: the cluster holds both",
+                                        field="links.inter_node",
+                                        fix=f'add {{"between": ["{a}", "{b}"], "link": BYTES_PER_S}}')
+        for za, zb in combinations_with_replacement(sorted(z for z in groups if z is not None), 2):
+            if za != zb and net.zone_link(za, zb) is None:
+                raise HppInputError(f"no link between zones {za} and {zb}: the cluster has nodes in both",
+                                    field="links.zones", fix=f'add {{"between": ["{za}", "{zb}"], "link": BYTES_PER_S}}')
+
+    @property
+    def per_pair(self) -> bool:
+        """True for a version-2 cluster (links per pair of node groups)."""
+        return self.network is not None
 
     @cached_property
     def devices(self) -> tuple[Device, ...]:
@@ -211,160 +252,104 @@ class Cluster:
             out[n.device_type] = out.get(n.device_type, 0) + n.num_devices
         return out
 
+    def type_link(self, type_a: str, type_b: str, zone_a: str | None = None, zone_b: str | None = None) -> Link:
+        """The inter-node link between a node of ``type_a`` (in ``zone_a``) and one of ``type_b`` (``zone_b``).
+
+        Version 2: the zone pair's link when both zones are given and differ, else the type pair's.
+        Version 1: :attr:`inter_node`. Symmetric in (a, b).
+
+        Raises
+        ------
+        HppInputError
+            No link for that pair (the cluster holds no such pair of nodes).
+        """
+        net = self.network
+        if net is None:
+            return self.inter_node
+        if zone_a is not None and zone_b is not None and zone_a != zone_b:
+            got, what = net.zone_link(zone_a, zone_b), f"zones {zone_a} and {zone_b}"
+        else:
+            got, what = net.type_link(type_a, type_b), f"{type_a} and {type_b}"
+        if got is None:
+            raise HppInputError(f"no inter-node link between {what}", field="links",
+                                fix="give the link in the cluster's links section")
+        return got
+
+    def node_link(self, i: int, j: int) -> Link:
+        """The link between a device of node ``i`` and one of node ``j`` (node ``i``'s intra-node link if i == j)."""
+        if i == j:
+            return self.nodes[i].intra_node
+        if self.network is None:
+            return self.inter_node
+        key = (i, j) if i < j else (j, i)
+        got = self._cache.get(("node_link", key))
+        if got is None:
+            a, b = self.nodes[i], self.nodes[j]
+            got = self._cache[("node_link", key)] = self.type_link(a.device_type, b.device_type, a.zone, b.zone)
+        return got
+
     def link(self, a: int, b: int) -> Link:
-        """The link between devices ``a`` and ``b`` (intra-node if they share a node)."""
-        da, db = self.devices[a], self.devices[b]
-        if da.node == db.node:
-            return self.nodes[da.node].intra_node
-        return self.inter_node
+        """The link between devices ``a`` and ``b`` (:meth:`node_link` of their nodes)."""
+        return self.node_link(self.devices[a].node, self.devices[b].node)
 
     def slowest_link(self, device_ids: "list[int] | tuple[int, ...]") -> Link:
         """The link of least peak bandwidth among all pairs of ``device_ids`` (one node => intra)."""
-        nodes = {self.devices[d].node for d in device_ids}
+        nodes = sorted({self.devices[d].node for d in device_ids})
         if len(nodes) == 1:
-            return self.nodes[next(iter(nodes))].intra_node
-        return self.inter_node
+            return self.nodes[nodes[0]].intra_node
+        if self.network is None:
+            return self.inter_node
+        return _slowest(self.node_link(i, j) for k, i in enumerate(nodes) for j in nodes[k + 1:])
 
+    def link_bound(self, device_types: Iterable[str]) -> Link:
+        """A link never slower, at any message size, than any link between devices of ``device_types``.
 
-def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: float) -> Link:
-    if isinstance(value, Mapping):
-        _check_keys(value, _LINK_KEYS, source=source, where=f"{field_name}.")
-        fit = value.get("fit_gb_per_s")
-        if fit is not None and (not isinstance(fit, list) or len(fit) != 3
-                                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fit)):
-            raise HppInputError(f"fit_gb_per_s={fit!r}", source=source, field=f"{field_name}.fit_gb_per_s",
-                                fix="give three numbers [a, b, c]: (a*L^2 + b*L + c) GB/s at L = log2(bytes / 1e6)")
-    try:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return Link(float(value), default_latency_s)
-        if isinstance(value, Mapping):
-            fit = value.get("fit_gb_per_s")
-            return Link(float(value["max_bytes_per_s"]), float(value.get("latency_s", default_latency_s)),
-                        tuple(float(x) for x in fit) if fit is not None else None)  # type: ignore[arg-type]
-    except HppInputError as exc:
-        raise HppInputError(exc.message, source=source, field=field_name, fix=exc.fix) from None
-    except (KeyError, TypeError, ValueError):
-        pass
-    raise HppInputError(f"bad link {value!r}", source=source, field=field_name,
-                        fix="give bytes/s as a number > 0, or {\"max_bytes_per_s\": ..., \"fit_gb_per_s\": [a, b, c]}")
+        Over the intra-node links of the nodes of those types and the inter-node links between
+        any two of their nodes (zones included): the largest peak, the least latency, no fit
+        (a fitted link's bandwidth never exceeds its peak). A valid optimistic link for lower
+        bounds of communication time.
 
+        Examples
+        --------
+        >>> from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
+        >>> c = Cluster("c", dict(BUNDLED_DEVICE_TYPES), (Node("A100-40", 2, Link(2e11, 1e-6)),
+        ...             Node("V100-16", 2, Link(1e11, 2e-6))), Link(1e9, 1e-5))
+        >>> c.link_bound(["V100-16"])
+        Link(max_bytes_per_s=100000000000.0, latency_s=2e-06, fit_gb_per_s=None)
 
-def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
-    """The valid key most like ``key`` (an alias first, then difflib's best ratio)."""
-    if aliases and key.lower() in aliases:
-        return aliases[key.lower()]
-    return max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
+        Raises
+        ------
+        HppInputError
+            A device type the cluster has no node of.
+        """
+        types = set(device_types)
+        missing = sorted(types - {n.device_type for n in self.nodes})
+        if missing or not types:
+            raise HppInputError(f"the cluster has no node of device type(s) {missing}", field="device_types",
+                                fix=f"use types of {sorted(self.count_by_type())}")
+        key = ("link_bound", frozenset(types))
+        got = self._cache.get(key)
+        if got is not None:
+            return got
+        idx = [i for i, n in enumerate(self.nodes) if n.device_type in types]
+        links = [self.nodes[i].intra_node for i in idx]
+        if len(idx) > 1:
+            if self.network is None:
+                links.append(self.inter_node)
+            else:
+                classes = sorted({(self.nodes[i].device_type, self.nodes[i].zone or "") for i in idx})
+                links += [self.type_link(ta, tb, za or None, zb or None)
+                          for (ta, za), (tb, zb) in combinations_with_replacement(classes, 2)
+                          if (ta, za) != (tb, zb) or sum(1 for i in idx if (self.nodes[i].device_type,
+                                                                             self.nodes[i].zone or "")
+                                                         == (ta, za)) > 1]
+        got = self._cache[key] = Link(max(l.max_bytes_per_s for l in links), min(l.latency_s for l in links))
+        return got
 
-
-def _check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, where: str,
-                aliases: Mapping[str, str] | None = None) -> None:
-    """Refuse the first key of ``d`` not in ``valid``, naming the closest valid one (one line)."""
-    unknown = [k for k in d if k not in valid]
-    if not unknown:
-        return
-    key = str(unknown[0])
-    more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:4]))})" if len(unknown) > 1 else ""
-    raise HppInputError(f"unknown key {key!r}{more}", source=source, field=f"{where}{key}",
-                        fix=f"did you mean {_closest(key, valid, aliases)!r}? valid keys here: {', '.join(valid)}")
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluster:
-    """Build a :class:`Cluster` from its JSON object (:data:`CLUSTER_FORMAT_HELP`).
-
-    Raises
-    ------
-    HppInputError
-        An unknown key anywhere (naming the closest valid key), a missing field (a node's
-        ``num_devices`` included), unknown device types, non-positive counts or bandwidths.
-
-    Examples
-    --------
-    >>> c = cluster_from_dict({"nodes": [{"device_type": "A100-40", "num_devices": 2,
-    ...                                   "intra_node_bandwidth_bytes_per_s": 2e11}],
-    ...                        "inter_node_bandwidth_bytes_per_s": 2e10})
-    >>> c.count_by_type()
-    {'A100-40': 2}
-    >>> try:
-    ...     cluster_from_dict({"nodes": [{"device_type": "A100-40", "num_device": 2,
-    ...                                   "intra_node_bandwidth_bytes_per_s": 2e11}],
-    ...                        "inter_node_bandwidth_bytes_per_s": 2e10}, source="c.json")
-    ... except HppInputError as exc:
-    ...     print(exc.field, "->", exc.fix.split("?")[0])
-    nodes[0].num_device -> did you mean 'num_devices'
-    """
-    if not isinstance(d, Mapping):
-        raise HppInputError("a cluster must be a JSON object", source=source, fix="see `hpp plan --help`")
-    _check_keys(d, _TOP_KEYS, source=source, where="")
-    if d.get("format", "hpp-cluster") != "hpp-cluster":
-        raise HppInputError(f"format is {d['format']!r}, expected 'hpp-cluster'", source=source, field="format",
-                            fix='set "format": "hpp-cluster" or leave it out')
-    if d.get("version", 1) != 1:
-        raise HppInputError(f"version {d['version']!r} is not supported", source=source, field="version",
-                            fix="use version 1")
-    latency = d.get("latency_s", DEFAULT_LATENCY_S)
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency >= 0:
-        raise HppInputError(f"latency_s={latency!r}", source=source, field="latency_s",
-                            fix="give the per-message latency in seconds, >= 0")
-    types: dict[str, DeviceType] = dict(BUNDLED_DEVICE_TYPES)
-    own = d.get("device_types") or {}
-    if not isinstance(own, Mapping):
-        raise HppInputError("device_types must be an object {name: {memory_bytes, gpus_per_node}}", source=source,
-                            field="device_types", fix='e.g. {"A100-40": {"memory_bytes": 42338615296, '
-                                                     '"gpus_per_node": 4}}')
-    for name, td in own.items():
-        if not isinstance(td, Mapping):
-            raise HppInputError(f"device type {name!r} is not an object", source=source, field=f"device_types.{name}",
-                                fix='give {"memory_bytes": BYTES, "gpus_per_node": N}')
-        _check_keys(td, _TYPE_KEYS, source=source, where=f"device_types.{name}.")
-        types[name] = device_type_from_dict(name, td, source=source)
-    if "nodes" not in d or not isinstance(d["nodes"], list):
-        raise HppInputError("no 'nodes' list", source=source, field="nodes",
-                            fix="add \"nodes\": [{\"device_type\": ..., \"num_devices\": ...}, ...]")
-    if "inter_node_bandwidth_bytes_per_s" not in d:
-        raise HppInputError("no inter-node bandwidth", source=source, field="inter_node_bandwidth_bytes_per_s",
-                            fix="give the bandwidth between nodes in bytes/s")
-    inter = _link_from(d["inter_node_bandwidth_bytes_per_s"], source=source,
-                       field_name="inter_node_bandwidth_bytes_per_s", default_latency_s=latency)
-    nodes = []
-    for i, nd in enumerate(d["nodes"]):
-        if not isinstance(nd, Mapping):
-            raise HppInputError(f"node {i} is not an object", source=source, field=f"nodes[{i}]",
-                                fix='give {"device_type": ..., "num_devices": ..., '
-                                    '"intra_node_bandwidth_bytes_per_s": ...}')
-        _check_keys(nd, _NODE_KEYS, source=source, where=f"nodes[{i}].", aliases=_NODE_ALIASES)
-        if "device_type" not in nd:
-            raise HppInputError("node without device_type", source=source, field=f"nodes[{i}].device_type",
-                                fix="name the node's device type")
-        dt = nd["device_type"]
-        if dt not in types:
-            near = difflib.get_close_matches(str(dt), list(types), n=1, cutoff=0.4)
-            raise HppInputError(f"unknown GPU type {dt!r}", source=source, field=f"nodes[{i}].device_type",
-                                fix=(f"did you mean {near[0]!r}? " if near else "")
-                                + f"use one of {sorted(types)} or define it under device_types")
-        if "num_devices" not in nd:
-            raise HppInputError(f"node {i} ({dt}) gives no device count", source=source,
-                                field=f"nodes[{i}].num_devices",
-                                fix=f"add \"num_devices\": N, the devices this node has (e.g. "
-                                    f"{types[dt].gpus_per_node}, the type's usual node size)")
-        count = nd["num_devices"]
-        if not _count(count):
-            raise HppInputError(f"num_devices={count!r}", source=source, field=f"nodes[{i}].num_devices",
-                                fix="give a positive integer")
-        if "intra_node_bandwidth_bytes_per_s" not in nd:
-            raise HppInputError("no intra-node bandwidth", source=source,
-                                field=f"nodes[{i}].intra_node_bandwidth_bytes_per_s",
-                                fix="give the bandwidth between two devices of the node in bytes/s")
-        intra = _link_from(nd["intra_node_bandwidth_bytes_per_s"], source=source,
-                           field_name=f"nodes[{i}].intra_node_bandwidth_bytes_per_s", default_latency_s=latency)
-        nodes.append(Node(dt, count, intra))
-    try:
-        return Cluster(str(d.get("name", Path(source).stem)), types, tuple(nodes), inter)
-    except HppInputError as exc:
-        raise exc.with_source(source) from None
+    def single_link(self) -> "Cluster":
+        """This cluster as version 1: the same nodes, :attr:`inter_node` between every pair of nodes."""
+        return Cluster(self.name, self.device_types, tuple(Node(n.device_type, n.num_devices, n.intra_node)
+                                                           for n in self.nodes), self.inter_node)
 
 
 def cluster_notes(cluster: Cluster) -> list[str]:
@@ -397,40 +382,14 @@ def cluster_notes(cluster: Cluster) -> list[str]:
     return out
 
 
-def _link_to(link: Link) -> Any:
-    out: dict[str, Any] = {"max_bytes_per_s": link.max_bytes_per_s, "latency_s": link.latency_s}
-    if link.fit_gb_per_s is not None:
-        out["fit_gb_per_s"] = list(link.fit_gb_per_s)
-    return out
 
 
-def cluster_to_dict(c: Cluster) -> dict[str, Any]:
-    """JSON object of a cluster (inverse of :func:`cluster_from_dict`); embeds every used device type."""
-    used = sorted({n.device_type for n in c.nodes})
-    return {
-        "format": "hpp-cluster",
-        "version": 1,
-        "name": c.name,
-        "device_types": {t: device_type_to_dict(c.device_types[t]) for t in used},
-        "nodes": [{"device_type": n.device_type, "num_devices": n.num_devices,
-                   "intra_node_bandwidth_bytes_per_s": _link_to(n.intra_node)} for n in c.nodes],
-        "inter_node_bandwidth_bytes_per_s": _link_to(c.inter_node),
-    }
+_FORMAT_NAMES = ("CLUSTER_FORMAT_HELP", "cluster_from_dict", "cluster_to_dict", "load_cluster", "save_cluster")
 
 
-def load_cluster(path: str | Path) -> Cluster:
-    """Read a cluster JSON file.
-
-    Raises
-    ------
-    HppInputError
-        The file is missing, is not JSON, or fails validation (the message names the file and field).
-    """
-    p = Path(path)
-    data = read_json(p, what="cluster file")
-    return cluster_from_dict(data, source=str(p))
-
-
-def save_cluster(c: Cluster, path: str | Path) -> None:
-    """Write ``c`` as JSON to ``path``."""
-    Path(path).write_text(json.dumps(cluster_to_dict(c), indent=2) + "\n")
+def __getattr__(name: str):
+    """The JSON forms live in :mod:`hpp.profiles.cluster_format` (it needs the classes above): lazy re-export."""
+    if name in _FORMAT_NAMES:
+        from hpp.profiles import cluster_format
+        return getattr(cluster_format, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,12 +10,15 @@ with :func:`~hpp.formulation.cost_model.stage_time_s` and
 and recomputation mode, with the table's link on both sides of the stage).
 
 :class:`StageCostCache` is scoped to one profile, one cost-model config and one
-pipeline link; it counts hits and misses (``cache_info()``) for the experiments.
+pipeline link, or the link options per pair of adjacent stage kinds (version-2 clusters,
+:func:`hpp.formulation.collectives.p2p_link_options`); it counts hits and misses
+(``cache_info()``) for the experiments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -25,7 +28,7 @@ from hpp.formulation.step_memory import StepMemoryTables, step_memory_peak, step
 from hpp.profiles.cluster import Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
-__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table"]
+__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table", "table_on_links"]
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
     send = 2.0 * np.concatenate([[0.0], out])                                                   # index v -> out[v-1]
     send[L] = 0.0
     buf += send[None, :]
-    p2p = np.array([p2p_transfer_s(e, link, out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
+    p2p = _p2p_s(e, (link,), out)
     wait = p2p_waits_per_transfer(e, config) * (p2p[:, None] + p2p[None, :])  # c_in = p2p[u], c_out = p2p[v]
     fixed = 0.0
     if e.step_time is not None:          # loss + the schedule's fixed time per micro-batch (runtime time terms)
@@ -161,8 +164,9 @@ def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
     def masked(x: np.ndarray) -> np.ndarray:
         return np.where(upper, x, inf)
 
-    return StageCostTable(
-        compute_none_s=masked(F + B + wait + fixed), compute_full_s=masked(2.0 * F + B + wait + fixed),
+    FB, FB2 = F + B, 2.0 * F + B
+    table = StageCostTable(
+        compute_none_s=masked(FB + wait + fixed), compute_full_s=masked(FB2 + wait + fixed),
         weights_bytes=masked(config.state_bytes_per_param_byte * _range_sum(np.asarray(e.param_bytes, float))),
         act_none_bytes=masked(_range_sum(act)), act_full_bytes=masked(_range_sum(inputs)),
         work_none_bytes=masked(np.floor(w * largest)), work_full_bytes=masked(largest + np.floor(w * largest)),
@@ -172,6 +176,31 @@ def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
         capacity_bytes=config.usable_memory_bytes(capacity_bytes), estimated=e.estimated,
         framework_bytes=config.framework_bytes_of(e.device_type), step=step,
         max_micro_batches=-(-global_batch_size // e.micro_batch_size) if global_batch_size else 1)
+    table._mem_cache["link_parts"] = (e, FB, FB2, fixed, upper, out)
+    return table
+
+
+def _p2p_s(e: LayerProfile, links: tuple[Link, ...], out: np.ndarray) -> np.ndarray:
+    """(L+1,) one-way transfer of the output of layer v-1 on the fastest of ``links`` [s] (0 at v = 0 and L)."""
+    L = len(out)
+    if len(links) == 1:
+        return np.array([p2p_transfer_s(e, links[0], out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
+    return np.array([min(p2p_transfer_s(e, l, out[v - 1]) for l in links) if 0 < v < L else 0.0
+                     for v in range(L + 1)])
+
+
+def table_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tuple[Link, ...], *,
+                   config: CostModelConfig = CostModelConfig()) -> StageCostTable:
+    """``base`` with its stage times and transfers priced on other links (issue 19: links per pair of stages).
+
+    ``link_in``: the options for the transfer into the stage (from the previous stage), ``link_out``: into
+    the next; each transfer costs the fastest option for its size. The memory tables are shared with ``base``.
+    """
+    e, FB, FB2, fixed, upper, out = base._mem_cache["link_parts"]
+    p_in, p_out = _p2p_s(e, link_in, out), _p2p_s(e, link_out, out)
+    wait = p2p_waits_per_transfer(e, config) * (p_in[:, None] + p_out[None, :])
+    return replace(base, compute_none_s=np.where(upper, FB + wait + fixed, np.inf),
+                   compute_full_s=np.where(upper, FB2 + wait + fixed, np.inf), p2p_s=p_out, _mem_cache=base._mem_cache)
 
 
 @dataclass
@@ -184,13 +213,18 @@ class StageCostCache:
     capacities : dict[str, int]
         Memory capacity per device type [bytes].
     link : Link
-        Link assumed between consecutive stages (the planner uses the inter-node link).
+        Link assumed between consecutive stages when ``pair_links`` is None (version-1 clusters:
+        the planner's inter-node link).
     config : CostModelConfig
     enabled : bool
         False = recompute tables on every request (ablation of the memoisation).
     global_batch_size : int or None
         Bounds the micro-batches of any pipeline (``ceil(G / b)``), for profiles with the
         runtime step's memory terms (see :func:`build_stage_cost_table`).
+    pair_links : callable or None
+        ``pair_links((type_a, tp_a), (type_b, tp_b), run=r) -> tuple of Link``: the link options between a
+        stage of kind a and the next, of kind b (:func:`hpp.formulation.collectives.p2p_link_options`);
+        None: ``(link,)`` everywhere.
     """
 
     profile: ModelProfile
@@ -199,23 +233,51 @@ class StageCostCache:
     config: CostModelConfig = CostModelConfig()
     enabled: bool = True
     global_batch_size: int | None = None
+    pair_links: Callable[..., tuple[Link, ...]] | None = None
     hits: int = 0
     misses: int = 0
     _tables: dict = field(default_factory=dict, repr=False)
+    _links: dict = field(default_factory=dict, repr=False)
 
-    def table(self, device_type: str, tp_degree: int, micro_batch_size: int) -> StageCostTable:
-        """The (memoised) table; raises HppInputError if the profile lacks the entry."""
+    def links(self, kind_a: tuple[str, int], kind_b: tuple[str, int], run: int | None = None) -> tuple[Link, ...]:
+        """The link options from a stage of kind a to the next, of kind b, ``run`` stages before the end of a
+        run of equal kinds (``(link,)`` without ``pair_links``; see ``collectives.p2p_link_options``)."""
+        if self.pair_links is None:
+            return (self.link,)
+        key = (kind_a, kind_b, run)
+        got = self._links.get(key)
+        if got is None:
+            got = self._links[key] = tuple(self.pair_links(kind_a, kind_b, run=run))
+        return got
+
+    def table(self, device_type: str, tp_degree: int, micro_batch_size: int,
+              link_in: tuple[Link, ...] | None = None, link_out: tuple[Link, ...] | None = None) -> StageCostTable:
+        """The (memoised) table, its times priced on ``link_in`` / ``link_out`` (None: ``(link,)``).
+
+        Raises HppInputError if the profile lacks the entry.
+        """
         key = (device_type, tp_degree, micro_batch_size)
         if self.enabled and key in self._tables:
             self.hits += 1
-            return self._tables[key]
-        self.misses += 1
-        e = self.profile.layer_profile(device_type, tp_degree, micro_batch_size, estimate=False)
-        t = build_stage_cost_table(e, capacity_bytes=self.capacities[device_type], link=self.link, config=self.config,
-                                   global_batch_size=self.global_batch_size)
-        if self.enabled:
-            self._tables[key] = t
-        return t
+            t = self._tables[key]
+        else:
+            self.misses += 1
+            e = self.profile.layer_profile(device_type, tp_degree, micro_batch_size, estimate=False)
+            t = build_stage_cost_table(e, capacity_bytes=self.capacities[device_type], link=self.link,
+                                       config=self.config, global_batch_size=self.global_batch_size)
+            if self.enabled:
+                self._tables[key] = t
+        default = (self.link,)
+        link_in, link_out = link_in or default, link_out or default
+        if link_in == default and link_out == default:
+            return t
+        vkey = (key, link_in, link_out)
+        got = self._tables.get(vkey) if self.enabled else None
+        if got is None:
+            got = table_on_links(t, link_in, link_out, config=self.config)
+            if self.enabled:
+                self._tables[vkey] = got
+        return got
 
     def cache_info(self) -> dict[str, float]:
         """Hits, misses and hit rate of the table cache."""

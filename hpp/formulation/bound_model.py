@@ -1,0 +1,140 @@
+"""Lower-bound pipeline times of the candidates: stage point-to-point at the cheapest link a binding can give.
+
+The search prices each stage boundary over the link the stage-cost tables assume (v1 clusters:
+the inter-node link, :func:`hpp.planner.pipeline_link`); the cost model prices the link the binding
+actually puts there (``cluster.link(last device of stage s, first device of stage s+1)``), which
+can be faster (two stages of one type on one node). For the bound, every boundary is re-priced at
+the cheapest link it can get:
+
+- the links the search priced (N1's ``collectives.p2p_link_options`` where it exists, else the
+  pipeline link), and
+- when both stages are of one device type and some node of that type holds both TP groups
+  (``num_devices >= tp_a + tp_b``), the intra-node link of each such node.
+
+With ``c`` the one-way transfer (:func:`hpp.formulation.cost_model.p2p_transfer_s`), ``k`` the
+transfer waits per micro-batch and ``dc = c_priced - c_cheapest >= 0`` per boundary, stage s's time
+per micro-batch can drop by at most ``D_s = k_s (dc_in + dc_out)`` and the fill
+``phi = sum D + 2 sum c`` by ``sum_s D_s + 2 sum dc``. So
+
+    tau_lb = tau - max_s D_s,    phi_lb = phi - sum_s D_s - 2 sum dc
+
+are lower bounds of the candidate's bottleneck and fill under any binding (``max_s (x_s - d_s) >=
+max_s x_s - max_s d_s``). Both, and the optimizer step, are also shrunk by ``1e-9`` relative
+against floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+from hpp.formulation.candidates import Candidate
+from hpp.formulation.cost_model import CostModelConfig, p2p_transfer_s, p2p_waits_per_transfer
+from hpp.formulation.stage_balance import StageKind
+from hpp.profiles.cluster import Cluster, Link
+from hpp.profiles.model_profile import ModelProfile
+
+__all__ = ["lower_bound_candidates", "SHRINK"]
+
+log = logging.getLogger(__name__)
+
+#: Relative shrink of every lower-bound time (summation-order rounding of the cost model's sums).
+SHRINK = 1e-9
+
+
+def _priced_links(cluster: Cluster, pipeline_link: Link) -> Callable[[StageKind, StageKind], tuple[Link, ...]]:
+    try:
+        from hpp.formulation.collectives import p2p_link_options   # N1 (issue 19); absent before it lands
+    except ImportError:
+        return lambda a, b: (pipeline_link,)
+    return lambda a, b: tuple(p2p_link_options(cluster, a, b))
+
+
+def _cheapest_links(cluster: Cluster, priced: tuple[Link, ...], a: StageKind, b: StageKind) -> tuple[Link, ...]:
+    extra = []
+    if a.device_type == b.device_type:
+        extra = [n.intra_node for n in cluster.nodes
+                 if n.device_type == a.device_type and n.num_devices >= a.tp_degree + b.tp_degree]
+    return tuple(dict.fromkeys((*priced, *extra)))
+
+
+def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: Sequence[Candidate], *,
+                           pipeline_link: Link, config: CostModelConfig = CostModelConfig()) -> list[Candidate]:
+    """The candidates with lower-bound bottleneck, fill and optimizer step (module docstring), same order.
+
+    Parameters
+    ----------
+    cluster, profile, config : as for the search.
+    candidates : the search's candidates.
+    pipeline_link : the link the search's stage-cost tables priced boundaries at (v1 clusters).
+
+    Returns
+    -------
+    list of Candidate
+        New records (partitions replaced); shapes, devices and TP groups unchanged.
+    """
+    priced_of = _priced_links(cluster, pipeline_link)
+    links: dict[tuple[StageKind, StageKind], tuple[tuple[Link, ...], tuple[Link, ...]] | None] = {}
+    entries: dict[tuple[str, int, int], object] = {}
+    drops: dict[tuple, tuple[float, float, float, float]] = {}
+    keep = 1.0 - SHRINK
+
+    def pair(a: StageKind, b: StageKind):
+        got = links.get((a, b), ())
+        if got == ():
+            priced = priced_of(a, b)
+            cheap = _cheapest_links(cluster, priced, a, b)
+            got = links[(a, b)] = None if cheap == priced else (priced, cheap)
+        return got
+
+    def entry(k: StageKind, mbs: int):
+        key = (k.device_type, k.tp_degree, mbs)
+        e = entries.get(key)
+        if e is None:
+            e = entries[key] = profile.layer_profile(k.device_type, k.tp_degree, mbs, estimate=False)
+        return e
+
+    def drop(a: StageKind, b: StageKind, mbs: int, v: int) -> tuple[float, float, float, float]:
+        """(dc_out of a, k_a, dc_in of b, k_b) at the boundary after layer v-1."""
+        key = (a, b, mbs, v)
+        got = drops.get(key)
+        if got is None:
+            both = pair(a, b)
+            if both is None:
+                got = (0.0, 0.0, 0.0, 0.0)
+            else:
+                priced, cheap = both
+                ea, eb = entry(a, mbs), entry(b, mbs)
+                out_a, out_b = ea.output_bytes[v - 1], eb.output_bytes[v - 1]
+                da = (min(p2p_transfer_s(ea, link, out_a) for link in priced)
+                      - min(p2p_transfer_s(ea, link, out_a) for link in cheap))
+                db = (min(p2p_transfer_s(eb, link, out_b) for link in priced)
+                      - min(p2p_transfer_s(eb, link, out_b) for link in cheap))
+                got = (max(0.0, da), p2p_waits_per_transfer(ea, config), max(0.0, db),
+                       p2p_waits_per_transfer(eb, config))
+            drops[key] = got
+        return got
+
+    out = []
+    corrected = 0
+    for cand in candidates:
+        p = cand.partition
+        shape, bnd = cand.shape, p.boundaries
+        tau, phi = p.bottleneck_s, p.fill_s
+        if len(shape) > 1 and any(pair(a, b) is not None for a, b in zip(shape, shape[1:])):
+            stage_drop = [0.0] * len(shape)
+            fill_drop = 0.0
+            for i in range(len(shape) - 1):
+                dc_out, k_a, dc_in, k_b = drop(shape[i], shape[i + 1], cand.micro_batch_size, bnd[i + 1])
+                stage_drop[i] += k_a * dc_out
+                stage_drop[i + 1] += k_b * dc_in
+                fill_drop += 2.0 * dc_out
+            if fill_drop > 0 or any(stage_drop):
+                corrected += 1
+                tau -= max(stage_drop)
+                phi -= sum(stage_drop) + fill_drop
+        part = p._replace(bottleneck_s=max(0.0, tau) * keep, fill_s=max(0.0, phi) * keep,
+                          optimizer_s=p.optimizer_s * keep)
+        out.append(Candidate(shape, cand.micro_batch_size, part, cand.devices, cand.tp_groups))
+    log.debug("lower-bound candidates: %d of %d with a cheaper stage link possible", corrected, len(candidates))
+    return out

@@ -1,0 +1,294 @@
+"""The cluster file: JSON forms (versions 1 and 2) of a :class:`~hpp.profiles.cluster.Cluster`.
+
+Version 1 gives each node's intra-node link and one inter-node link. Version 2 gives links per
+pair of node groups (device type, and optionally zone): ``links.intra_node`` per type,
+``links.inter_node`` per pair of types, ``links.zones`` per pair of zones; links of the bundled GPU
+types that the file leaves out are Sailor's measured fits (:mod:`hpp.profiles.network`, eth-easl/sailor
+cf2c8e3, MIT). Both are described in :data:`CLUSTER_FORMAT_HELP` and ``docs/CLUSTER.md``. Every key is
+checked: an unknown or misspelled one is refused, naming the closest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from hpp.errors import HppInputError
+from hpp.fileio import read_json
+from hpp.profiles.cluster import DEFAULT_LATENCY_S, Cluster, Link, Node
+from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict, device_type_to_dict
+
+__all__ = ["CLUSTER_FORMAT_HELP", "cluster_from_dict", "cluster_to_dict", "load_cluster", "save_cluster"]
+
+#: The cluster file format, for users (``hpp plan --help`` shows it; docs/CLUSTER.md has the same text).
+CLUSTER_FORMAT_HELP = """\
+cluster file (--cluster FILE; JSON; `hpp scenarios --cluster NAME` prints one to edit):
+  {"format": "hpp-cluster", "version": 1, "name": "my-cluster",
+   "device_types": {"A100-40": {"memory_bytes": 42338615296, "gpus_per_node": 4}},
+   "nodes": [{"device_type": "A100-40", "num_devices": 4,
+              "intra_node_bandwidth_bytes_per_s": 2.4e11},
+             {"device_type": "V100-16", "num_devices": 4,
+              "intra_node_bandwidth_bytes_per_s": {"max_bytes_per_s": 1.5e11,
+                                                   "fit_gb_per_s": [0.5, 10.0, 40.0]}}],
+   "inter_node_bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}
+  nodes (required): one entry per host; devices get ids (ranks) node by node.
+    device_type: a bundled type (A100-40, A100-80, V100-16, GH-96, Titan-RTX, RTX-2080,
+      RTX-3090) or one defined under device_types; the profile must cover it.
+    num_devices (required): the devices this node has. A TP group and the intra-node link
+      stay inside one node.
+    intra_node_bandwidth_bytes_per_s (required in version 1): the link between two devices of the node.
+  inter_node_bandwidth_bytes_per_s (version 1, required): the link between devices of different nodes.
+  device_types (optional for bundled types): memory_bytes = memory of one device [bytes];
+    gpus_per_node = the type's usual node size: `hpp scenarios` cuts GPU counts into nodes
+    of it; in a cluster file each node's num_devices is what counts. A node with more
+    devices than gpus_per_node is planned as one node of that many (TP groups up to its
+    size, its intra-node link between all of them; hpp plan notes it). slowdown (>= 1,
+    emulated CPU devices only): compute is padded to slowdown x the measured time.
+  A link is bytes/s (a number) or {"max_bytes_per_s": peak, "latency_s": s per message,
+    "fit_gb_per_s": [a, b, c]}: Sailor's measured fit, the bandwidth for one message of x
+    bytes is (a*L^2 + b*L + c) GB/s with L = log2(x / 1e6), capped at the peak (without a
+    fit, or where it is not positive: always the peak).
+  latency_s (optional, default 1e-05): per-message latency of links given as numbers.
+  format, version (1 or 2), name, description: optional. Unknown keys are refused.
+  version 2: links per pair of node groups instead of one inter-node link:
+   {"version": 2, "zones": ["zone-a", "zone-b"],
+    "nodes": [{"device_type": "A100-40", "num_devices": 4, "zone": "zone-a"}, ...],
+    "links": {"intra_node": {"A100-40": 2.4e11},
+              "inter_node": [{"between": ["A100-40", "V100-16"], "link": 1.7e9}],
+              "zones": [{"between": ["zone-a", "zone-b"], "link": 5e8}]}}
+    links.intra_node: per device type (a node's own intra_node_bandwidth_bytes_per_s wins);
+    links.inter_node: per pair of device types (both orders; [A, A] between two A nodes);
+    links.zones: per pair of different zones (nodes in different zones use it);
+    zones, nodes[i].zone: optional (all nodes or none). Bundled types' links that are left
+    out are Sailor's measured fits (one device to one device); a pair without a link and
+    without a measurement is refused, naming the pair."""
+
+_TOP_KEYS = ("format", "version", "name", "description", "device_types", "nodes",
+             "inter_node_bandwidth_bytes_per_s", "latency_s")
+_TOP_KEYS_V2 = ("format", "version", "name", "description", "device_types", "zones", "nodes", "links", "latency_s")
+_NODE_KEYS = ("device_type", "num_devices", "intra_node_bandwidth_bytes_per_s")
+_NODE_KEYS_V2 = _NODE_KEYS + ("zone",)
+_LINKS_KEYS = ("intra_node", "inter_node", "zones")
+_PAIR_KEYS = ("between", "link")
+_TYPE_KEYS = ("memory_bytes", "gpus_per_node", "slowdown")
+_LINK_KEYS = ("max_bytes_per_s", "latency_s", "fit_gb_per_s")
+#: Keys users write for a node's device count or type that difflib does not map well.
+_NODE_ALIASES = {"gpus": "num_devices", "num_gpus": "num_devices", "gpus_per_node": "num_devices",
+                 "count": "num_devices", "devices": "num_devices", "n": "num_devices",
+                 "type": "device_type", "gpu": "device_type", "gpu_type": "device_type"}
+
+
+def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: float) -> Link:
+    if isinstance(value, Mapping):
+        _check_keys(value, _LINK_KEYS, source=source, where=f"{field_name}.")
+        fit = value.get("fit_gb_per_s")
+        if fit is not None and (not isinstance(fit, list) or len(fit) != 3
+                                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fit)):
+            raise HppInputError(f"fit_gb_per_s={fit!r}", source=source, field=f"{field_name}.fit_gb_per_s",
+                                fix="give three numbers [a, b, c]: (a*L^2 + b*L + c) GB/s at L = log2(bytes / 1e6)")
+    try:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return Link(float(value), default_latency_s)
+        if isinstance(value, Mapping):
+            fit = value.get("fit_gb_per_s")
+            return Link(float(value["max_bytes_per_s"]), float(value.get("latency_s", default_latency_s)),
+                        tuple(float(x) for x in fit) if fit is not None else None)  # type: ignore[arg-type]
+    except HppInputError as exc:
+        raise HppInputError(exc.message, source=source, field=field_name, fix=exc.fix) from None
+    except (KeyError, TypeError, ValueError):
+        pass
+    raise HppInputError(f"bad link {value!r}", source=source, field=field_name,
+                        fix="give bytes/s as a number > 0, or {\"max_bytes_per_s\": ..., \"fit_gb_per_s\": [a, b, c]}")
+
+
+def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
+    """The valid key most like ``key`` (an alias first, then difflib's best ratio)."""
+    if aliases and key.lower() in aliases:
+        return aliases[key.lower()]
+    return max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
+
+
+def _check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, where: str,
+                aliases: Mapping[str, str] | None = None) -> None:
+    """Refuse the first key of ``d`` not in ``valid``, naming the closest valid one (one line)."""
+    unknown = [k for k in d if k not in valid]
+    if not unknown:
+        return
+    key = str(unknown[0])
+    more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:4]))})" if len(unknown) > 1 else ""
+    raise HppInputError(f"unknown key {key!r}{more}", source=source, field=f"{where}{key}",
+                        fix=f"did you mean {_closest(key, valid, aliases)!r}? valid keys here: {', '.join(valid)}")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluster:
+    """Build a :class:`Cluster` from its JSON object (:data:`CLUSTER_FORMAT_HELP`), version 1 or 2.
+
+    Raises
+    ------
+    HppInputError
+        An unknown key anywhere (naming the closest valid key), a missing field (a node's
+        ``num_devices`` included), unknown device types, non-positive counts or bandwidths;
+        version 2: a pair of device types (or zones) the cluster holds without a link (naming
+        the pair), an unknown zone.
+
+    Examples
+    --------
+    >>> c = cluster_from_dict({"nodes": [{"device_type": "A100-40", "num_devices": 2,
+    ...                                   "intra_node_bandwidth_bytes_per_s": 2e11}],
+    ...                        "inter_node_bandwidth_bytes_per_s": 2e10})
+    >>> c.count_by_type()
+    {'A100-40': 2}
+    >>> try:
+    ...     cluster_from_dict({"nodes": [{"device_type": "A100-40", "num_device": 2,
+    ...                                   "intra_node_bandwidth_bytes_per_s": 2e11}],
+    ...                        "inter_node_bandwidth_bytes_per_s": 2e10}, source="c.json")
+    ... except HppInputError as exc:
+    ...     print(exc.field, "->", exc.fix.split("?")[0])
+    nodes[0].num_device -> did you mean 'num_devices'
+    >>> c2 = cluster_from_dict({"version": 2, "nodes": [{"device_type": "A100-40", "num_devices": 4},
+    ...                                                 {"device_type": "V100-16", "num_devices": 4}]})
+    >>> round(c2.node_link(0, 1).max_bytes_per_s / 1e9, 2)      # Sailor's A100-40 <-> V100-16 fit
+    1.72
+    """
+    if not isinstance(d, Mapping):
+        raise HppInputError("a cluster must be a JSON object", source=source, fix="see `hpp plan --help`")
+    version = d.get("version", 1)
+    if version not in (1, 2) or isinstance(version, bool):
+        raise HppInputError(f"version {version!r} is not supported", source=source, field="version",
+                            fix="use version 1 (one inter-node link) or 2 (links per pair of node groups)")
+    _check_keys(d, _TOP_KEYS if version == 1 else _TOP_KEYS_V2, source=source, where="")
+    if d.get("format", "hpp-cluster") != "hpp-cluster":
+        raise HppInputError(f"format is {d['format']!r}, expected 'hpp-cluster'", source=source, field="format",
+                            fix='set "format": "hpp-cluster" or leave it out')
+    latency = d.get("latency_s", DEFAULT_LATENCY_S)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not latency >= 0:
+        raise HppInputError(f"latency_s={latency!r}", source=source, field="latency_s",
+                            fix="give the per-message latency in seconds, >= 0")
+    types: dict[str, DeviceType] = dict(BUNDLED_DEVICE_TYPES)
+    own = d.get("device_types") or {}
+    if not isinstance(own, Mapping):
+        raise HppInputError("device_types must be an object {name: {memory_bytes, gpus_per_node}}", source=source,
+                            field="device_types", fix='e.g. {"A100-40": {"memory_bytes": 42338615296, '
+                                                     '"gpus_per_node": 4}}')
+    for name, td in own.items():
+        if not isinstance(td, Mapping):
+            raise HppInputError(f"device type {name!r} is not an object", source=source, field=f"device_types.{name}",
+                                fix='give {"memory_bytes": BYTES, "gpus_per_node": N}')
+        _check_keys(td, _TYPE_KEYS, source=source, where=f"device_types.{name}.")
+        types[name] = device_type_from_dict(name, td, source=source)
+    if "nodes" not in d or not isinstance(d["nodes"], list):
+        raise HppInputError("no 'nodes' list", source=source, field="nodes",
+                            fix="add \"nodes\": [{\"device_type\": ..., \"num_devices\": ...}, ...]")
+    if version == 1 and "inter_node_bandwidth_bytes_per_s" not in d:
+        raise HppInputError("no inter-node bandwidth", source=source, field="inter_node_bandwidth_bytes_per_s",
+                            fix="give the bandwidth between nodes in bytes/s (or use version 2 with links)")
+    raw_nodes = [_node_fields(nd, i, types, version, source=source) for i, nd in enumerate(d["nodes"])]
+    try:
+        if version == 1:
+            inter = _link_from(d["inter_node_bandwidth_bytes_per_s"], source=source,
+                               field_name="inter_node_bandwidth_bytes_per_s", default_latency_s=latency)
+            nodes = tuple(Node(dt, k, _link_from(intra, source=source, default_latency_s=latency,
+                                                 field_name=f"nodes[{i}].intra_node_bandwidth_bytes_per_s"))
+                          for i, (dt, k, intra, _) in enumerate(raw_nodes))
+            return Cluster(str(d.get("name", Path(source).stem)), types, nodes, inter)
+        from hpp.profiles.network import network_from_dict
+        nodes, net, slowest = network_from_dict(d, raw_nodes, source=source, latency_s=latency)
+        return Cluster(str(d.get("name", Path(source).stem)), types, nodes, slowest, net)
+    except HppInputError as exc:
+        raise exc.with_source(source) from None
+
+
+def _node_fields(nd: Any, i: int, types: Mapping[str, DeviceType], version: int, *, source: str
+                 ) -> tuple[str, int, Any, Any]:
+    """(device type, count, raw intra link or None, zone or None) of node ``i``, checked."""
+    if not isinstance(nd, Mapping):
+        raise HppInputError(f"node {i} is not an object", source=source, field=f"nodes[{i}]",
+                            fix='give {"device_type": ..., "num_devices": ..., '
+                                '"intra_node_bandwidth_bytes_per_s": ...}')
+    _check_keys(nd, _NODE_KEYS if version == 1 else _NODE_KEYS_V2, source=source, where=f"nodes[{i}].",
+                aliases=_NODE_ALIASES)
+    if "device_type" not in nd:
+        raise HppInputError("node without device_type", source=source, field=f"nodes[{i}].device_type",
+                            fix="name the node's device type")
+    dt = nd["device_type"]
+    if dt not in types:
+        near = difflib.get_close_matches(str(dt), list(types), n=1, cutoff=0.4)
+        raise HppInputError(f"unknown GPU type {dt!r}", source=source, field=f"nodes[{i}].device_type",
+                            fix=(f"did you mean {near[0]!r}? " if near else "")
+                            + f"use one of {sorted(types)} or define it under device_types")
+    if "num_devices" not in nd:
+        raise HppInputError(f"node {i} ({dt}) gives no device count", source=source,
+                            field=f"nodes[{i}].num_devices",
+                            fix=f"add \"num_devices\": N, the devices this node has (e.g. "
+                                f"{types[dt].gpus_per_node}, the type's usual node size)")
+    count = nd["num_devices"]
+    if not _count(count):
+        raise HppInputError(f"num_devices={count!r}", source=source, field=f"nodes[{i}].num_devices",
+                            fix="give a positive integer")
+    if version == 1 and "intra_node_bandwidth_bytes_per_s" not in nd:
+        raise HppInputError("no intra-node bandwidth", source=source,
+                            field=f"nodes[{i}].intra_node_bandwidth_bytes_per_s",
+                            fix="give the bandwidth between two devices of the node in bytes/s")
+    zone = nd.get("zone")
+    if zone is not None and not isinstance(zone, str):
+        raise HppInputError(f"zone {zone!r} is not a string", source=source, field=f"nodes[{i}].zone",
+                            fix="name the zone")
+    return dt, count, nd.get("intra_node_bandwidth_bytes_per_s"), zone
+
+
+def _link_to(link: Link) -> Any:
+    out: dict[str, Any] = {"max_bytes_per_s": link.max_bytes_per_s, "latency_s": link.latency_s}
+    if link.fit_gb_per_s is not None:
+        out["fit_gb_per_s"] = list(link.fit_gb_per_s)
+    return out
+
+
+def cluster_to_dict(c: Cluster) -> dict[str, Any]:
+    """JSON object of a cluster (inverse of :func:`cluster_from_dict`); embeds every used device type.
+
+    A version-2 cluster is written with every link explicit (no defaults are needed to read it back).
+    """
+    used = sorted({n.device_type for n in c.nodes})
+    out: dict[str, Any] = {"format": "hpp-cluster", "version": 1 if c.network is None else 2, "name": c.name,
+                           "device_types": {t: device_type_to_dict(c.device_types[t]) for t in used}}
+    nodes = []
+    for n in c.nodes:
+        nd: dict[str, Any] = {"device_type": n.device_type, "num_devices": n.num_devices,
+                              "intra_node_bandwidth_bytes_per_s": _link_to(n.intra_node)}
+        if n.zone is not None:
+            nd["zone"] = n.zone
+        nodes.append(nd)
+    if c.network is None:
+        return out | {"nodes": nodes, "inter_node_bandwidth_bytes_per_s": _link_to(c.inter_node)}
+    net = c.network
+    if net.zones:
+        out["zones"] = list(net.zones)
+    out["nodes"] = nodes
+    out["links"] = {"inter_node": [{"between": list(k), "link": _link_to(v)} for k, v in sorted(net.inter.items())]}
+    if net.zone_links:
+        out["links"]["zones"] = [{"between": list(k), "link": _link_to(v)} for k, v in sorted(net.zone_links.items())]
+    return out
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster JSON file.
+
+    Raises
+    ------
+    HppInputError
+        The file is missing, is not JSON, or fails validation (the message names the file and field).
+    """
+    p = Path(path)
+    data = read_json(p, what="cluster file")
+    return cluster_from_dict(data, source=str(p))
+
+
+def save_cluster(c: Cluster, path: str | Path) -> None:
+    """Write ``c`` as JSON to ``path``."""
+    Path(path).write_text(json.dumps(cluster_to_dict(c), indent=2) + "\n")
