@@ -100,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"on {os.cpu_count()} cores (the 15 % target needs a quiet host: load below 0.5)")
     print(f"time (CPU speed normalised): max |error| {100 * max_abs_error(rows, normalised=True):.1f} % over "
           f"{len(rows)} runs")
+    print(f"time (background load corrected): max |error| {100 * max_abs_error(rows, background=True):.1f} % over "
+          f"{len(rows)} runs")
     print(f"time: max |error| {100 * max_abs_error(rows):.1f} % over {len(rows)} runs")
     return 0
 

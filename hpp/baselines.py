@@ -239,9 +239,10 @@ def _bind_replicas(cluster, profile, gbs, shape, part, b, dp) -> Plan:
     return _make_plan(profile, cluster, gbs, pipes)
 
 
-def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int = 2_000_000
-                           ) -> tuple[dict[int, int], float, int]:
-    """Every multiset of candidate copies that fits the inventory, priced by the composition model.
+def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int = 2_000_000,
+                           price: Callable[[dict[int, int]], float] | None = None) -> tuple[dict[int, int], float, int]:
+    """Every multiset of candidate copies that fits the inventory, priced by the composition model
+    (``price``: another price of the copies, e.g. the cost model of their bound plan, ``problem.estimator``).
 
     Returns
     -------
@@ -264,7 +265,7 @@ def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int 
                 if evals > max_evaluations:
                     raise HppInputError(f"more than {max_evaluations} compositions", field="cluster",
                                         fix="the exhaustive oracle is for small clusters only")
-                obj = composition_objective_s(problem, counts)
+                obj = composition_objective_s(problem, counts) if price is None else price(dict(counts))
                 if obj < best[1]:
                     best = (dict(counts), obj)
             return

@@ -15,8 +15,8 @@ optimizer term), made linear with level variables:
   big-M row ``T_sync >= s_g(h) - M_g (1 - v_g)``, ``v_g >= u_c``;
 - redundant: ``T_sync >= sum_j min_g (s_g(j) - s_g(j-1)) delta_j`` (some group is used).
 
-Objective ``T_pipe + T_sync + T_opt`` in seconds (sync tables rounded up to whole
-microseconds, as CP-SAT's). Not an oracle: the judged objective is
+Objective ``T_pipe + T_sync + T_opt`` in seconds (sync tables in whole microseconds,
+as CP-SAT's: rounded down on a bound problem). Not an oracle: the judged objective is
 :func:`~hpp.formulation.composition.composition_objective_s` (see :mod:`hpp.solvers`).
 """
 
@@ -98,7 +98,8 @@ def _max_pipelines(problem: CompositionProblem, ub: list[int]) -> int:
 
 def solve_composition_milp(problem: CompositionProblem, *, time_limit_s: float = 10.0, cutoff_s: float | None = None,
                            lower_bound_pipe_s: float | None = None, mip_rel_gap: float = 1e-6,
-                           formulation: str = "auto", per_copy_limit: int = 4000) -> MilpResult:
+                           formulation: str = "auto", per_copy_limit: int = 4000,
+                           node_limit: int | None = None) -> MilpResult:
     """Build and solve the MILP of the module docstring; never raises on a time limit.
 
     Parameters
@@ -108,6 +109,8 @@ def solve_composition_milp(problem: CompositionProblem, *, time_limit_s: float =
         means that nothing beats the incumbent.
     lower_bound_pipe_s : float, optional
         A valid lower bound on T_pipe (redundant row).
+    node_limit : int, optional
+        HiGHS' branch-and-bound node limit (a deterministic work limit; the time limit still applies).
     """
     t0 = time.perf_counter()
     cands = problem.candidates
@@ -198,7 +201,8 @@ def solve_composition_milp(problem: CompositionProblem, *, time_limit_s: float =
     left = max(0.05, time_limit_s - (time.perf_counter() - t0))
     res = milp(np.array(b.cost), integrality=np.array(b.integer), bounds=Bounds(b.lb, b.ub),
                constraints=LinearConstraint(A, b.lo, b.hi),
-               options={"time_limit": left, "mip_rel_gap": mip_rel_gap, "disp": False})
+               options={"time_limit": left, "mip_rel_gap": mip_rel_gap, "disp": False,
+                        **({"node_limit": node_limit} if node_limit is not None else {})})
     wall = time.perf_counter() - t0
     counts: dict[int, int] = {}
     if res.x is not None:

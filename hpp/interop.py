@@ -21,8 +21,10 @@ runtime_simulator.py``: ``ceil(gbs / (mbs * dp * num_pipelines))`` micro-batches
 Megatron needs ``G`` to be a multiple of ``b`` x replicas, so we require that too.
 Cluster: every (replica, stage) runs on its own node of ``gpus_per_node`` devices of
 ``gpu`` and uses the first ``tp`` of them (as in the calibration runs: N nodes = dp x
-pp, GH-96 nodes of 4, TP 4); links are Sailor's measured fits for that GPU type
-(:mod:`hpp.profiles.network`; one zone).
+pp, GH-96 nodes of 4, TP 4); links are Sailor's measured fits per pair of the GPU types the
+plan names (:func:`hpp.profiles.network.default_network`: a version-2 cluster, so stage-to-stage
+transfers and gradient rings are priced on the link of the nodes they join; one zone, the one
+the bundled measurements cover).
 
 Metis (ATC'24, SamsungLabs/Metis ``cost_het_cluster.py`` prints, per plan:
 ``node_sequence, device_groups, strategies (dp, tp), batches, layer_partition``). We
@@ -60,7 +62,7 @@ from hpp.plan import Pipeline, Plan, Stage, default_schedule, plan_from_dict, re
 from hpp.profiles.cluster import Cluster, Node, cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
 from hpp.profiles.model_profile import ModelProfile
-from hpp.profiles.network import NETWORK_ZONE, default_inter_node_link, default_intra_node_link
+from hpp.profiles.network import NETWORK_ZONE, default_intra_node_link, default_network
 from hpp.validate import validate_plan
 
 __all__ = ["FOREIGN_FORMATS", "SailorMeasurement", "detect_plan_format", "plan_from_sailor", "plan_from_metis",
@@ -136,11 +138,11 @@ def _global_batch(data: Mapping[str, Any], key: str, gbs: int | None, *, source:
 
 
 def _cluster(name: str, nodes: Sequence[tuple[str, int]]) -> Cluster:
-    """Nodes ``(gpu, devices)`` with Sailor's measured links (one zone, one device per flow)."""
-    types = sorted({t for t, _ in nodes})
-    return Cluster(name, dict(BUNDLED_DEVICE_TYPES),
-                   tuple(Node(t, n, default_intra_node_link(t, n)) for t, n in nodes),
-                   default_inter_node_link(types))
+    """Nodes ``(gpu, devices)`` with Sailor's measured links per pair of GPU types (one zone, one device per
+    flow; a version-2 cluster: each pair of nodes uses its types' link, issue 19)."""
+    built = tuple(Node(t, n, default_intra_node_link(t, n)) for t, n in nodes)
+    network, slowest = default_network(built)
+    return Cluster(name, dict(BUNDLED_DEVICE_TYPES), built, slowest, network)
 
 
 def _finish(model: str, profile: ModelProfile, gbs: int, pipes: list[Pipeline], cluster: Cluster,

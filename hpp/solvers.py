@@ -56,6 +56,8 @@ OPTIMUM_RTOL = 1e-3
 OPTIMUM_ATOL_S = 1e-5
 #: HiGHS' relative MIP gap at which it stops and calls the answer optimal.
 MILP_REL_GAP = 1e-6
+#: HiGHS branch-and-bound nodes per unit of ``SolverSettings.deterministic_time`` (its deterministic limit).
+MILP_NODES_PER_WORK_UNIT = 2000
 #: The status vocabulary of :class:`SolveResult`.
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "NO_SOLUTION")
 
@@ -245,9 +247,11 @@ def _exact(name: str, sub, settings: SolverSettings, hint: dict, cutoff: float |
         counts = r.counts if status in ("OPTIMAL", "FEASIBLE") else {}
         return counts, status, r.bound_s, model_objective_s(sub, counts), r.hit_time_limit, -1, ""
     from hpp.composition_milp import solve_composition_milp
-    r = solve_composition_milp(sub, time_limit_s=settings.max_time_in_seconds or 60.0, cutoff_s=cutoff,
+    # no wall limit: HiGHS stops at a node limit (deterministic) scaled like CP-SAT's deterministic time
+    r = solve_composition_milp(sub, time_limit_s=settings.max_time_in_seconds or 3600.0, cutoff_s=cutoff,
                                lower_bound_pipe_s=lb_pipe, mip_rel_gap=MILP_REL_GAP,
-                               formulation=settings.formulation)
+                               formulation=settings.formulation,
+                               node_limit=max(1, int(MILP_NODES_PER_WORK_UNIT * settings.deterministic_time)))
     hit = r.hit_time_limit and settings.max_time_in_seconds is not None
     return (r.counts, r.status, r.bound_s, r.model_objective_s, hit, r.nodes,
             f"{r.num_variables} vars, {r.num_constraints} rows")

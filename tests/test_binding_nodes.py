@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from hpp.errors import HppInputError
 from hpp.formulation.binding import bind_devices, bind_nodes, node_crossings
 from hpp.formulation.binding_rules import best_fit_assign, packed_assign
-from hpp.formulation.binding_score import BindingScorer
+from hpp.formulation.binding_score import BindingScorer, forced_crossings
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.stage_balance import Partition, StageKind
 from hpp.profiles.cluster import Cluster, Link, NetworkLinks, Node
@@ -82,6 +82,34 @@ def test_four_stage_tp2_pipeline_stays_in_the_eight_gpu_node():
     assert packed_assign(cluster, [c.shape for c in shapes]) == [[0, 0, 0, 0]]
 
 
+def test_one_node_binding_is_predicted_faster():
+    """The issue's example priced: OPT-350 on 8 + 4 A100-80 (scenario links), old vs new device ids."""
+    import dataclasses
+
+    from hpp.formulation.binding import build_plan
+    from hpp.formulation.cost_model import estimate_plan
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import make_cluster as scenario_cluster
+
+    profile = load_bundled_profile("OPT-350")
+    base = scenario_cluster("8+4", {"A100-80": 12})
+    cluster = dataclasses.replace(base, nodes=(dataclasses.replace(base.nodes[0], num_devices=8),
+                                               dataclasses.replace(base.nodes[0], num_devices=4)), _cache={})
+    plan = build_plan(cluster, model=profile.model, num_layers=profile.num_layers,
+                      sequence_length=profile.sequence_length, global_batch_size=64,
+                      candidates=[cand([("A100-80", 2)] * 4, profile.num_layers)], counts={0: 1},
+                      profile_ref={}, cluster_ref={})
+    assert [s.device_ids for s in plan.pipelines[0].stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert best_fit_assign(cluster, [[StageKind("A100-80", 2)] * 4]) == [[1, 1, 0, 0]]
+    old_ids = [(8, 9), (10, 11), (0, 1), (2, 3)]              # what the original rule bound
+    pipe = plan.pipelines[0]
+    old = dataclasses.replace(plan, pipelines=(dataclasses.replace(pipe, stages=tuple(
+        dataclasses.replace(st, device_ids=ids) for st, ids in zip(pipe.stages, old_ids))),))
+    t_new = estimate_plan(plan, cluster, profile).iteration_time_s
+    t_old = estimate_plan(old, cluster, profile).iteration_time_s
+    assert t_new < t_old
+
+
 def test_ties_keep_the_original_binding():
     cluster = make_cluster([("A", 4), ("A", 4), ("B", 4)])
     shapes = [cand([("A", 1), ("A", 1)]), cand([("A", 2), ("B", 2)]), cand([("B", 2)])]
@@ -112,13 +140,15 @@ def test_full_nodes_refused_with_one_line_error():
         bind_devices(cluster, [cand([("A", 2)]), cand([("A", 1)])])
 
 
-def test_greedy_rules_only_at_scale_are_valid():
-    """Above the exact search's size the greedy rules bind 32 copies with the forced crossings only."""
-    cluster = make_cluster([("A", 8)] * 8 + [("B", 4)] * 8)
-    shapes = [cand([("A", 2), ("A", 2), ("B", 2)])] * 16
+def test_greedy_rules_at_scale_cross_only_where_forced():
+    """Above the exact search's size: 24 copies on 8- and 4-device nodes cross only where their types force it."""
+    cluster = make_cluster([("A", 8), ("A", 4)] * 8 + [("B", 4)] * 8)
+    shapes = [cand([("A", 2)] * 4)] * 8 + [cand([("A", 2), ("B", 2)])] * 16
+    assert [forced_crossings(cluster, c.shape) for c in shapes[7:9]] == [0, 1]
     nodes, score, rule = bind_nodes(cluster, shapes)
-    assert rule in ("best-fit", "packed") and score.crossings == 16
-    stage_nodes(cluster, bind_devices(cluster, shapes))
+    assert rule == "packed" and score.crossings == 16
+    assert node_crossings(stage_nodes(cluster, bind_devices(cluster, shapes))) == [0] * 8 + [1] * 16
+    assert sum(node_crossings(best_fit_assign(cluster, [c.shape for c in shapes]))) > 16      # control
 
 
 def test_gradient_ring_stays_in_one_zone():
@@ -169,8 +199,10 @@ def test_crossings_equal_the_enumerated_minimum(inst):
     cluster, shapes = inst
     nodes = stage_nodes(cluster, bind_devices(cluster, shapes))
     assert sum(node_crossings(nodes)) == min_crossings(cluster, shapes)
-    forced = [sum(a.device_type != b.device_type for a, b in zip(c.shape, c.shape[1:])) for c in shapes]
-    assert all(n >= f for n, f in zip(node_crossings(nodes), forced))
+    crossed, forced = node_crossings(nodes), [forced_crossings(cluster, c.shape) for c in shapes]
+    assert all(n >= f for n, f in zip(crossed, forced))
+    if sum(forced) == sum(crossed):             # then each pipeline crosses exactly what it must
+        assert crossed == forced
     scorer = BindingScorer(cluster, [c.partition.boundaries for c in shapes])
     old = best_fit_assign(cluster, [c.shape for c in shapes])
     if old is not None:                         # never worse than the original rule

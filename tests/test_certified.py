@@ -98,36 +98,48 @@ def random_instance(seed: int, *, max_gpus_per_type: int = 8, max_types: int = 4
     return cluster, profile, rng.randint(4, 48), space
 
 
-def check_instance(seed: int, *, solver: str, max_evaluations: int = 3000, max_gpus_per_type: int = 8,
-                   max_types: int = 4) -> dict | None:
-    """Solve the instance of ``seed`` and compare with the exhaustive oracle; None when it is infeasible or too
-    large for the oracle. Returns the figures (bound, objective, oracle, status); raises AssertionError on a
-    violation."""
+def check_instance(seed: int, *, solver: str, judge: str = "estimate", max_evaluations: int = 3000,
+                   max_gpus_per_type: int = 8, max_types: int = 4, work: float = 0.5) -> dict | None:
+    """Solve the instance of ``seed`` and compare with the exhaustive oracle; None when it is infeasible.
+
+    ``judge="estimate"``: answers and oracle priced by the cost model of the bound plan (what ``hpp plan``
+    reports; ~30 ms per multiset); ``"composition"``: by the search's composition model (block-wise ring
+    all-reduces over the sync link with its fit; ~0.1 ms), the problem then has no estimator. Returns the
+    figures (bound, objective, oracle, status; ``oracle_s`` None when the oracle needed more than
+    ``max_evaluations`` multisets); raises AssertionError on a violation. ``work``: the exact solvers'
+    deterministic work limit.
+    """
     cluster, profile, gbs, space = random_instance(seed, max_gpus_per_type=max_gpus_per_type, max_types=max_types)
     try:
         problem, _ = make_problem(cluster, profile, gbs, space=space)
         full, _ = make_problem(cluster, profile, gbs, space=space, pruning=NO_PRUNING)
     except (InfeasibleError, HppInputError):
         return None
-    res = solve(problem, SolverSettings(solver=solver, num_workers=1))
+    if judge == "composition":
+        problem.estimator = full.estimator = None
+        price = None
+    else:
+        def price(counts):
+            return full.estimator(counts)[1].iteration_time_s
+    res = solve(problem, SolverSettings(solver=solver, num_workers=1, deterministic_time=work))
     try:
-        _, oracle, evals = exhaustive_composition(full, max_evaluations=max_evaluations,
-                                                  price=lambda counts: full.estimator(counts)[1].iteration_time_s)
+        _, oracle, evals = exhaustive_composition(full, max_evaluations=max_evaluations, price=price)
     except HppInputError:
         oracle, evals = None, 0
     if math.isfinite(res.objective_s):
-        plan, est = problem.estimator(res.counts)
-        assert est.iteration_time_s == res.objective_s
+        own = (problem.estimator(res.counts)[1].iteration_time_s if problem.estimator is not None
+               else composition_objective_s(problem, res.counts))
+        assert own == res.objective_s
         assert res.bound_s <= res.objective_s * (1 + 1e-9), (seed, res)
     if oracle is not None:
-        tol = 1e-9 * oracle
-        assert res.bound_s <= oracle + tol, (seed, solver, res.bound_s, oracle)
+        assert res.bound_s <= oracle * (1 + 1e-9), (seed, solver, judge, res.bound_s, oracle)
         if res.status == "OPTIMAL":
             assert res.objective_s - oracle <= OPTIMUM_ATOL_S + OPTIMUM_RTOL * oracle, (seed, res, oracle)
-    return {"seed": seed, "solver": solver, "status": res.status, "objective_s": res.objective_s,
-            "bound_s": res.bound_s, "oracle_s": oracle, "evaluations": evals,
-            "non_monotone_links": sum(is_non_monotone(n.intra_node.fit_gb_per_s, n.intra_node.max_bytes_per_s)
-                                      for n in cluster.nodes)}
+    links = [n.intra_node for n in cluster.nodes] + [cluster.inter_node]
+    return {"seed": seed, "solver": solver, "judge": judge, "status": res.status, "objective_s": res.objective_s,
+            "bound_s": res.bound_s, "gap": res.gap, "oracle_s": oracle, "evaluations": evals,
+            "candidates": len(problem.candidates), "unpruned_candidates": len(full.candidates),
+            "non_monotone_links": sum(is_non_monotone(k.fit_gb_per_s, k.max_bytes_per_s) for k in links)}
 
 
 def test_public_fits_include_non_monotone_ones():
@@ -138,27 +150,41 @@ def test_public_fits_include_non_monotone_ones():
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
-@given(st.integers(0, 2**31 - 1), st.sampled_from(["heuristic", "heuristic", "cp-sat", "milp"]))
-def test_bound_never_above_the_exhaustive_oracle(seed, solver):
-    check_instance(seed, solver=solver, max_evaluations=300, max_gpus_per_type=3, max_types=3)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["heuristic", "heuristic", "heuristic", "cp-sat", "milp"]))
+def test_bound_never_above_the_exhaustive_oracle_composition_judge(seed, solver):
+    """300 instances judged by the composition model (block-wise sync over non-monotone fits: the case of the
+    old false OPTIMAL); the cost-model judge is checked below on fewer (its oracle costs ~30 ms per plan)."""
+    check_instance(seed, solver=solver, judge="composition", max_evaluations=500, max_gpus_per_type=3,
+                   max_types=3, work=0.05)
 
 
-def test_sync_floor_is_below_every_ring_and_grows_with_h():
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["heuristic", "cp-sat", "milp"]))
+def test_bound_never_above_the_exhaustive_oracle_cost_model_judge(seed, solver):
+    check_instance(seed, solver=solver, judge="estimate", max_evaluations=60, max_gpus_per_type=2, max_types=2,
+                   work=0.05)
+
+
+def test_sync_floor_is_below_every_split_ring_and_grows_with_h():
+    rng = random.Random(3)
     fits = public_fits()
-    links = [Link(p, 1e-5, f) for f, p in fits[:20]]
-    nodes = tuple(Node("A", 4, link) for link in links[:4])
+    links = [Link(p, 1e-5, f) for f, p in rng.sample(fits, 6)]
+    nodes = tuple(Node("A", 4, link) for link in links[:5])
     cl = Cluster("c", {"A": DeviceType("A", 40 * GB, 4)}, nodes, links[5])
     floor = SyncFloor.of(cl)
     for w in (1e5, 3e7, 2e8, 5e9):
         prev = 0.0
         for h in range(1, 40):
             f = floor.seconds(w, h)
-            assert f >= prev - 1e-15
+            assert f >= prev                                       # nondecreasing in h
             prev = f
-            for link in links:     # any block split: each piece >= its share of the floor (linear in bytes)
-                if h > 1:
-                    assert ring_allreduce_s(w, h, link) >= floor.seconds(w, h) * (1 - 1e-12) or link not in (
-                        *[n.intra_node for n in nodes], cl.inter_node)
+            if h == 1:
+                continue
+            for link in links:                                     # any split into blocks, any link of the cluster
+                for parts in (1, 2, 7):
+                    cuts = sorted(rng.uniform(0, w) for _ in range(parts - 1))
+                    pieces = [b - a for a, b in zip([0.0, *cuts], [*cuts, w])]
+                    assert sum(ring_allreduce_s(x, h, link) for x in pieces) >= f * (1 - 1e-12)
 
 
 def test_status_and_gap_vocabulary():

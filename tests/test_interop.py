@@ -217,3 +217,26 @@ def test_cli_refuses_a_broken_metis_file(tmp_path, capsys):
     assert main(["estimate", str(f), "--format", "metis"]) == 2
     err = capsys.readouterr().err
     assert f"{f}: field 'layer_partition': the partition [0, 5, 12, 19, 25] covers [0, 25)" in err
+
+
+def test_sailor_plan_across_gpu_types_uses_the_per_pair_links():
+    """Issue 19 item 4: a two-type Sailor plan is priced on the links of the GPU-type pairs it names."""
+    from hpp.formulation.collectives import ring_allreduce_s
+    from hpp.profiles.network import default_pair_link
+    data = {"mbs": 1, "gbs": 8, "pipeline_list": [
+        {"num_stages": 2, "layers_per_stage": [list(range(0, 13)), list(range(13, 26))], "dp": [2, 2],
+         "tmp_per_stage": [[[[["A100-40", 4, "us-central1-a"]], 4]] * 2, [[[["GH-96", 4, "us-central1-a"]], 4]] * 2]}]}
+    plan, cluster = plan_from_sailor(data, PROF, source="het.json")
+    assert cluster.per_pair and [n.device_type for n in cluster.nodes] == ["A100-40", "GH-96"] * 2
+    est = estimate_plan(plan, cluster, PROF)
+    a100_gh, gh_gh, a100_a100 = (default_pair_link("A100-40", "GH-96"), default_pair_link("GH-96", "GH-96"),
+                                 default_pair_link("A100-40", "A100-40"))
+    e = PROF.layer_profile("A100-40", 4, 1)
+    assert est.pipelines[0].stages[0].p2p_s == pytest.approx(a100_gh.transfer_s(e.output_bytes[12]))
+    # block [13, 26) is held by the two GH-96 stages only: its ring runs on the GH-96 pair's link
+    b0, b1 = est.blocks
+    assert b1.allreduce_s == pytest.approx(ring_allreduce_s(b1.num_bytes, 2, gh_gh))
+    assert b0.allreduce_s == pytest.approx(ring_allreduce_s(b0.num_bytes, 2, a100_a100))
+    # the one-link model priced both on the slowest pair
+    old = estimate_plan(plan, cluster.single_link(), PROF)
+    assert old.blocks[1].allreduce_s > 5 * b1.allreduce_s

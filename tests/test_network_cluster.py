@@ -108,7 +108,7 @@ def test_cli_exits_2_on_a_missing_pair(tmp_path, capsys):
     c = tmp_path / "c.json"
     c.write_text(json.dumps({"version": 2, "nodes": [{"device_type": "A100-40", "num_devices": 4},
                                                      {"device_type": "RTX-2080", "num_devices": 8}]}))
-    assert main(["plan", "--cluster", str(c), "--model", "OPT-350"]) == 2
+    assert main(["plan", "--cluster", str(c), "--model", "OPT-350", "--time-limit", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no inter-node link between A100-40 and RTX-2080" in err and len(err.splitlines()) == 1
 

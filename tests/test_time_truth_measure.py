@@ -7,7 +7,7 @@ import torch  # noqa: F401  (forked children need torch imported in the parent)
 
 from hpp.profiles.model_profile import profile_from_dict, profile_to_dict
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
-from hpp.runtime.host_probe import measure_contention, measure_p2p
+from hpp.runtime.host_probe import measure_contention, measure_host_ops, measure_p2p
 from hpp.runtime.profiler import profile_model, scale_profile
 from hpp.runtime.time_profile import add_time_terms, measure_loss_s, measure_schedule_overhead
 
@@ -48,6 +48,12 @@ def test_gloo_send_recv_is_latency_plus_bytes_over_bandwidth():
 def test_contention_is_relative_to_one_process():
     k = measure_contention(max_processes=2, repeats=5)
     assert len(k) == 2 and k[0] == 1.0 and 0.5 < k[1] < 4.0
+
+
+def test_the_real_op_probe_runs_the_layer_in_1_to_n_processes():
+    p = measure_host_ops(max_processes=2, seconds=0.1)
+    assert len(p.kappa) == len(p.wake_s) == 2 and p.kappa[0] == 1.0 and p.kappa[1] >= 1.0
+    assert 1e-5 < p.hot_s < 1.0 and all(w >= 0 for w in p.wake_s) and p.wake_s[1] >= p.wake_s[0]
 
 
 def test_add_time_terms_scales_emulated_types_like_the_padding():

@@ -80,7 +80,8 @@ def bind_nodes(cluster: Cluster, shapes: Sequence[Candidate], *, exact: bool = T
     if best is None:
         worst = max((k for shape in kinds for k in shape), key=lambda k: k.tp_degree)
         raise HppInputError(f"cannot place the TP groups (largest {worst.tp_degree} x {worst.device_type}): "
-                            "the nodes are full", field="cluster.nodes", fix="use fewer pipelines or smaller TP degrees")
+                            "the nodes are full", field="cluster.nodes",
+                            fix="use fewer pipelines or smaller TP degrees")
     log.debug("binding: %s rule, %d node crossings", best[2], best[1].crossings)
     return best
 

@@ -2,8 +2,9 @@
 
 Stages are assigned copy by copy, stage by stage, each to a node of its device type with
 room for its TP group. The search minimises the :class:`~hpp.formulation.binding_score.BindingScore`
-(crossings first). Pruning: a partial assignment whose crossings plus the device-type
-changes still ahead (each forces a crossing) exceed the incumbent's crossings is cut.
+(crossings first). Pruning: a partial assignment whose crossings plus those still forced (the device-type
+changes ahead in its pipeline, and each later pipeline's
+:func:`~hpp.formulation.binding_score.forced_crossings`) exceed the incumbent's crossings is cut.
 Symmetry: among untouched nodes with equal (group, size, intra-node link) only the
 lowest-indexed is tried (swapping two such nodes changes no score).
 The search stops after ``max_expansions`` placements; it is exact when it finishes.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hpp.formulation.binding_score import BindingScore, BindingScorer
+from hpp.formulation.binding_score import BindingScore, BindingScorer, forced_crossings
 from hpp.formulation.stage_balance import StageKind
 from hpp.profiles.cluster import Cluster
 
@@ -37,12 +38,17 @@ def exact_assign(cluster: Cluster, shapes: Sequence[Sequence[StageKind]], scorer
         score, and whether the search finished (then it is optimal).
     """
     groups = [(p, s, k) for p, shape in enumerate(shapes) for s, k in enumerate(shape)]
+    # crossings still ahead after stage g: the type changes of its pipeline after it, and
+    # every later pipeline's forced_crossings (each is a lower bound whatever shares its nodes)
+    alone = [forced_crossings(cluster, shape) for shape in shapes]
     changes = [int(s > 0 and k.device_type != shapes[p][s - 1].device_type) for p, s, k in groups]
-    forced_after = [sum(changes[g + 1:]) for g in range(len(groups))]
+    forced_after = [sum(changes[h] for h in range(g + 1, len(groups)) if groups[h][0] == groups[g][0])
+                    + sum(alone[groups[g][0] + 1:]) for g in range(len(groups))]
     # per device type: its nodes by signature (untouched nodes of one signature are interchangeable)
     by_type: dict[str, dict[tuple, list[int]]] = {}
     for i, n in enumerate(cluster.nodes):
-        by_type.setdefault(n.device_type, {}).setdefault((scorer.group_of[i], n.num_devices, n.intra_node), []).append(i)
+        signature = (scorer.group_of[i], n.num_devices, n.intra_node)
+        by_type.setdefault(n.device_type, {}).setdefault(signature, []).append(i)
 
     free = [n.num_devices for n in cluster.nodes]
     rows = [[-1] * len(shape) for shape in shapes]

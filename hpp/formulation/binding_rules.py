@@ -1,7 +1,7 @@
 """Greedy node assignments of pipeline stages (the rules :func:`~hpp.formulation.binding.bind_devices` compares).
 
 Both rules return ``nodes[p][s]`` (the node of stage ``s`` of copy ``p``) or ``None`` when
-they cannot place every TP group. Each runs in O(stages x node size x groups) with free
+they cannot place every TP group. Each runs in O(stages x largest node size x zones) with free
 devices bucketed per node group and free count (best fit without scanning the nodes).
 
 - :func:`best_fit_assign` is hpp's original rule: TP groups largest first (then copy,
@@ -77,7 +77,7 @@ def _shape_rows(shapes: Sequence[Sequence[StageKind]]) -> list[list[int]]:
 
 
 def best_fit_assign(cluster: Cluster, shapes: Sequence[Sequence[StageKind]]) -> list[list[int]] | None:
-    """hpp's original binding rule (module docstring), as node indices ``nodes[p][s]``; None if a group finds no node."""
+    """hpp's original rule (module docstring) as node indices ``nodes[p][s]``; None if a group finds no node."""
     pool = _FreeNodes(cluster, [n.device_type for n in cluster.nodes])
     nodes = _shape_rows(shapes)
     requests = sorted(((p, s, k) for p, shape in enumerate(shapes) for s, k in enumerate(shape)),
@@ -144,20 +144,21 @@ def packed_assign(cluster: Cluster, shapes: Sequence[Sequence[StageKind]]) -> li
         s = lo
         while s < hi:
             rest = sum(k.tp_degree for k in shapes[p][s:hi])
-            whole = next((fit for r in zones_by_type.get(dtype, ()) if (fit := pool.best_fit((dtype, r), rest))), None)
+            whole = next((fit for r in zones_by_type.get(dtype, ())          # first zone that holds the rest
+                          if (fit := pool.best_fit((dtype, r), rest)) is not None), None)
             if whole is not None:
                 n = whole[1]
                 for t in range(s, hi):
                     nodes[p][t] = n
                 pool.take(n, rest)
                 break
+            # no node holds the rest: its longest prefix goes to the node with the most free devices
             need = shapes[p][s].tp_degree
-            fits = [(f, -r, -n) for r in zones_by_type.get(dtype, ()) if (fit := pool.most_free((dtype, r), need))
-                    for f, n in (fit,)]
+            fits = [(fit[0], r, fit[1]) for r in zones_by_type.get(dtype, ())
+                    if (fit := pool.most_free((dtype, r), need)) is not None]
             if not fits:
                 return None
-            _, _, neg_n = max(fits)
-            n = -neg_n
+            n = min(fits, key=lambda x: (-x[0], x[1], x[2]))[2]      # most free, first zone, lowest index
             while s < hi and shapes[p][s].tp_degree <= pool.free[n]:
                 nodes[p][s] = n
                 pool.take(n, shapes[p][s].tp_degree)

@@ -29,7 +29,7 @@ from typing import NamedTuple, Sequence
 from hpp.formulation.cost_model import block_decomposition
 from hpp.profiles.cluster import Cluster, Link
 
-__all__ = ["BindingScore", "BindingScorer", "node_crossings", "RING_MESSAGE_BYTES"]
+__all__ = ["BindingScore", "BindingScorer", "node_crossings", "forced_crossings", "RING_MESSAGE_BYTES"]
 
 #: Message size [bytes] at which links are compared (a 64 MiB gradient bucket).
 RING_MESSAGE_BYTES = 2 ** 26
@@ -61,6 +61,38 @@ def node_crossings(nodes: Sequence[Sequence[int]]) -> list[int]:
     [1, 0]
     """
     return [sum(a != b for a, b in zip(row, row[1:])) for row in nodes]
+
+
+def forced_crossings(cluster: Cluster, shape: Sequence) -> int:
+    """Fewest node boundaries one pipeline of ``shape`` crosses on the empty cluster.
+
+    Each change of device type is a crossing, and each run of same-type stages needs at
+    least as many nodes as filling the type's largest node, group after group, takes
+    (greedy filling is optimal for cutting a sequence into fewest pieces of bounded sum).
+    A lower bound for every binding; other copies sharing the nodes can only add to it.
+
+    Parameters
+    ----------
+    shape : (num_stages,) StageKind (device_type, tp_degree)
+
+    >>> from hpp.profiles.cluster import Link, Node
+    >>> from hpp.profiles.devices import DeviceType
+    >>> c = Cluster("t", {"A": DeviceType("A", 1, 4)}, (Node("A", 4, Link(1.0)),) * 2, Link(1.0))
+    >>> from hpp.formulation.stage_balance import StageKind
+    >>> forced_crossings(c, [StageKind("A", 2)] * 3)
+    1
+    """
+    largest: dict[str, int] = {}
+    for n in cluster.nodes:
+        largest[n.device_type] = max(largest.get(n.device_type, 0), n.num_devices)
+    crossings, room = 0, 0
+    for s, k in enumerate(shape):
+        if s > 0 and k.device_type == shape[s - 1].device_type and k.tp_degree <= room:
+            room -= k.tp_degree
+            continue
+        crossings += s > 0
+        room = largest.get(k.device_type, 0) - k.tp_degree
+    return crossings
 
 
 def _node_link(cluster: Cluster, i: int, j: int) -> Link:

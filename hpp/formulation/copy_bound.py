@@ -38,18 +38,19 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
+from hpp.errors import HppInputError
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.profiles.cluster import Link
 
-__all__ = ["CopyBound", "copy_bound", "sync_rate_table", "stage_sync_rate", "h_ranges", "local_search"]
+__all__ = ["CopyBound", "copy_bound", "sync_rate_table", "stage_sync_rate", "h_ranges", "local_search", "ring_cost_increasing_from"]
 
 log = logging.getLogger(__name__)
 
-_GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least)
+_GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
+_GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
 _REL_TOL = 1e-9             # certification step below a found T
 
 
@@ -82,15 +83,15 @@ class CopyBound:
 
 
 def h_ranges(h_max: int, split_at: int) -> list[tuple[int, int]]:
-    """Pipeline-count ranges [a, b] covering 1 .. h_max: single counts up to 8, then growing by 1/4;
+    """Pipeline-count ranges [a, b] covering 1 .. h_max: single counts up to 8, then growing by half;
     no range straddles ``split_at`` (the largest node's devices: the sync link changes there).
 
-    >>> h_ranges(12, 4)
-    [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 8), (9, 11), (12, 12)]
+    >>> h_ranges(14, 4)
+    [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 8), (9, 13), (14, 14)]
     """
     out, a = [], 1
     while a <= h_max:
-        b = a if a <= 8 else max(a, int(a * 1.25))
+        b = a if a <= 8 else max(a, int(a * 1.5))
         if a <= split_at < b:
             b = split_at
         b = min(b, h_max)
@@ -138,8 +139,8 @@ def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, facto
     """
     factor = 2.0 * (a - 1) / a if factor is None else factor
     steps = 2.0 * (a - 1) if latency_steps is None else latency_steps
-    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0)) / math.log(_GRID_RATIO))) + 2)
-    tops = _GRID_RATIO ** np.arange(1, n + 1, dtype=np.float64)
+    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
+    tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
     bots = np.r_[0.0, tops[:-1]]
     if a < 2 or factor <= 0 or not links:
         return tops, np.zeros(n)
@@ -150,12 +151,72 @@ def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, facto
     return tops, np.minimum.accumulate(rate)
 
 
-def _inter_links(cluster) -> list[Link]:
-    """Every inter-node link of ``cluster`` (v2 clusters: per type pair and zone pair)."""
-    links = [cluster.inter_node]
+def _roots(a: float, b: float, c: float) -> list[float]:
+    """Real roots of a x^2 + b x + c (a or b may be 0)."""
+    if a == 0.0:
+        return [] if b == 0.0 else [-c / b]
+    d = b * b - 4.0 * a * c
+    if d < 0:
+        return []
+    r = math.sqrt(d)
+    return sorted(((-b - r) / (2.0 * a), (-b + r) / (2.0 * a)))
+
+
+def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
+    """The least chunk [bytes] from which a ring's cost 2 (h-1)/h * B / bw(B/h) + latency grows with B, for
+    chunks up to ``max_chunk_bytes``, as :meth:`Link.bandwidth_bytes_per_s` prices it (exact, from the fit).
+
+    The cost grows where B / bw(B/h) never falls: in x = log2(chunk / 1 MB) the bandwidth's log-slope
+    is at most 1 where the fit prices it (ln 2 fit(x) - fit'(x) >= 0, a quadratic), and the fit does not
+    drop from positive to non-positive (below 0 the peak applies, a fall in price). Returns 0 when it
+    grows everywhere, ``max_chunk_bytes`` when it still falls at the top.
+    """
+    if link.fit_gb_per_s is None:
+        return 0.0
+    a, b, c = link.fit_gb_per_s
+    lo, hi = math.log2(1.0 / 1e6), math.log2(max(max_chunk_bytes, 1.0) / 1e6)
+    if hi <= lo:
+        return 0.0
+    bad = -math.inf                      # the largest x where the cost can fall
+    for r in _roots(a, b, c):
+        if lo < r <= hi and 2.0 * a * r + b < 0:
+            bad = max(bad, r)            # the fit falls through 0: the price drops to the peak's
+    peak = link.max_bytes_per_s / 1e9
+    ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
+    cuts = sorted({lo, hi, *[r for r in _roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc) if lo < r < hi]})
+    for x0, x1 in zip(cuts, cuts[1:]):
+        xm = 0.5 * (x0 + x1)
+        fm = a * xm * xm + b * xm + c
+        if 0.0 < fm < peak and ga * xm * xm + gb * xm + gc < 0:
+            bad = max(bad, x1)           # g keeps its sign between consecutive cuts (its roots are cuts)
+    if bad == -math.inf:
+        return 0.0
+    return min(max_chunk_bytes, 2.0 ** bad * 1e6)
+
+
+def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
+    """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
+
+    A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
+    that touches a node of that type: v2 clusters' type-pair links with that type, and every zone link.
+    """
     net = getattr(cluster, "network", None)
-    for group in (getattr(net, "inter", None), getattr(net, "zone_links", None)):
-        links.extend((group or {}).values())
+    if net is None:
+        return [cluster.inter_node]
+    links = []
+    types = sorted(cluster.count_by_type())
+    if device_type is not None and hasattr(cluster, "type_link"):
+        for u in types:
+            try:
+                links.append(cluster.type_link(device_type, u))
+            except HppInputError:          # no such pair: no ring uses it
+                pass
+        if not links:
+            links.append(cluster.inter_node)
+    else:
+        links.append(cluster.inter_node)
+        links.extend((getattr(net, "inter", None) or {}).values())
+    links.extend((getattr(net, "zone_links", None) or {}).values())
     return list(dict.fromkeys(links))
 
 
@@ -166,38 +227,49 @@ def _has_hierarchical() -> bool:
     return importlib.util.find_spec("hpp.formulation.collectives") is not None
 
 
-def cluster_links(cluster) -> tuple[int, list[Link], list[Link]]:
-    """(most devices of a node, distinct intra-node links, distinct inter-node links ([] on one node))."""
-    node_max = max(nd.num_devices for nd in cluster.nodes)
-    intra = list(dict.fromkeys(nd.intra_node for nd in cluster.nodes))
-    inter = _inter_links(cluster) if len(cluster.nodes) > 1 else []
+def cluster_links(cluster, device_type: str | None = None) -> tuple[int, list[Link], list[Link]]:
+    """(most devices of a node, its distinct intra-node links, the distinct inter-node links ([] on one node)),
+    over the nodes of ``device_type`` (None: all nodes)."""
+    nodes = [nd for nd in cluster.nodes if device_type is None or nd.device_type == device_type] or cluster.nodes
+    node_max = max(nd.num_devices for nd in nodes)
+    intra = list(dict.fromkeys(nd.intra_node for nd in nodes))
+    inter = _inter_links(cluster, device_type) if len(cluster.nodes) > 1 else []
     return node_max, intra, inter
 
 
 def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierarchical: bool = True,
-                    links: tuple[int, list[Link], list[Link]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    links: tuple[int, list[Link], list[Link]] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, float]:
     """:func:`sync_rate_table` of a stage with TP degree ``tp`` synced among h in [a, b] holders, over
     the all-reduce forms the cost model prices (:mod:`hpp.formulation.collectives`).
 
     Ring j of a block has one rank per holder stage; a node of n devices holding this stage's TP
-    group (tp devices) holds at most g_max = n - tp + 1 ranks of it. So: a flat ring on one node
+    group (tp devices) holds at most g_max = n - tp + 1 ranks of it (``links``: the nodes of the
+    stage's device type, :func:`cluster_links`). So: a flat ring on one node
     (h <= g_max: any link), a flat ring across nodes (no faster than the fastest inter-node link at
     the chunk size), or hierarchical with g <= min(g_max, h / 2) ranks per node, whose inter-node
     ring moves 2 (h-g)/h * W/g bytes per rank at chunk W/h with 2 (h/g - 1) latencies (its
     in-node parts are left out). The least of the forms possible is taken; each is at its least
     over h in [a, b] (2/g - 2/h >= 2/g' - 2/a). ``hierarchical=False``: flat rings only (a cost model
-    without the hierarchical form).
+    without the hierarchical form). The third value, beta_0 [bytes]: from it up the cost of a block
+    grows with its bytes on every link used (:func:`ring_cost_increasing_from`), so a block of own
+    bytes w >= beta_0 costs at least a block of exactly w: a stage of W own bytes then costs at least
+    W times the least rate up to max(W, beta_0) (the blocks below beta_0 at the least rate up to
+    beta_0), not up to the most bytes any candidate holds there.
     """
     node_max, intra, inter = links or cluster_links(cluster)
     g_max = max(1, node_max - tp + 1)
     flat_links = intra + inter if a <= g_max else (inter or intra)
     tops, rate = sync_rate_table(flat_links, a, b, beta_max)
+    used = list(flat_links)
     g = min(g_max, b // 2)
     if hierarchical and inter and g >= 2:
         _, hier = sync_rate_table(inter, a, b, beta_max, factor=max(0.0, 2.0 / g - 2.0 / a),
                                   latency_steps=max(0.0, 2.0 * (a / g - 1.0)))
         rate = np.minimum(rate, hier)
-    return tops, rate
+        used += inter
+    chunk0 = max(ring_cost_increasing_from(link, beta_max / max(a, 1)) for link in dict.fromkeys(used))
+    return tops, rate, min(beta_max, chunk0 * b)
 
 
 class _StepLP:
@@ -228,13 +300,13 @@ class _StepLP:
         scale = float(obj.max())
         B = list(self.basis)
         for it in range(200):
-            Bm = self.full[:, B]
             try:
-                xB = np.linalg.solve(Bm, self.u)
-                y = np.linalg.solve(Bm.T, cfull[B])
+                Binv = np.linalg.inv(self.full[:, B])
             except np.linalg.LinAlgError:
                 B = list(range(n, n + m))          # restart from the slack basis
                 continue
+            xB = Binv @ self.u
+            y = cfull[B] @ Binv
             red = cfull - y @ self.full
             red[B] = 0.0
             if it < 50:
@@ -246,7 +318,7 @@ class _StepLP:
                 if not len(cand):
                     break
                 e = int(cand[0])
-            d = np.linalg.solve(Bm, self.full[:, e])
+            d = Binv @ self.full[:, e]
             pos = d > 1e-12
             if not pos.any():
                 return math.inf, None              # unbounded (no device row limits the column)
@@ -301,7 +373,7 @@ class _Search:
         # the largest stage gradient of each candidate and the most bytes any candidate holds for its layers
         self.w_stage = np.zeros(n)
         self.beta_max = np.zeros(n)
-        self.tp = np.array([max(k.tp_degree for k in c.shape) for c in cands], dtype=np.int64)
+        stage_kind = [max(c.shape, key=lambda k: k.tp_degree) for c in cands]
         L = max((len(c.partition.layer_param_bytes) for c in cands), default=0)
         if L and all(len(c.partition.layer_param_bytes) == L for c in cands):
             layer_max = np.max(np.array([c.partition.layer_param_bytes for c in cands]), axis=0)
@@ -311,17 +383,22 @@ class _Search:
                 s = max(range(len(spb)), key=spb.__getitem__)
                 bnd = c.partition.boundaries
                 self.w_stage[j] = spb[s]
-                self.tp[j] = c.shape[s].tp_degree
+                stage_kind[j] = c.shape[s]
                 self.beta_max[j] = max(prefix[bnd[s + 1]] - prefix[bnd[s]], spb[s])
         else:           # no per-layer bytes: blocks can be as large as the largest stage of any candidate
             for j, c in enumerate(cands):
                 self.w_stage[j] = max(c.partition.stage_param_bytes, default=0.0)
             self.beta_max[:] = self.w_stage.max(initial=0.0)
+        # the device type and TP degree of each candidate's largest stage, numbered
+        kind_id: dict[tuple[str, int], int] = {}
+        self.kind = np.array([kind_id.setdefault((k.device_type, k.tp_degree), len(kind_id)) for k in stage_kind],
+                             dtype=np.int64)
+        self.kinds = {i: k for k, i in kind_id.items()}
         cl = problem.cluster
         self.hier = _has_hierarchical()
-        self.links = cluster_links(cl)
+        self.links = {t: cluster_links(cl, t) for t in {k for _, (k, _) in self.kinds.items()}}
         self.node_max = max((nd.num_devices for nd in cl.nodes), default=1)
-        self.h_max = int(min(problem.cluster.num_devices,
+        self.h_max = int(min(sum(problem.inventory.values()),
                              sum(problem.max_copies(c) for c in range(n)) if n else 0))
 
     def penalty(self, a: int, b: int) -> np.ndarray:
@@ -331,11 +408,13 @@ class _Search:
         else:
             pen = self.opt.copy()
             bmax = float(self.beta_max.max(initial=1.0))
-            for tp in np.unique(self.tp).tolist():
-                tops, rate = stage_sync_rate(self.problem.cluster, a, b, int(tp), bmax, hierarchical=self.hier,
-                                             links=self.links)
-                sel = self.tp == tp
-                idx = np.minimum(np.searchsorted(tops, self.beta_max[sel]), len(tops) - 1)
+            for key in np.unique(self.kind).tolist():
+                dtype, tp = self.kinds[key]
+                tops, rate, beta0 = stage_sync_rate(self.problem.cluster, a, b, tp, bmax, hierarchical=self.hier,
+                                                   links=self.links[dtype])
+                sel = self.kind == key
+                cap = np.minimum(np.maximum(self.w_stage[sel], beta0), self.beta_max[sel])
+                idx = np.minimum(np.searchsorted(tops, cap), len(tops) - 1)
                 pen[sel] += self.w_stage[sel] * rate[idx] * (1.0 - 1e-12)
         return np.where(self.fits, pen, np.inf)
 
@@ -449,7 +528,7 @@ def _round(problem: CompositionProblem, sol: tuple, extra_order: list[int]) -> l
 
 
 def local_search(problem: CompositionProblem, counts: dict[int, int], obj: float, pool: list[int], *,
-                 price: Callable[[dict[int, int]], float] | None = None, max_evals: int = 400,
+                 max_evals: int = 400,
                  max_rounds: int = 50) -> tuple[dict[int, int], float, int]:
     """First-improvement search over copy counts: one copy less, one more (of ``pool``), or one swapped.
 
@@ -487,7 +566,7 @@ def local_search(problem: CompositionProblem, counts: dict[int, int], obj: float
             if not t or not problem.fits(t):
                 continue
             evals += 1
-            v = price(t) if price is not None else composition_objective_s(problem, t)
+            v = composition_objective_s(problem, t)
             if v < obj * (1 - 1e-12):
                 counts, obj, improved = t, v, True
                 break
@@ -499,96 +578,98 @@ def local_search(problem: CompositionProblem, counts: dict[int, int], obj: float
 
 
 def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem | None = None,
-               judge: Callable[[dict[int, int]], float] | None = None,
-               incumbent: tuple[dict[int, int], float] | None = None, incumbent_s: float | None = None,
+               incumbent: tuple[dict[int, int], float] | None = None, cutoff_s: float | None = None,
                rel_tol: float = 1e-4, max_evals: int = 400, pool_size: int = 8) -> CopyBound:
-    """Lower bound of the composition objective over all candidates, and the best plan met on the way.
+    """Lower bound of the objective over all plans of the candidates, and the best plan met on the way.
 
     Parameters
     ----------
     problem : CompositionProblem
-        The search problem: what plans fit, and (without ``judge``) their price.
+        The search problem: what plans fit, and the price of the plans tried
+        (:func:`~hpp.formulation.composition.composition_objective_s`).
     bound_problem : CompositionProblem, optional
-        The same candidates (same indices) with lower-bound times and a sync floor
-        (:meth:`CompositionProblem.bound_problem`); the bound is computed on it. Default: ``problem``
-        itself, with the flat-ring sync floor of :func:`sync_rate_table`.
-    judge : callable, optional
-        ``judge(counts) -> seconds``, the price of a plan (default
-        :func:`~hpp.formulation.composition.composition_objective_s` of ``problem``).
+        The same candidates (same indices) with lower-bound times (:meth:`CompositionProblem.bound_problem`);
+        the bound is computed on its times, with the sync floor of :func:`stage_sync_rate`. Default:
+        ``problem`` itself, whose prices then count as exact (they also cut the search).
     incumbent : (counts, objective_s), optional
-        A feasible plan (e.g. the heuristics'); intervals worth at least its objective are dropped.
-    incumbent_s : float, optional
-        Only the objective of a feasible plan (the same use; no plan to improve on).
+        A plan of ``problem`` and its price: the start of the incumbent search.
+    cutoff_s : float, optional
+        The objective (as the bound bounds it) of a feasible plan: every part of the search worth
+        at least it is dropped with that value, so the bound is at most ``cutoff_s``.
     rel_tol : float
-        Level intervals within this fraction of the best value found are not split further
-        (their lower value still enters the bound).
+        Level intervals within this fraction of the cut are not split further (their lower value
+        still enters the bound).
     max_evals : int
-        Plans the final local search may price (0: none).
+        Plans the final local search may price (0: none; a count, so the result is deterministic).
     pool_size : int
         Candidates (the LP solutions' best) the local search may add.
 
     Returns
     -------
     CopyBound
+        ``bound_s`` (at most ``cutoff_s``), ``counts``/``objective_s`` the best plan found and its price.
     """
     t0 = time.perf_counter()
     if not problem.candidates:
         return CopyBound(math.inf, {}, math.inf, 0, 0, 0.0)
     s = _Search(bound_problem if bound_problem is not None else problem)
-    price = judge or (lambda counts: composition_objective_s(problem, counts))
+    exact_prices = bound_problem is None or bound_problem is problem
     best_counts, best_obj = incumbent if incumbent is not None and incumbent[0] else ({}, math.inf)
-    if incumbent_s is not None and incumbent_s < best_obj:
-        best_counts, best_obj = {}, incumbent_s
+    cut_s = math.inf if cutoff_s is None or not math.isfinite(cutoff_s) else float(cutoff_s)
+    if exact_prices:
+        cut_s = min(cut_s, best_obj)
     bound = math.inf
     nodes = solves = 0
     seen_plans: set = set()
     pool_score: dict[int, float] = {}
     out_ranges = []
 
-    def consider(sol: tuple | None, extra: list[int]) -> None:
-        nonlocal best_counts, best_obj
+    def consider(sol: tuple | None) -> None:
+        nonlocal best_counts, best_obj, cut_s
         if sol is None:
             return
         for c, x in sol[2].items():
             pool_score[c] = pool_score.get(c, 0.0) + x
-        for plan in _round(problem, sol, extra):
+        for plan in _round(problem, sol, []):
             key = tuple(sorted(plan.items()))
             if key in seen_plans:
                 continue
             seen_plans.add(key)
-            v = price(plan)
+            v = composition_objective_s(problem, plan)
             if v < best_obj:
                 best_counts, best_obj = plan, v
+                if exact_prices:
+                    cut_s = min(cut_s, v)
 
     for a, b in h_ranges(s.h_max, s.node_max):
         rg = _Range(s, a, b)
         L = rg.levels
         if not len(L):
             continue
-        cut = min(best_obj, bound)
-        r_bound = math.inf
+        cut = min(cut_s, bound)
         quick = L[0] + rg.few_copies_s(np.isfinite(rg.pen))
         if quick >= cut * (1 - rel_tol):        # b copies cannot finish G in time: no LP needed
             bound = min(bound, quick)
             out_ranges.append((a, b, quick))
             continue
+        r_bound = math.inf
         t_top, exact, sol = rg.least_T(L[-1], cut - L[0])
         nodes += 1
-        consider(sol, [])
+        consider(sol)
         if exact:
-            r_bound = min(r_bound, L[-1] + t_top)
+            r_bound = L[-1] + t_top
         stack = [(0, len(L) - 1, t_top)]
         while stack:
             i, j, fj = stack.pop()
             lower = L[i] + fj
-            cut = min(best_obj, r_bound, bound)
+            cut = min(cut_s, r_bound, bound)
             if lower >= cut * (1 - rel_tol) or i == j:
                 r_bound = min(r_bound, lower)
                 continue
             k = (i + j) // 2
             t_k, exact, sol = rg.least_T(L[k], cut - L[i])
             nodes += 1
-            consider(sol, [])
+            consider(sol)
             if exact:
                 r_bound = min(r_bound, L[k] + t_k)
             stack.append((k + 1, j, fj))
@@ -598,8 +679,9 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
         out_ranges.append((a, b, r_bound))
     pool = sorted(pool_score, key=lambda c: -pool_score[c])[:pool_size]
     if best_counts and max_evals > 0:
-        best_counts, best_obj, _ = local_search(problem, dict(best_counts), best_obj, pool, price=price,
-                                                max_evals=max_evals)
-    bound = min(bound, best_obj)
+        best_counts, best_obj, _ = local_search(problem, dict(best_counts), best_obj, pool, max_evals=max_evals)
+        if exact_prices:
+            cut_s = min(cut_s, best_obj)
+    bound = min(bound, cut_s)
     log.debug("copy bound %.6g, incumbent %.6g, %d nodes, %d LP solves", bound, best_obj, nodes, solves)
     return CopyBound(bound, dict(best_counts), best_obj, nodes, solves, time.perf_counter() - t0, out_ranges)

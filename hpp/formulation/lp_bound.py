@@ -265,7 +265,7 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
         from hpp.formulation.copy_bound import copy_bound
 
         inc = None if incumbent_s is None or not math.isfinite(incumbent_s) else incumbent_s
-        best = max(best, copy_bound(problem, incumbent_s=inc).bound_s)
+        best = max(best, copy_bound(problem, cutoff_s=inc, max_evals=0).bound_s)
     return pipe_all, best
 
 

@@ -101,6 +101,10 @@ def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, 
 
     With the runtime step's memory terms (``e.has_step_memory``; module docstring):
 
+    Per layer, ``step_activation_bytes`` (inside a stage), plus ``stage_entry_bytes`` on the
+    first layer of a non-first stage and less ``stage_exit_release_bytes`` on the last layer
+    of a sending stage (the ``first_stage_*`` variants on a first stage; recompute ``none``).
+
     ``parameters``, ``gradients``, ``optimizer_states`` (P, P, n P); ``pipeline_buffers``
     (receive buffers + a held input gradient); ``embedding`` (k x the embedding's term on
     the first stage), ``head_and_loss`` (k x the head's and the loss's terms on the last
@@ -150,6 +154,12 @@ def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, 
         act = list(out)
     if hi == L:
         act[-1] += e.loss_activation_bytes                     # type: ignore[operator]
+    elif recompute == "none":                                  # the last layer's output cast to the send dtype
+        release = e.first_stage_exit_release_bytes if first_stage and e.first_stage_exit_release_bytes is not None \
+            else e.stage_exit_release_bytes
+        act[-1] = max(0, act[-1] - (release[hi - 1] if release is not None else 0))
+    if recompute == "none" and lo > 0 and e.stage_entry_bytes is not None:   # its input: the receive buffer
+        act[0] += e.stage_entry_bytes[lo]
     freed_after, transient = 0, 0
     for a, t in zip(reversed(act), reversed(trans)):           # backward runs the layers last to first
         transient = max(transient, t - freed_after)

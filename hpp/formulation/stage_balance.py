@@ -155,42 +155,62 @@ class StageBalancer:
     rows_reused: int = 0
     _rows: dict = field(default_factory=dict, repr=False)
     _costs: dict = field(default_factory=dict, repr=False)
+    _options: dict = field(default_factory=dict, repr=False)
+    _option_list: list = field(default_factory=list, repr=False)
 
     @property
     def num_layers(self) -> int:
         return self.cache.profile.num_layers
 
-    def link_out(self, suffix: tuple[StageKind, ...]) -> tuple:
+    def link_out(self, suffix: tuple[StageKind, ...]) -> int:
         """The link options from the first stage of ``suffix`` to the next (its own kind's for a last stage,
         which sends nothing). With ``packed_p2p`` a pair of equal kinds is priced where a binding that
         packs the run of equal kinds onto nodes from its end puts it
         (:func:`hpp.formulation.collectives.p2p_link_options` with ``run``); else the lower-bound options."""
         k = suffix[0]
         if len(suffix) == 1:
-            return self.cache.links(k, k)
+            return self._interned(self.cache.links(k, k))
         run = None
         if self.packed_p2p and suffix[1] == k:
             run = 1
             while run + 1 < len(suffix) and suffix[run + 1] == k:
                 run += 1
-        return self.cache.links(k, suffix[1], run)
+        return self._interned(self.cache.links(k, suffix[1], run))
 
-    def links(self, shape: tuple[StageKind, ...], i: int) -> tuple[tuple, tuple]:
-        """(link_in, link_out) options of stage ``i`` of ``shape`` (a first stage, which receives nothing,
-        takes its own kind's options)."""
-        return (self.link_out(shape[i - 1:]) if i > 0 else self.cache.links(shape[0], shape[0]),
+    def _interned(self, options: tuple) -> int:
+        """A small int per distinct link options (the DP's dictionary keys hash it instead of the links)."""
+        got = self._options.get(options)
+        if got is None:
+            got = self._options[options] = len(self._option_list)
+            self._option_list.append(options)
+        return got
+
+    def options(self, link_id: int) -> tuple:
+        """The link options of an id from :meth:`link_out` / :meth:`links`."""
+        return self._option_list[link_id]
+
+    def table(self, kind: StageKind, b: int, link_in: int | None, link_out: int | None):
+        """The cache's table of ``kind`` at micro-batch size ``b`` on link options ids ``link_in`` / ``link_out``."""
+        return self.cache.table(kind.device_type, kind.tp_degree, b,
+                                None if link_in is None else self._option_list[link_in],
+                                None if link_out is None else self._option_list[link_out])
+
+    def links(self, shape: tuple[StageKind, ...], i: int) -> tuple[int, int]:
+        """(link_in, link_out) options (ids, :meth:`options`) of stage ``i`` of ``shape`` (a first stage, which
+        receives nothing, takes its own kind's options)."""
+        return (self.link_out(shape[i - 1:]) if i > 0 else self._interned(self.cache.links(shape[0], shape[0])),
                 self.link_out(shape[i:]))
 
-    def _stage_costs(self, kind: StageKind, b: int, d: int, link_in: tuple = (), link_out: tuple = ()
+    def _stage_costs(self, kind: StageKind, b: int, d: int, link_in: int | None = None, link_out: int | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(C, use_full, p2p): per-micro-batch compute of [u, v) on ``kind`` at distance d from the end
         with the cheapest recomputation mode that fits memory (inf if none fits), transfers priced on
-        ``link_in`` / ``link_out`` (empty: the cache's one link)."""
+        the link options ``link_in`` / ``link_out`` (ids of :meth:`links`; None: the cache's one link)."""
         key = (kind, b, d, link_in, link_out)
         got = self._costs.get(key) if self.memoise else None
         if got is not None:
             return got
-        tab = self.cache.table(kind.device_type, kind.tp_degree, b, link_in or None, link_out or None)
+        tab = self.table(kind, b, link_in, link_out)
         fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
         C = np.where(fits, tab.compute_none_s, np.inf)
         use_full = np.zeros_like(fits)
@@ -202,12 +222,12 @@ class StageBalancer:
             self._costs[key] = got
         return got
 
-    def _row(self, b: int, suffix: tuple[StageKind, ...], objective: str, link_in: tuple | None = None):
+    def _row(self, b: int, suffix: tuple[StageKind, ...], objective: str, link_in: int | None = None):
         """DP row over u for ``suffix`` covering [u, L): exact min-max ("bottleneck": best bottleneck
         only) or exact lexicographic (fill, bottleneck) ("fill": with choices for backtracking).
         ``link_in``: the link options into the suffix's first stage (None: a first stage's)."""
         if link_in is None and suffix:
-            link_in = self.cache.links(suffix[0], suffix[0])
+            link_in = self._interned(self.cache.links(suffix[0], suffix[0]))
         key = (b, suffix, objective, link_in)
         if self.memoise:
             got = self._rows.get(key)
@@ -323,7 +343,7 @@ class StageBalancer:
         S = len(shape)
         bott = 0.0
         for i, kind in enumerate(shape):
-            tab = self.cache.table(kind.device_type, kind.tp_degree, micro_batch_size, *self.links(shape, i))
+            tab = self.table(kind, micro_batch_size, *self.links(shape, i))
             lo, hi = bounds[i], bounds[i + 1]
             bott = max(bott, float(tab.compute_full_s[lo, hi] if rec[i] else tab.compute_none_s[lo, hi]))
             opt = max(opt, float(tab.optimizer_s[lo, hi]))

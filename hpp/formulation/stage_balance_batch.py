@@ -176,14 +176,17 @@ class _Trie:
             tk = (kind, b, link_in, link_out)
             if tk not in table_ids:
                 table_ids[tk] = len(self.tables)
-                self.tables.append(balancer.cache.table(kind.device_type, kind.tp_degree, b, link_in, link_out))
+                self.tables.append(balancer.table(kind, b, link_in, link_out))
             n = self.ids[key] = len(parent)
             parent.append(p), level.append(d), cost_of.append(cost_ids[ck]), table_of.append(table_ids[tk])
             balancer.rows_computed += 2
             return n
 
-        self.pair_node = np.array([node(b, shapes[i], links(shapes[i][0], shapes[i][0])) for i, b in pairs],
-                                  dtype=np.int64)
+        first = {}
+        for s in shapes:
+            if s[0] not in first:
+                first[s[0]] = balancer._interned(links(s[0], s[0]))
+        self.pair_node = np.array([node(b, shapes[i], first[shapes[i][0]]) for i, b in pairs], dtype=np.int64)
         self.parent = np.array(parent, dtype=np.int64)
         self.level = np.array(level, dtype=np.int64)
         self.cost_of = np.array(cost_of, dtype=np.int64)

@@ -8,6 +8,8 @@ position with ``k`` micro-batches in flight out of ``m``::
     peak = framework + states + m (in_buffer[u] + out_buffer[v])
            + max(k kept + [m > k] in_buffer[u] + transient, optimizer_step)
 
+(``kept`` with the stage-entry and stage-exit terms of recompute ``none``),
+
 with ``in_buffer[u] = 0`` for u = 0 (a first stage receives nothing) and
 ``out_buffer[v] = 0`` for v = L (a last stage sends nothing); :func:`step_memory_peak`
 evaluates it. Equal to :func:`~hpp.formulation.cost_model.stage_memory_breakdown`'s
@@ -55,21 +57,28 @@ class StepMemoryTables:
     framework: int
 
 
-def _rows(act: np.ndarray, trans: np.ndarray, loss: int, L: int, us: range) -> tuple[np.ndarray, np.ndarray]:
-    """kept[u, v] and transient[u, v] for the rows ``us`` (the backward runs layers v-1 down to u)."""
+def _rows(act: np.ndarray, trans: np.ndarray, loss: int, L: int, us: range, entry: np.ndarray | None = None,
+          release: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """kept[u, v] and transient[u, v] for the rows ``us`` (the backward runs layers v-1 down to u).
+
+    ``entry[u]`` is added to the first layer of a stage starting at u > 0, ``release[v-1]``
+    taken off the last layer of a stage ending at v < L (floored at 0).
+    """
     kept = np.full((L + 1, L + 1), np.inf)
     tr = np.full((L + 1, L + 1), np.inf)
     for v in range(1, L + 1):
         a = act[:v].astype(np.float64).copy()
         if v == L:
             a[-1] += loss
+        elif release is not None:
+            a[-1] = max(0.0, a[-1] - release[v - 1])
         freed_after = np.concatenate([np.cumsum(a[::-1])[::-1][1:], [0.0]])   # sum of a[l+1:v]
         gain = trans[:v] - freed_after
         best = np.maximum.accumulate(gain[::-1])[::-1]                        # max over l in [u, v)
         suffix = np.cumsum(a[::-1])[::-1]                                       # sum of a[u:v]
         for u in us:
             if u < v:
-                kept[u, v] = suffix[u]
+                kept[u, v] = suffix[u] + (entry[u] if entry is not None and u > 0 else 0.0)
                 tr[u, v] = max(0.0, best[u])
     return kept, tr
 
@@ -95,11 +104,15 @@ def step_memory_tables(e: LayerProfile, *, optimizer_states: int, optimizer_tran
     act = np.asarray(e.step_activation_bytes, dtype=np.float64)
     trans = np.asarray(e.backward_transient_bytes, dtype=np.float64)
     full_trans = trans + np.maximum(0.0, act - out)
-    kept_none, tr_none = _rows(act, trans, loss, L, range(1, L))
+    entry = None if e.stage_entry_bytes is None else np.asarray(e.stage_entry_bytes, dtype=np.float64)
+    release = None if e.stage_exit_release_bytes is None else np.asarray(e.stage_exit_release_bytes, dtype=np.float64)
+    kept_none, tr_none = _rows(act, trans, loss, L, range(1, L), entry, release)
     kept_full, tr_full = _rows(out, full_trans, loss, L, range(1, L))
     first_act = np.asarray(e.first_stage_step_activation_bytes or e.step_activation_bytes, dtype=np.float64)
     first_trans = np.asarray(e.first_stage_backward_transient_bytes or e.backward_transient_bytes, dtype=np.float64)
-    k0, t0 = _rows(first_act, first_trans, loss, L, range(0, 1))
+    first_release = (release if e.first_stage_step_activation_bytes is None or e.first_stage_exit_release_bytes is None
+                     else np.asarray(e.first_stage_exit_release_bytes, dtype=np.float64))
+    k0, t0 = _rows(first_act, first_trans, loss, L, range(0, 1), None, first_release)
     kf0, tf0 = _rows(out, first_trans + np.maximum(0.0, first_act - out), loss, L, range(0, 1))
     for table, row in ((kept_none, k0), (tr_none, t0), (kept_full, kf0), (tr_full, tf0)):
         table[0] = row[0]

@@ -322,17 +322,28 @@ class Cluster:
         HppInputError
             A device type the cluster has no node of.
         """
-        types = set(device_types)
+        return self._bound(set(device_types), inter_only=False)
+
+    def inter_link_bound(self, device_types: Iterable[str]) -> Link:
+        """As :meth:`link_bound`, over the inter-node links only (between two different nodes of those types).
+
+        With a single node of those types (no inter-node link among them): :meth:`link_bound`.
+        """
+        return self._bound(set(device_types), inter_only=True)
+
+    def _bound(self, types: set[str], *, inter_only: bool) -> Link:
         missing = sorted(types - {n.device_type for n in self.nodes})
         if missing or not types:
             raise HppInputError(f"the cluster has no node of device type(s) {missing}", field="device_types",
                                 fix=f"use types of {sorted(self.count_by_type())}")
-        key = ("link_bound", frozenset(types))
+        key = ("link_bound", frozenset(types), inter_only)
         got = self._cache.get(key)
         if got is not None:
             return got
         idx = [i for i, n in enumerate(self.nodes) if n.device_type in types]
-        links = [self.nodes[i].intra_node for i in idx]
+        if inter_only and len(idx) < 2:
+            return self._bound(types, inter_only=False)
+        links = [] if inter_only else [self.nodes[i].intra_node for i in idx]
         if len(idx) > 1:
             if self.network is None:
                 links.append(self.inter_node)

@@ -18,7 +18,13 @@ Optional memory terms of the runtime's own training step (issue 17; measured by
 and the cost model then uses its calibrated formula on ``activation_bytes``):
 
 - ``step_activation_bytes[l]``: bytes layer ``l`` adds to its stage per micro-batch in
-  flight (what its forward saves for backward plus its output; its input not counted);
+  flight inside a stage (what its forward saves for backward plus its output, less its
+  input where it keeps none of it: the previous layer's output is then freed);
+- ``stage_entry_bytes[l]``, ``stage_exit_release_bytes[l]`` (optional, ``None`` = 0): what
+  layer ``l`` adds when it is the first layer of a non-first stage (its input, the receive
+  buffer, is held anyway), and what the stage's cast of its output to the send dtype frees
+  when it ends a sending stage (bf16 mixed precision: an fp32 output); ``first_stage_exit_release_bytes``
+  the latter along a first stage;
 - ``backward_transient_bytes[l]``: how far memory rises above its level at the start of
   layer ``l``'s backward while it runs (the last layer's includes the loss's backward);
 - ``loss_activation_bytes`` (one number): what the loss keeps per micro-batch in flight;
@@ -72,7 +78,10 @@ _PER_LAYER_FIELDS = ("forward_s", "backward_s", "optimizer_s", "param_bytes", "a
 _OPTIONAL_SCALAR_FIELDS = ("loss_activation_bytes", "tied_param_bytes")
 #: Optional per-layer fields (``None`` = not measured).
 _OPTIONAL_PER_LAYER_FIELDS = ("attention_activation_bytes", "step_activation_bytes", "backward_transient_bytes",
-                              "first_stage_step_activation_bytes", "first_stage_backward_transient_bytes")
+                              "first_stage_step_activation_bytes", "first_stage_backward_transient_bytes",
+                              "stage_entry_bytes", "stage_exit_release_bytes", "first_stage_exit_release_bytes")
+#: The optional per-layer fields that belong to the runtime step's memory terms (dropped together).
+_STEP_MEMORY_FIELDS = _OPTIONAL_PER_LAYER_FIELDS[1:]
 
 Key = tuple[str, int, int]  # (device_type, tp_degree, micro_batch_size)
 
@@ -103,6 +112,9 @@ class LayerProfile:
     first_stage_backward_transient_bytes: tuple[int, ...] | None = None
     tied_param_bytes: int | None = None
     step_time: StepTimeTerms | None = None    # time terms of the runtime's step (hpp/profiles/step_time.py)
+    stage_entry_bytes: tuple[int, ...] | None = None
+    stage_exit_release_bytes: tuple[int, ...] | None = None
+    first_stage_exit_release_bytes: tuple[int, ...] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -292,8 +304,7 @@ def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int
                  else (e1.loss_activation_bytes - y0) / (e1.micro_batch_size - b0))  # type: ignore[operator]
         loss = int(round(max(0.0, y0 + (micro_batch_size - b0) * slope)))
     if optional["step_activation_bytes"] is None or optional["backward_transient_bytes"] is None or loss is None:
-        optional.update(step_activation_bytes=None, backward_transient_bytes=None,
-                        first_stage_step_activation_bytes=None, first_stage_backward_transient_bytes=None)
+        optional.update(dict.fromkeys(_STEP_MEMORY_FIELDS))
         loss = None
     return replace(e0, micro_batch_size=micro_batch_size, forward_s=fit("forward_s"),
                    backward_s=fit("backward_s"), activation_bytes=ints(fit("activation_bytes")),

@@ -197,7 +197,11 @@ def table_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tu
     the next; each transfer costs the fastest option for its size. The memory tables are shared with ``base``.
     """
     e, FB, FB2, fixed, upper, out = base._mem_cache["link_parts"]
-    p_in, p_out = _p2p_s(e, link_in, out), _p2p_s(e, link_out, out)
+    p2p = base._mem_cache.setdefault("p2p_by_links", {})        # per link options: shared by all variants
+    for links in (link_in, link_out):
+        if links not in p2p:
+            p2p[links] = _p2p_s(e, links, out)
+    p_in, p_out = p2p[link_in], p2p[link_out]
     wait = p2p_waits_per_transfer(e, config) * (p_in[:, None] + p_out[None, :])
     return replace(base, compute_none_s=np.where(upper, FB + wait + fixed, np.inf),
                    compute_full_s=np.where(upper, FB2 + wait + fixed, np.inf), p2p_s=p_out, _mem_cache=base._mem_cache)

@@ -11,6 +11,15 @@ one host of ``C`` cores, which changes the time in two ways this module models:
   the profile; 1 when not measured).
 - **Other load** (``background``): processes of other users that compute all the time
   take their share of the cores too (0 on a quiet host).
+- **Real-op costs** (:mod:`hpp.runtime.host_ops`, ``meta["host_time"]["op_probe"]`` when the
+  profile has it): ``kappa(n)`` measured with the model's own layer op for ``n`` *runnable*
+  processes, past the cores (oversubscription), replaces the matmul contention; and each
+  forward/backward op that starts after its rank waited (a receive, a transfer, the
+  emulation's sleep, the step's sync) costs ``wake_s(R)`` more CPU seconds (``R`` ranks on
+  the host): the op runs with caches the other ranks (and, on an idle virtual CPU, the
+  hypervisor) refilled. On Dec 1 (15:53, quiet host) the ranks used 1.13-1.60 x the
+  profiled CPU seconds, 1.0-2.1 ms more per op whatever the op's size; the profile's
+  back-to-back layer loop never pays it.
 
 and, with ``--emulate-speed``, the padding of :mod:`hpp.runtime.emulation`: a rank of a
 device type ``k`` x slower at time scale ``D`` sleeps after each forward/backward op until
@@ -45,6 +54,7 @@ from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.step_time import HostTimeTerms
+from hpp.runtime.host_ops import OpProbe, op_probe_of
 from hpp.runtime.timeline import schedule_order
 
 __all__ = ["HostPrediction", "simulate_host_run", "base_entry", "host_terms", "scale_cpu_work"]
@@ -93,7 +103,8 @@ def base_entry(profile: ModelProfile, device_type: str, tp_degree: int, micro_ba
 
 
 def scale_cpu_work(profile: ModelProfile, factor: float) -> ModelProfile:
-    """Every CPU term of ``profile`` x ``factor`` (layers, optimizer, loss, schedule overheads); transfers unchanged.
+    """Every CPU term of ``profile`` x ``factor`` (layers, optimizer, loss, schedule overheads, the op probe's
+    seconds); transfers and the probe's kappa (a ratio) unchanged.
 
     The host's speed during a run relative to when it was profiled (``factor`` > 1: slower).
     """
@@ -110,7 +121,12 @@ def scale_cpu_work(profile: ModelProfile, factor: float) -> ModelProfile:
                        backward_s=tuple(v * factor for v in e.backward_s),
                        optimizer_s=tuple(v * factor for v in e.optimizer_s), step_time=t)
 
-    return replace(profile, entries={k: entry(e) for k, e in profile.entries.items()})
+    meta = profile.meta
+    ops = op_probe_of(meta)
+    if ops is not None:
+        scaled = replace(ops, hot_s=ops.hot_s * factor, wake_s=tuple(w * factor for w in ops.wake_s))
+        meta = {**meta, "host_time": {**meta["host_time"], "op_probe": scaled.to_dict()}}
+    return replace(profile, entries={k: entry(e) for k, e in profile.entries.items()}, meta=meta)
 
 
 @dataclass
@@ -181,7 +197,7 @@ def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emula
 
 def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, cores: int, emulate_speed: bool,
                       time_scale: float = 1.0, host: HostTimeTerms | None = None, background: float = 0.0,
-                      config: CostModelConfig = CostModelConfig()) -> HostPrediction:
+                      ops: OpProbe | None = None, config: CostModelConfig = CostModelConfig()) -> HostPrediction:
     """One step of ``plan`` as ``hpp run`` executes it on a host of ``cores`` cores (see the module docstring).
 
     Parameters
@@ -194,6 +210,9 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
         Contention factors (default: the profile's ``meta["host_time"]``, else none).
     background : float
         Other processes computing all the time (>= 0; 0 = a quiet host).
+    ops : OpProbe, optional
+        Real-op costs (kappa past the cores, CPU per op after a wait). Default: the profile's
+        ``meta["host_time"]["op_probe"]`` when ``host`` is not given either, else none.
 
     Raises
     ------
@@ -204,10 +223,14 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
     """
     if cores < 1 or not time_scale >= 1.0 or background < 0:
         raise ValueError(f"cores={cores}, time_scale={time_scale}, background={background}")
+    if ops is None and host is None:
+        ops = op_probe_of(profile.meta)
     host = host or host_terms(profile, cores=cores)
     sync_s = estimate_plan(plan, cluster, profile, config=config).grad_sync_s
     segs, opt = _rank_segments(plan, cluster, profile, emulate=emulate_speed, time_scale=time_scale)
     R = len(segs)
+    wake = ops.wake_at(R) if ops is not None else 0.0
+    waited = [True] * R                                     # the step starts after the last one's sync
     for r in range(R):
         segs[r].append(_Seg("cpu", opt[r]))
     pos = [0] * R
@@ -225,10 +248,13 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
         while pos[r] < len(segs[r]):
             g = segs[r][pos[r]]
             if g.kind == "cpu":
-                if g.work <= _EPS:
+                work = g.work + (wake if g.in_op and waited[r] else 0.0)
+                if g.in_op:
+                    waited[r] = False
+                if work <= _EPS:
                     _complete(r, g, t)
                     continue
-                state[r] = {"left": g.work, "cpu": 0.0, "t0": t, "pad_until": None}
+                state[r] = {"left": work, "cpu": 0.0, "t0": t, "pad_until": None}
                 return
             if g.kind == "dep":
                 if g.key in done:
@@ -238,8 +264,10 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
                         continue
                     state[r] = {"until": ready}
                     heapq.heappush(timers, (ready, r))
+                    waited[r] = True
                     return
                 state[r] = {"blocked": g.key}
+                waited[r] = True
                 return
             if g.kind == "sleep":
                 if g.delay <= _EPS:
@@ -247,6 +275,7 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
                     continue
                 state[r] = {"until": t + g.delay}
                 heapq.heappush(timers, (t + g.delay, r))
+                waited[r] = True
                 return
             if g.kind == "sync":
                 sched_end[r] = t
@@ -258,6 +287,7 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
                     pos[r] += 1
                     continue
                 state[r] = {"sync": True}
+                waited[r] = True
                 return
         finish[r] = t
         state[r] = {"done": True}
@@ -279,7 +309,8 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
         computing = [r for r in range(R) if "left" in state[r] and state[r]["pad_until"] is None]
         n = len(computing) + background
         share = min(1.0, cores / n) if n > 0 else 1.0
-        rate = share / host.kappa(min(n, cores))            # work [profile s] per wall s
+        kappa = ops.kappa_at(n) if ops is not None else host.kappa(min(n, cores))
+        rate = share / kappa                                # work [profile s] per wall s
         t_next = math.inf
         for r in computing:
             t_next = min(t_next, t + state[r]["left"] / rate)
@@ -306,6 +337,7 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
                     target = st["t0"] + g.pad * st["cpu"] if g.pad > 1.0 else t
                     if target > t + _EPS:
                         st["pad_until"] = target
+                        waited[r] = True                    # the emulation's sleep
                         continue
                     _complete(r, g, t)
                     start(r)

@@ -10,6 +10,9 @@
   processes run it at once / alone (SMT siblings and shared caches make a CPU second buy
   less work when the neighbours compute); 1 everywhere on a host where it does not matter
   (and, caution, also on a host whose cores are already kept busy by other processes);
+- :func:`measure_host_ops`: the same with the model's real layer op, ``n = 1 .. N`` processes
+  past the host's cores, busy and cycling as the speed emulation runs them
+  (:class:`hpp.runtime.host_ops.OpProbe`: oversubscription and the CPU an op pays after a wait);
 - :func:`background_load`: how many other processes compute on this host right now.
 
 :func:`run_forked` runs a function in forked children with a gloo process group each, so
@@ -34,7 +37,8 @@ import torch.distributed as dist
 
 from hpp.errors import HppInputError
 
-__all__ = ["P2PFit", "measure_p2p", "measure_contention", "background_load", "run_forked", "init_gloo", "fit_line"]
+__all__ = ["P2PFit", "measure_p2p", "measure_contention", "measure_host_ops", "background_load", "run_forked",
+           "init_gloo", "fit_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +226,67 @@ def measure_contention(*, max_processes: int | None = None, repeats: int = 40,
         alone = med if alone is None else alone
         out.append(med / alone)
     return tuple(out)
+
+
+def _op_rank(_rank: int, _world: int, _port: int, start: float, seconds: float, cycle: float,
+             micro_batch_size: int) -> float:
+    """Median CPU seconds of one gpt-tiny block's forward + backward; ``cycle > 1``: sleep as the emulation pads."""
+    from hpp.runtime.models import build_stage_module, get_model_config
+    cfg = get_model_config("gpt-tiny")
+    block = build_stage_module(cfg, 1, 2, seed=0)
+    x0 = torch.randn(micro_batch_size, cfg.seq_len, cfg.hidden_size)
+    for _ in range(3):
+        block(x0.clone().requires_grad_(True)).sum().backward()
+    while time.time() < start:          # start together
+        time.sleep(0.001)
+    cpu = []
+    while time.time() < start + seconds or len(cpu) < 3:
+        x = x0.clone().requires_grad_(True)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        block(x).sum().backward()
+        c1, w1 = time.thread_time(), time.perf_counter()
+        cpu.append(c1 - c0)
+        if cycle > 1.0 and cycle * (c1 - c0) > w1 - w0:
+            time.sleep(cycle * (c1 - c0) - (w1 - w0))
+    return statistics.median(cpu)
+
+
+def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, micro_batch_size: int = 1,
+                     timeout_s: float = 120.0):
+    """:class:`~hpp.runtime.host_ops.OpProbe` of this host: ``n = 1 .. max_processes`` processes run a real op.
+
+    The op is one gpt-tiny block's forward + backward (one thread); for each ``n`` the
+    processes run it back to back for ``seconds`` (``kappa``), then cycling as the speed
+    emulation does (op, sleep until it lasted ``max(2, n / cores)`` x its CPU time;
+    ``wake_s``). Default ``max_processes``: 3 x the cores (the validation's clusters run up
+    to 6 ranks on 2 cores). Before each ``n``, one process alone gives that ``n``'s reference.
+    About ``3 max_processes (seconds + 0.5)`` s.
+
+    Raises
+    ------
+    HppInputError
+        ``max_processes < 1`` or ``seconds <= 0``.
+    """
+    from hpp.runtime.host_ops import OpProbe
+    cores = os.cpu_count() or 1
+    n_max = max_processes or 3 * cores
+    if n_max < 1 or not seconds > 0:
+        raise HppInputError(f"max_processes {n_max}, seconds {seconds}", field="max_processes",
+                            fix="max_processes >= 1 and seconds > 0")
+    def median_op_s(n: int, cycle: float) -> float:
+        per = run_forked(_op_rank, n, (time.time() + 0.3, seconds, cycle, micro_batch_size), timeout_s=timeout_s)
+        return statistics.median(per)
+
+    ref, busy, cycling = [], [], []
+    for n in range(1, n_max + 1):           # each n right after its own one-process reference
+        ref.append(median_op_s(1, 1.0))
+        busy.append(median_op_s(n, 1.0) if n > 1 else ref[-1])
+        cycling.append(median_op_s(n, max(2.0, n / cores)))
+    probe = OpProbe.from_measured(f"gpt-tiny block, micro-batch {micro_batch_size}, forward + backward", ref,
+                                  busy, cycling, cores=cores)
+    logger.info("real-op probe: %.2f ms alone; kappa %s; after a wait +%s ms (n = 1..%d)", probe.hot_s * 1e3,
+                [round(k, 2) for k in probe.kappa], [round(w * 1e3, 2) for w in probe.wake_s], n_max)
+    return probe
 
 
 # ------------------------------------------------------------------ other processes

@@ -6,9 +6,17 @@ degree ``t`` (one device of the TP group), under ``FakeTensorMode`` and MemTrack
 forked child, so the calling process keeps no fake-world state):
 
 - ``step_activation_bytes[l]``: bytes the layer adds to its stage per micro-batch in
-  flight: the tensors its forward saves for backward plus its output (which the next
-  layer saves, or the pipelining library holds until backward); its input is not
-  counted (the previous layer's output, or the stage's receive buffer);
+  flight when it runs INSIDE a stage: the tensors its forward saves for backward plus
+  its output, less its input when it keeps none of it (its input is then the previous
+  layer's output, a non-leaf tensor freed once the layer has run: under autocast a
+  layer that casts its fp32 input to bf16 keeps only the casts, one per consuming
+  linear layer, since autocast caches casts of leaf tensors only);
+- ``stage_entry_bytes[l]``: what the layer adds on top when it is the FIRST layer of a
+  (non-first) stage: its input is then the stage's receive buffer, which the pipelining
+  library holds anyway (the input bytes it would have freed inside a stage);
+- ``stage_exit_release_bytes[l]``: bytes freed per micro-batch when the layer ENDS a
+  stage that sends: the stage casts its output to the send dtype (``StageForward``), and
+  an output of another dtype (fp32 under autocast) is freed for the smaller cast;
 - ``backward_transient_bytes[l]``: how far memory rises above its level at the start
   of the layer's backward while the layer runs backward (gradients of its
   intermediate tensors and of its input, the parameter gradients before they are
@@ -16,6 +24,14 @@ forked child, so the calling process keeps no fake-world state):
   (:func:`hpp.runtime.training.lm_loss` on the logits);
 - ``loss_activation_bytes`` (one number): what the loss keeps per micro-batch
   (the log-softmax of the logits), part of the last stage's in-flight memory.
+
+Why the three (bf16, found with MemTracker on the stage step): measured with a held
+leaf input alone, a post-LayerNorm OPT block of a first stage (fp32 residual stream)
+counted its fp32 output as kept, but inside the stage the next block keeps only bf16
+casts of it; at TP 2 (where the DTensor input of the column-parallel q/k/v makes every
+cast a separate copy at any input) that was one fp32 ``(b, s, h)`` per block and
+micro-batch in flight: +15 % on opt-350's first stages. Llama blocks keep none of their
+bf16 input either (their RMSNorm reads a cast of it).
 
 The layer runs as it does in a stage (:class:`hpp.runtime.worker.StageForward`):
 under autocast for ``bfloat16``, its parameters' gradients allocated, its input a
@@ -57,6 +73,8 @@ class LayerMemory:
     backward_transient_bytes: int
     loss_activation_bytes: int = 0
     output_dtype: torch.dtype = torch.float32      # of the layer's output inside a stage (before any cast)
+    stage_entry_bytes: int = 0
+    stage_exit_release_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +92,9 @@ class MemoryTerms:
     first_stage_step_activation_bytes: tuple[int, ...] | None = None
     first_stage_backward_transient_bytes: tuple[int, ...] | None = None
     tied_param_bytes: int = 0
+    stage_entry_bytes: tuple[int, ...] | None = None
+    stage_exit_release_bytes: tuple[int, ...] | None = None
+    first_stage_exit_release_bytes: tuple[int, ...] | None = None
 
 
 def _signature(module: torch.nn.Module) -> tuple:
@@ -152,9 +173,44 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
                     tracker.window_peak = base
                     y.backward(grad)
                 transient = tracker.window_peak - base
+                out_dtype_inside = y.dtype
+                inner, release = _inside_stage_pass(stage, tracker, x, tcfg, is_last=is_last)
     param_bytes = sum(_local_numel(p) * p.element_size() for p in params)
-    return LayerMemory(int(param_bytes), int(output_bytes), int(after_forward - before), int(transient),
-                       int(loss_bytes), y.dtype)
+    first = int(after_forward - before)
+    if first < inner or release < 0:
+        logger.warning("layer %d of %s: stage entry %d B, exit release %d B (expected >= 0; counted as 0)",
+                       layer, ms.name, first - inner, release)
+    return LayerMemory(int(param_bytes), int(output_bytes), int(inner), int(transient), int(loss_bytes),
+                       out_dtype_inside, max(0, first - int(inner)), max(0, int(release)))
+
+
+def _inside_stage_pass(stage: torch.nn.Module, tracker: StepTracker, x: torch.Tensor, tcfg, *,
+                       is_last: bool) -> tuple[int, int]:
+    """The layer's forward once more, as it runs inside a stage: ``(kept, exit release)`` [bytes].
+
+    Its input is a non-leaf tensor (the previous layer's output) whose last reference
+    is dropped after the forward, so it is freed unless the layer saved it; ``kept`` is
+    what stays (saved tensors + output - a freed input). Then the output's cast to the
+    send dtype (as :class:`hpp.runtime.worker.StageForward` does at a stage's end), the
+    uncast output dropped: ``release`` is how much that frees (negative: it adds).
+    """
+    from hpp.runtime.training import autocast_context
+
+    xi = x if not x.is_floating_point() else x * 1          # tokens stay tokens; else a non-leaf copy
+    before = tracker.current_bytes()
+    with autocast_context(tcfg, "cpu"):
+        y = stage(xi)
+    if is_last:
+        y = y.to(tcfg.logits_dtype)
+    del xi
+    kept = tracker.current_bytes() - before
+    if is_last:
+        return kept, 0
+    sent = y.to(tcfg.activation_dtype)
+    del y
+    release = before + kept - tracker.current_bytes()
+    del sent
+    return kept, release
 
 
 def _world():
@@ -197,13 +253,18 @@ def memory_terms(model: RuntimeModel, *, micro_batch_size: int, dtype: str = "fl
         chain.append(measure(l, chain[-1].output_dtype))
     logger.info("memory terms of %s at b=%d, %s, TP %d: %d layer measurements", model.spec.name,
                 micro_batch_size, dtype, tp_degree, len(cache))
-    same = all(c == r for c, r in zip(chain, rows))
+    def used(m: LayerMemory) -> tuple:                     # what a first stage reads of its layers' terms
+        return m.step_activation_bytes, m.backward_transient_bytes, m.stage_exit_release_bytes
+
+    same = all(used(c) == used(r) for c, r in zip(chain, rows))
     return MemoryTerms(micro_batch_size, dtype, tp_degree, tuple(r.param_bytes for r in rows),
                        tuple(r.output_bytes for r in rows), tuple(r.step_activation_bytes for r in rows),
                        tuple(r.backward_transient_bytes for r in rows), rows[-1].loss_activation_bytes,
                        None if same else tuple(c.step_activation_bytes for c in chain),
                        None if same else tuple(c.backward_transient_bytes for c in chain),
-                       _tied_bytes(model, tp_degree=tp_degree, seed=seed))
+                       _tied_bytes(model, tp_degree=tp_degree, seed=seed),
+                       tuple(r.stage_entry_bytes for r in rows), tuple(r.stage_exit_release_bytes for r in rows),
+                       None if same else tuple(c.stage_exit_release_bytes for c in chain))
 
 
 def _tied_bytes(model: RuntimeModel, *, tp_degree: int, seed: int) -> int:
@@ -256,4 +317,6 @@ def with_memory_terms(e: LayerProfile, t: MemoryTerms) -> LayerProfile:
                    loss_activation_bytes=t.loss_activation_bytes,
                    first_stage_step_activation_bytes=t.first_stage_step_activation_bytes,
                    first_stage_backward_transient_bytes=t.first_stage_backward_transient_bytes,
-                   tied_param_bytes=t.tied_param_bytes)
+                   tied_param_bytes=t.tied_param_bytes, stage_entry_bytes=t.stage_entry_bytes,
+                   stage_exit_release_bytes=t.stage_exit_release_bytes,
+                   first_stage_exit_release_bytes=t.first_stage_exit_release_bytes)

@@ -45,7 +45,9 @@ import torch.distributed as dist
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
-from hpp.runtime.host_probe import fit_line, init_gloo, measure_contention, measure_p2p, run_forked
+from hpp.runtime.host_ops import MeasuredHost
+from hpp.runtime.host_probe import (fit_line, init_gloo, measure_contention, measure_host_ops, measure_p2p,
+                                    run_forked)
 
 __all__ = ["ScheduleOverheadFit", "HostStepTerms", "measure_loss_s", "measure_schedule_overhead",
            "measure_host_step_terms", "measure_time_terms", "add_time_terms", "add_measured_time_terms", "main"]
@@ -250,15 +252,16 @@ def measure_host_step_terms(*, quick: bool = False) -> HostStepTerms:
     """:func:`measure_schedule_overhead` on 1 and 2 stages, :func:`~hpp.runtime.host_probe.measure_p2p`, contention.
 
     The per-neighbour cost ``p2p_overhead_s`` is the 2-stage fit's per-micro-batch cost minus
-    the 1-stage one's (posting and completing a stage's transfers). About 40 s (``quick``: 20 s).
+    the 1-stage one's (posting and completing a stage's transfers). About 60 s (``quick``: 35 s).
     """
     ms = (2, 4, 8) if quick else (2, 4, 8, 16)
     one = measure_schedule_overhead(num_stages=1, micro_batches=ms, repeats=8 if quick else 15)
     two = measure_schedule_overhead(num_stages=2, micro_batches=ms, repeats=8 if quick else 15)
     p2p = measure_p2p(repeats=20 if quick else 40)
     kappa = measure_contention(repeats=20 if quick else 40)
-    host = HostTimeTerms(cores=os.cpu_count() or 1, contention=kappa,
-                         load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None)
+    ops = measure_host_ops(seconds=0.5 if quick else 1.0)      # the real op past the cores (hpp.runtime.host_ops)
+    host = MeasuredHost(cores=os.cpu_count() or 1, contention=kappa,
+                        load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None, ops=ops)
     return HostStepTerms(one, two, p2p, host)
 
 
