@@ -121,15 +121,12 @@ def _legacy_job(waste: bool) -> int:
 
 def _profile(name: str, terms: dict, num_layers: int, seq_len: int, tmp: Path) -> ModelProfile:
     """A profile entry holding only the memory terms (times 0), written and read back as JSON."""
+    from hpp.runtime.memory_profile import MemoryTerms, with_memory_terms
+
     zeros = (0.0,) * num_layers
-    e = LayerProfile(DEVICE, terms["tp_degree"], terms["micro_batch_size"], zeros, zeros, zeros,
-                     terms["param_bytes"], terms["step_activation_bytes"], terms["output_bytes"],
-                     step_activation_bytes=terms["step_activation_bytes"],
-                     backward_transient_bytes=terms["backward_transient_bytes"],
-                     loss_activation_bytes=terms["loss_activation_bytes"],
-                     first_stage_step_activation_bytes=terms["first_stage_step_activation_bytes"],
-                     first_stage_backward_transient_bytes=terms["first_stage_backward_transient_bytes"],
-                     tied_param_bytes=terms["tied_param_bytes"])
+    e = with_memory_terms(LayerProfile(DEVICE, terms["tp_degree"], terms["micro_batch_size"], zeros, zeros, zeros,
+                                       terms["param_bytes"], terms["step_activation_bytes"], terms["output_bytes"]),
+                          MemoryTerms(**terms))
     path = tmp / f"{name}-tp{terms['tp_degree']}.json"
     save_profile(ModelProfile(name, num_layers, seq_len, {e.key: e}, source="memory_validation"), path)
     return load_profile(path)

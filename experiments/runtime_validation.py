@@ -7,7 +7,10 @@ does; ``--no-closed-loop`` skips it). Writes ``experiments/results/runtime_valid
 cluster), ``_timeline.png`` (HPP's plan on the first cluster, predicted beside measured) and
 ``_profile.json`` (the profile the predictions use, with its time terms). Prints predicted
 vs measured per run and, last, ``time: max |error| X % over N runs``: measured against the
-host model's prediction (:mod:`hpp.runtime.host_model`); the target is 15 % on a quiet host.
+host model's prediction (:mod:`hpp.runtime.host_model`; with the real-op probe the profiling
+step stores, :mod:`hpp.runtime.host_ops`); the target is 15 % on a quiet host. Before it, the
+same with the CPU terms x the run's measured CPU ratio (host speed drift taken out) and with
+the other load measured just before each run (``background load corrected``).
 ``--quick``: two clusters, fewer steps.
 
     python experiments/runtime_validation.py [--quick] [--steps N] [--time-scale D] [--no-closed-loop]

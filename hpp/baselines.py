@@ -256,6 +256,15 @@ def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int 
     n = len(problem.candidates)
     best: tuple[dict[int, int], float] = ({}, math.inf)
     evals = 0
+    inv = problem.inventory
+    # without TP groups of 2+ devices the inventory rows are the device counts: track them incrementally
+    simple = all(k[1] == 1 for c in problem.candidates for k in c.tp_groups)
+    used = {t: 0 for t in inv}
+
+    def fits(i: int, counts: dict[int, int]) -> bool:
+        if not simple:
+            return problem.fits(counts)
+        return all(used[t] + k <= inv.get(t, 0) for t, k in problem.candidates[i].devices.items())
 
     def rec(i: int, counts: dict[int, int]) -> None:
         nonlocal best, evals
@@ -271,13 +280,18 @@ def exhaustive_composition(problem: CompositionProblem, *, max_evaluations: int 
             return
         rec(i + 1, counts)
         x = 1
+        devices = problem.candidates[i].devices
         while True:
             counts[i] = x
-            if not problem.fits(counts):
+            if not fits(i, counts):
                 del counts[i]
                 break
+            for t, k in devices.items():
+                used[t] += k
             rec(i + 1, counts)
             x += 1
+        for t, k in devices.items():
+            used[t] -= k * (x - 1)
 
     rec(0, {})
     return best[0], best[1], evals

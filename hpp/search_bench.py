@@ -36,7 +36,8 @@ from hpp.scenarios import get_scenario, make_cluster
 
 __all__ = ["BenchPoint", "BenchRow", "sweep_points", "scenario_points", "measure_point", "write_csv",
            "plot_rows", "summary_table", "target_lines", "read_csv", "TYPE_MIXES", "ABLATIONS",
-           "METIS_RANGE_S"]
+           "METIS_RANGE_S", "GAP_TARGETS", "SMALL_TARGET_S", "LARGE_TARGET_S", "search_targets",
+           "BaselineCheck", "baseline_check", "baseline_cases"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ METIS_RANGE_S = {(16, 2): (1.0, 2.0), (32, 2): (10.0, 20.0), (32, 3): (35.0, 40.
 TARGET_RATIO, TARGET_GPUS = 56.0, (32, 64)
 #: The reference method of the targets (the faithful port of Metis's search) and the other single-shape one.
 REFERENCE, OTHER_REFERENCE = "metis", "single-shape"
+#: Issue 21's gap targets: (most GPUs, largest gap) for the sweep; the bundled scenarios take the last.
+GAP_TARGETS = ((64, 0.01), (1024, 0.05))
+#: Issue 21's speed targets: HPP's median search seconds at 8 and 16 GPUs, and at 1024 GPUs x 4 types.
+SMALL_TARGET_S, SMALL_GPUS, LARGE_TARGET_S = 0.020, (8, 16), 1.0
 #: Rules switched off one at a time (canonical_order is already off by default: it is not exact).
 ABLATIONS = ("memory_infeasible", "dominated", "incumbent_bound", "symmetry", "memoise")
 
@@ -309,7 +314,38 @@ def summary_table(rows: list[BenchRow]) -> str:
                      f"{num(s, 'iteration_time_s', 11, '.3f')} {h.gap:>6.1%}  {abl}")
     lines.append("")
     lines.extend(target_lines(rows))
+    lines.extend(search_targets(rows))
     return "\n".join(lines)
+
+
+def search_targets(rows: list[BenchRow]) -> list[str]:
+    """Issue 21's checks in words: the gap of HPP's plan per input (<= 1 % up to 64 GPUs, <= 5 % up to 1024
+    GPUs and on the bundled scenarios) and its median search time (<= 20 ms at 8 and 16 GPUs, <= 1 s at
+    1024 GPUs x 4 types); each line names the inputs that miss."""
+    hpp_rows = [m["hpp"] for m in _by_point(rows).values() if "hpp" in m]
+    out = []
+    for most, target in GAP_TARGETS:
+        sweep = [r for r in hpp_rows if r.point[0].isdigit() and r.num_gpus <= most]
+        if most == GAP_TARGETS[-1][0]:
+            sweep += [r for r in hpp_rows if not r.point[0].isdigit()]
+        if not sweep:
+            continue
+        miss = [r for r in sweep if not r.gap <= target]
+        out.append(f"gap target <= {target:.0%} {'on inputs up to ' + str(most) + ' GPUs'}"
+                   f"{' and the scenarios' if most == GAP_TARGETS[-1][0] else ''}: met at {len(sweep) - len(miss)} of "
+                   f"{len(sweep)}" + (" (missed: " + ", ".join(f"{r.point} {r.gap:.2%}" for r in miss) + ")"
+                                      if miss else ""))
+    small = [r for r in hpp_rows if r.point[0].isdigit() and r.num_gpus in SMALL_GPUS]
+    if small:
+        miss = [r for r in small if not r.wall_s <= SMALL_TARGET_S]
+        out.append(f"speed target <= {SMALL_TARGET_S * 1e3:.0f} ms at {'/'.join(map(str, SMALL_GPUS))} GPUs (median): "
+                   f"met at {len(small) - len(miss)} of {len(small)}"
+                   + (" (missed: " + ", ".join(f"{r.point} {r.wall_s * 1e3:.0f} ms" for r in miss) + ")" if miss else ""))
+    large = [r for r in hpp_rows if r.point[0].isdigit() and r.num_gpus >= 1024 and r.num_types >= 4]
+    for r in large:
+        out.append(f"speed target <= {LARGE_TARGET_S:g} s at {r.point}: {r.wall_s:.2f} s "
+                   f"({'met' if r.wall_s <= LARGE_TARGET_S else 'NOT met'})")
+    return out
 
 
 def target_lines(rows: list[BenchRow]) -> list[str]:
@@ -352,3 +388,59 @@ def target_lines(rows: list[BenchRow]) -> list[str]:
             out.append(f"{TARGET_RATIO:g}x target vs {method} at {'/'.join(map(str, TARGET_GPUS))} GPUs: met at "
                        f"{len(met)} of the {len(total)} measured" + (f" ({', '.join(met)})" if met else ""))
     return out
+
+
+@dataclass(frozen=True)
+class BaselineCheck:
+    """HPP's own search (no baseline seeds) against one baseline on one input (a CSV row)."""
+
+    case: str
+    baseline: str
+    hpp_iteration_s: float
+    baseline_iteration_s: float
+    hpp_wall_s: float
+    baseline_note: str
+
+    @property
+    def ok(self) -> bool:
+        """HPP's plan is at least as fast (1e-9 relative), or the baseline found no plan."""
+        return not math.isfinite(self.baseline_iteration_s) or \
+            self.hpp_iteration_s <= self.baseline_iteration_s * (1 + 1e-9)
+
+
+def baseline_cases(names: Iterable[str] | None = None) -> list[tuple[str, str, int, Cluster]]:
+    """(case name, model, global batch, cluster): every bundled scenario (or those ``names``) and
+    LLAMA-3-8 on 16 A100-40 + 32 V100-16 at global batch 256 and 512 (issue 21)."""
+    from hpp.scenarios import SCENARIOS
+
+    out = []
+    for sc in SCENARIOS.values():
+        if names is None or sc.name in names:
+            out.append((sc.name, sc.model, sc.global_batch_size, sc.cluster()))
+    for g in (256, 512):
+        name = f"llama8-a100x16-v100x32-g{g}"
+        if names is None or name in names:
+            out.append((name, "LLAMA-3-8", g, make_cluster(name, {"A100-40": 16, "V100-16": 32})))
+    return out
+
+
+def baseline_check(case: str, model: str, global_batch_size: int, cluster: Cluster, *,
+                   space: SearchSpace = SearchSpace(), baseline_budget_s: float | None = 60.0,
+                   profile=None) -> list[BaselineCheck]:
+    """HPP's search, not seeded with any baseline plan, against every baseline on the same input and space.
+
+    The baselines search the space HPP searches (:func:`hpp.baselines.run_baselines` with ``space``), so
+    HPP can express each of their plans and must be at least as fast (``BaselineCheck.ok``).
+    """
+    from hpp.baselines import run_baselines
+    from hpp.profiles.model_profile import load_profile
+
+    if profile is None:
+        try:
+            profile = load_bundled_profile(model)
+        except HppInputError:
+            profile = load_profile(model)
+    res = plan_hpp(cluster, profile, global_batch_size, space=space)
+    base = run_baselines(cluster, profile, global_batch_size, space=space, time_budget_s=baseline_budget_s)
+    return [BaselineCheck(case, name, res.estimate.iteration_time_s, b.iteration_time_s, res.wall_s, b.description)
+            for name, b in base.items()]

@@ -46,11 +46,11 @@ def test_scaled_profile_for_emulated_device_types(tiny_profile):
 
 def test_unknown_model_and_tp_are_refused_without_a_file(tmp_path, capsys):
     out = tmp_path / "p.json"
-    assert profile_main(["--model", "gpt-huge", "--out", str(out)]) == 2
+    assert profile_main(["--model", "gpt-huge", "--no-time-terms", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "the runtime has no model 'gpt-huge'" in err and "gpt-tiny" in err and "llama-tiny" in err
     assert len(err.splitlines()) == 1
-    assert profile_main(["--model", "gpt-tiny", "--tp", "2", "--out", str(out)]) == 2
+    assert profile_main(["--model", "gpt-tiny", "--tp", "2", "--no-time-terms", "--out", str(out)]) == 2
     assert "TP degree 1 only" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
@@ -58,8 +58,46 @@ def test_unknown_model_and_tp_are_refused_without_a_file(tmp_path, capsys):
 def test_profile_cli_writes_scaled_entries(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert profile_main(["--model", "gpt-tiny", "--micro-batch-sizes", "1", "--repeats", "2", "--warmup", "1",
-                         "--emulate", "cpu-3x=3", "--out", str(out)]) == 0
-    assert set(load_profile(out).entries) == {("cpu", 1, 1), ("cpu-3x", 1, 1)}
+                         "--emulate", "cpu-3x=3", "--no-time-terms", "--out", str(out)]) == 0
+    back = load_profile(out)
+    assert set(back.entries) == {("cpu", 1, 1), ("cpu-3x", 1, 1)}
+    assert not any(e.has_step_time for e in back.entries.values()) and "host_time" not in back.meta
+
+
+def _fake_host_terms():
+    """Model-independent time terms with chosen values (the real probe takes about a minute)."""
+    from hpp.profiles.step_time import HostTimeTerms
+    from hpp.runtime.host_probe import P2PFit
+    from hpp.runtime.time_profile import HostStepTerms, ScheduleOverheadFit
+
+    def fit(stages: int, per_mb: float) -> ScheduleOverheadFit:
+        return ScheduleOverheadFit("1F1B", stages, (2, 4), (0.0, 0.0), (0.0, 0.0), 1e-4 * stages, per_mb, 0.5)
+    return HostStepTerms(fit(1, 2e-4), fit(2, 5e-4), P2PFit("gloo", (8, 1024), (1e-5, 2e-5), 3e-5, 1e9, 0.1),
+                         HostTimeTerms(2, (1.0, 1.25)))
+
+
+def test_profile_cli_adds_the_runtime_steps_time_terms_by_default_on_cpu(tmp_path, capsys, monkeypatch):
+    """Issue 17 (time): one command gives a profile with the loss, schedule and p2p terms; emulated types too."""
+    import hpp.runtime.time_profile as tp
+    monkeypatch.setattr(tp, "measure_host_step_terms", lambda quick=False: _fake_host_terms())
+    out = tmp_path / "p.json"
+    assert profile_main(["--model", "gpt-tiny", "--micro-batch-sizes", "1,2", "--repeats", "2", "--warmup", "1",
+                         "--emulate", "cpu-3x=3", "--no-memory-terms", "--json", "--out", str(out)]) == 0
+    import json
+    assert json.loads(capsys.readouterr().out)["time_terms"] is True
+    back = load_profile(out)
+    for b in (1, 2):
+        t, t3 = back.entries[("cpu", 1, b)].step_time, back.entries[("cpu-3x", 1, b)].step_time
+        assert t.micro_batch_overhead_s == 2e-4 and t.micro_batch_overhead_in_op == 0.5
+        assert t.p2p_latency_s == 3e-5 and t.p2p_overhead_s == pytest.approx(3e-4)
+        assert t.step_overhead_s == pytest.approx(2e-4)                 # the larger of the 1- and 2-stage fits
+        assert t.loss_forward_s > 0 and t.loss_backward_s > 0         # measured: lm_loss on (b, s, V) logits
+        assert t3 == t.emulated(3.0)
+    assert back.meta["host_time"]["cores"] == 2 and back.meta["host_time"]["contention"] == [1.0, 1.25]
+    # the switch, and no CPU terms for a GPU profile
+    assert profile_main(["--model", "gpt-tiny", "--device", "cuda", "--time-terms", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--time-terms with --device cuda" in err and len(err.splitlines()) == 1
 
 
 def test_out_of_memory_names_the_largest_micro_batch_that_fits(monkeypatch, tmp_path, capsys):

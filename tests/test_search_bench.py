@@ -186,3 +186,31 @@ def test_quick_writes_its_own_files_by_default(monkeypatch, capsys):
     assert mod.main(["--quick", "--sizes", "8", "--ablate-up-to", "0"]) == 0
     assert [p.name for p in written] == ["search_overhead_quick.png"]
     assert "search_overhead_quick.csv" in capsys.readouterr().out
+
+
+def _hpp_row(point, gpus, types, wall, gap):
+    return BenchRow(point, gpus, types, "hpp", wall, "", 10, 0.5, 1.0, gap, "FEASIBLE")
+
+
+def test_search_targets_name_the_inputs_that_miss():
+    rows = [_hpp_row("2types-8", 8, 2, 0.015, 0.004), _hpp_row("2types-16", 16, 2, 0.030, 0.02),
+            _hpp_row("2types-256", 256, 2, 0.2, 0.049), _hpp_row("4types-1024", 1024, 4, 1.3, 0.06),
+            _hpp_row("opt350-512", 512, 2, 0.5, 0.051)]
+    lines = search_bench.search_targets(rows)
+    assert lines[0] == "gap target <= 1% on inputs up to 64 GPUs: met at 1 of 2 (missed: 2types-16 2.00%)"
+    assert lines[1] == ("gap target <= 5% on inputs up to 1024 GPUs and the scenarios: met at 3 of 5 "
+                        "(missed: 4types-1024 6.00%, opt350-512 5.10%)")
+    assert lines[2] == "speed target <= 20 ms at 8/16 GPUs (median): met at 1 of 2 (missed: 2types-16 30 ms)"
+    assert lines[3] == "speed target <= 1 s at 4types-1024: 1.30 s (NOT met)"
+    assert "gap target" in summary_table(rows)
+
+
+def test_hpp_search_is_at_least_as_fast_as_every_baseline_on_the_smallest_scenario():
+    (case,) = search_bench.baseline_cases(["opt350-a100x4-v100x4"])
+    rows = search_bench.baseline_check(*case, baseline_budget_s=10.0)
+    assert {r.baseline for r in rows} == {"uniform", "single-shape"}
+    for r in rows:
+        assert r.ok, r
+    # the control: a baseline faster than HPP is reported as such
+    bad = search_bench.BaselineCheck("x", "y", 2.0, 1.0, 0.1, "")
+    assert not bad.ok

@@ -21,6 +21,9 @@ def test_the_probe_is_monotone_clamped_and_interpolates():
     assert p.kappa == pytest.approx((1.0, 1.0, 1.475, 1.475))
     assert p.wake_s == pytest.approx((0.3, 0.3, 0.4, 1.5))   # 0.5, 0.1, 0.4, 1.5: each n against its own reference
     assert p.hot_s == 2.0
+    # cycling processes also contend (n / 2 at a time on 2 cores): that part is kappa's, the rest is the wake
+    q = OpProbe.from_measured("toy", [1.0] * 4, [1.0, 1.2, 1.3, 1.4], [1.0, 1.0, 1.5, 1.7], cores=2)
+    assert q.wake_s == pytest.approx((0.0, 0.0, 0.4, 0.5))      # 1.5 - kappa(1.5) = 1.1, 1.7 - kappa(2) = 1.2
     assert p.kappa_at(0.3) == 1.0 and p.kappa_at(2.5) == pytest.approx(1.2375) and p.kappa_at(40) == 1.475
     assert p.wake_at(0) == 0.0 and p.wake_at(4) == 1.5 and p.wake_at(9) == 1.5
     with pytest.raises(HppInputError):

@@ -217,8 +217,8 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
                        incumbent_s: float | None = None, copies: bool = True) -> tuple[float, float]:
     """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
 
-    The second value is the larger of the sync-class LP bound below and, with ``copies`` (default),
-    the branch and bound of :func:`hpp.formulation.copy_bound.copy_bound` (micro-batches per copy
+    The second value is the larger of the sync-class LP bound below (with ``copies``: its class of all
+    candidates only) and, with ``copies`` (default), the branch and bound of :func:`hpp.formulation.copy_bound.copy_bound` (micro-batches per copy
     kept integer, pipeline counts and penalty levels searched; issue 21 item 6). ``incumbent_s``:
     the objective of a known plan; parts of the search worth at least it are dropped with that
     value (the bound is then at most ``incumbent_s``, still a valid lower bound).
@@ -242,6 +242,8 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
     opt = np.array([c.partition.optimizer_s for c in cands])
     steps = np.array([-(-G // c.micro_batch_size) - 1 for c in cands], dtype=np.int64)
     single = min((table.phi + steps * table.tau + opt).tolist())
+    if copies:
+        num_classes = 0     # the copy bound prices sync per pipeline count: only the class of all candidates
     s2 = problem.sync_s_all(2)
     s2_arr = np.array(s2)
     columns = _lp_column_indices(cands, s2, table=table)

@@ -94,6 +94,28 @@ def stage_memory_bytes(e: LayerProfile, lo: int, hi: int, *, position: int, num_
     return int(config.framework_bytes_of(e.device_type) + weights + k * kept + working + buffers)
 
 
+def _forward_transient(e: LayerProfile, lo: int, hi: int, raw: list[int], act: list[int], first_stage: bool,
+                       released: int) -> int:
+    """How far a stage's forward rises above its kept level (0 without ``forward_transient_bytes``).
+
+    Layer j runs with the layers before it kept: its peak is sum(act[:j]) + R_j, R_j = F_j + raw_j
+    (its rise: forward transient + what it keeps, ``raw`` its term before the stage's entry,
+    exit and loss adjustments); the stage ends at sum(act). The output's cast to the send
+    dtype briefly holds both (``released`` + the sent bytes above the end level).
+    """
+    f = e.first_stage_forward_transient_bytes if first_stage and e.first_stage_forward_transient_bytes is not None \
+        else e.forward_transient_bytes
+    if f is None:
+        return 0
+    best, after = 0, 0
+    for j in range(hi - lo - 1, -1, -1):
+        best = max(best, f[lo + j] + raw[j] - act[j] - after)
+        after += act[j]
+    if released > 0:
+        best = max(best, released + e.output_bytes[hi - 1])
+    return int(best)
+
+
 def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, num_stages: int,
                            num_micro_batches: int, recompute: str = "none", schedule: str = "1F1B",
                            config: CostModelConfig = CostModelConfig()) -> dict[str, int]:
@@ -104,6 +126,9 @@ def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, 
     Per layer, ``step_activation_bytes`` (inside a stage), plus ``stage_entry_bytes`` on the
     first layer of a non-first stage and less ``stage_exit_release_bytes`` on the last layer
     of a sending stage (the ``first_stage_*`` variants on a first stage; recompute ``none``).
+    The in-flight phase peaks at k x kept + held + the larger of the backward's and the
+    forward's transient (``forward_transient``: the last micro-batch's forward, the others
+    kept; 0 without ``forward_transient_bytes``).
 
     ``parameters``, ``gradients``, ``optimizer_states`` (P, P, n P); ``pipeline_buffers``
     (receive buffers + a held input gradient); ``embedding`` (k x the embedding's term on
@@ -152,18 +177,21 @@ def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, 
         out = e.output_bytes[lo:hi]
         trans = [t + max(0, a - o) for t, a, o in zip(trans, act, out)]
         act = list(out)
+    raw, released = list(act), 0
     if hi == L:
         act[-1] += e.loss_activation_bytes                     # type: ignore[operator]
     elif recompute == "none":                                  # the last layer's output cast to the send dtype
         release = e.first_stage_exit_release_bytes if first_stage and e.first_stage_exit_release_bytes is not None \
             else e.stage_exit_release_bytes
-        act[-1] = max(0, act[-1] - (release[hi - 1] if release is not None else 0))
+        released = min(act[-1], release[hi - 1] if release is not None else 0)
+        act[-1] -= released
     if recompute == "none" and lo > 0 and e.stage_entry_bytes is not None:   # its input: the receive buffer
         act[0] += e.stage_entry_bytes[lo]
     freed_after, transient = 0, 0
     for a, t in zip(reversed(act), reversed(trans)):           # backward runs the layers last to first
         transient = max(transient, t - freed_after)
         freed_after += a
+    forward = _forward_transient(e, lo, hi, raw, act, first_stage, released) if recompute == "none" else 0
     buffers = m * (e.output_bytes[lo - 1] if position > 0 else 0) + \
         m * (e.output_bytes[hi - 1] if position < num_stages - 1 else 0)
     held = e.output_bytes[lo - 1] if position > 0 and m > k else 0
@@ -172,8 +200,9 @@ def stage_memory_breakdown(e: LayerProfile, lo: int, hi: int, *, position: int, 
     parts = {"framework": framework, "parameters": params, "gradients": params,
              "optimizer_states": OPTIMIZER_STATES[config.optimizer] * params, "pipeline_buffers": buffers + held,
              "embedding": first, "head_and_loss": last, "activations": k * sum(act) - first - last,
-             "backward_transient": transient, "optimizer_step": int(config.optimizer_transient_params * params)}
-    backward = k * sum(act) + held + transient
+             "backward_transient": transient, "forward_transient": forward,
+             "optimizer_step": int(config.optimizer_transient_params * params)}
+    backward = k * sum(act) + held + max(transient, forward)
     optimizer = parts["optimizer_step"]
     base = framework + params * (2 + OPTIMIZER_STATES[config.optimizer]) + buffers
     return parts | {"peak": int(base + max(backward, optimizer)), "phase": int(optimizer > backward)}

@@ -156,6 +156,7 @@ class StageBalancer:
     _rows: dict = field(default_factory=dict, repr=False)
     _costs: dict = field(default_factory=dict, repr=False)
     _options: dict = field(default_factory=dict, repr=False)
+    _masks: dict = field(default_factory=dict, repr=False)
     _option_list: list = field(default_factory=list, repr=False)
 
     @property
@@ -195,10 +196,16 @@ class StageBalancer:
                                 None if link_in is None else self._option_list[link_in],
                                 None if link_out is None else self._option_list[link_out])
 
+    def first_link_in(self, shape: tuple[StageKind, ...]) -> int:
+        """The in-link options of a first stage (which receives nothing: any options price it alike): those a
+        predecessor of its own kind would give, so that a whole shape shares its DP rows with the same suffix
+        of a longer shape."""
+        return self.link_out((shape[0],) + tuple(shape))
+
     def links(self, shape: tuple[StageKind, ...], i: int) -> tuple[int, int]:
         """(link_in, link_out) options (ids, :meth:`options`) of stage ``i`` of ``shape`` (a first stage, which
         receives nothing, takes its own kind's options)."""
-        return (self.link_out(shape[i - 1:]) if i > 0 else self._interned(self.cache.links(shape[0], shape[0])),
+        return (self.link_out(shape[i - 1:]) if i > 0 else self.first_link_in(shape),
                 self.link_out(shape[i:]))
 
     def _stage_costs(self, kind: StageKind, b: int, d: int, link_in: int | None = None, link_out: int | None = None
@@ -211,11 +218,18 @@ class StageBalancer:
         if got is not None:
             return got
         tab = self.table(kind, b, link_in, link_out)
-        fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
+        masks = self._masks.get((kind, b, d)) if self.memoise else None
+        if masks is None:                 # memory does not depend on the links: once per (kind, b, d)
+            fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
+            use_full = np.zeros_like(fits)
+            if self.allow_recompute:
+                use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
+            masks = (fits, use_full)
+            if self.memoise:
+                self._masks[(kind, b, d)] = masks
+        fits, use_full = masks
         C = np.where(fits, tab.compute_none_s, np.inf)
-        use_full = np.zeros_like(fits)
         if self.allow_recompute:
-            use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
             C = np.where(use_full, tab.compute_full_s, C)
         got = (C, use_full, tab.p2p_s)
         if self.memoise:
@@ -227,7 +241,7 @@ class StageBalancer:
         only) or exact lexicographic (fill, bottleneck) ("fill": with choices for backtracking).
         ``link_in``: the link options into the suffix's first stage (None: a first stage's)."""
         if link_in is None and suffix:
-            link_in = self._interned(self.cache.links(suffix[0], suffix[0]))
+            link_in = self.first_link_in(suffix)
         key = (b, suffix, objective, link_in)
         if self.memoise:
             got = self._rows.get(key)

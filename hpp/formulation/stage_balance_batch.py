@@ -155,12 +155,11 @@ class _Trie:
         self.costs: list = []
         self.tables: list = []
 
-        links = balancer.cache.links
         link_out_of = balancer.link_out
 
         def node(b: int, suffix: tuple, link_in: tuple) -> int:
             # a node is a suffix AND the link options into its first stage (issue 19: links per pair of
-            # stage kinds); a whole shape's first stage receives nothing: it takes its own kind's options
+            # stage kinds); a whole shape's first stage receives nothing (StageBalancer.first_link_in)
             key = (b, suffix, link_in)
             got = self.ids.get(key)
             if got is not None:
@@ -182,11 +181,8 @@ class _Trie:
             balancer.rows_computed += 2
             return n
 
-        first = {}
-        for s in shapes:
-            if s[0] not in first:
-                first[s[0]] = balancer._interned(links(s[0], s[0]))
-        self.pair_node = np.array([node(b, shapes[i], first[shapes[i][0]]) for i, b in pairs], dtype=np.int64)
+        first = [balancer.first_link_in(s) for s in shapes]
+        self.pair_node = np.array([node(b, shapes[i], first[i]) for i, b in pairs], dtype=np.int64)
         self.parent = np.array(parent, dtype=np.int64)
         self.level = np.array(level, dtype=np.int64)
         self.cost_of = np.array(cost_of, dtype=np.int64)

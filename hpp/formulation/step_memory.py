@@ -38,7 +38,8 @@ class StepMemoryTables:
     kept_none, kept_full : (L+1, L+1)
         Bytes per in-flight micro-batch without / with full recomputation (loss included at v = L).
     transient_none, transient_full : (L+1, L+1)
-        The backward's rise above the in-flight level, without / with full recomputation.
+        The rise above the in-flight level, without / with full recomputation (without: the
+        larger of the backward's and the forward's).
     optimizer_step : (L+1, L+1)
         The optimizer step's temporaries.
     in_buffer, out_buffer : (L+1,)
@@ -83,6 +84,29 @@ def _rows(act: np.ndarray, trans: np.ndarray, loss: int, L: int, us: range, entr
     return kept, tr
 
 
+def _forward_rows(raw: np.ndarray, fwd: np.ndarray, out: np.ndarray, loss: int, L: int, us: range,
+                  entry: np.ndarray | None, release: np.ndarray | None) -> np.ndarray:
+    """The forward's rise above the kept level, [u, v) for the rows ``us`` (``memory_model._forward_transient``)."""
+    ft = np.full((L + 1, L + 1), np.inf)
+    for v in range(1, L + 1):
+        a = raw[:v].astype(np.float64).copy()
+        released = 0.0
+        if v == L:
+            a[-1] += loss
+        elif release is not None:
+            released = min(a[-1], release[v - 1])
+            a[-1] -= released
+        after = np.concatenate([np.cumsum(a[::-1])[::-1][1:], [0.0]])          # sum of a[j+1:v]
+        g = fwd[:v] + raw[:v] - a - after
+        best_after = np.concatenate([np.maximum.accumulate(g[::-1])[::-1][1:], [-np.inf]])   # max over j > u
+        cast = released + out[v - 1] if released > 0 else 0.0
+        for u in us:
+            if u < v:
+                e = entry[u] if entry is not None and u > 0 else 0.0
+                ft[u, v] = max(0.0, g[u] - e, best_after[u], cast)
+    return ft
+
+
 def step_memory_tables(e: LayerProfile, *, optimizer_states: int, optimizer_transient_params: float,
                        framework_bytes: int = 0) -> StepMemoryTables:
     """The tables of ``e`` (which must have the step-memory terms).
@@ -116,6 +140,13 @@ def step_memory_tables(e: LayerProfile, *, optimizer_states: int, optimizer_tran
     kf0, tf0 = _rows(out, first_trans + np.maximum(0.0, first_act - out), loss, L, range(0, 1))
     for table, row in ((kept_none, k0), (tr_none, t0), (kept_full, kf0), (tr_full, tf0)):
         table[0] = row[0]
+    if e.forward_transient_bytes is not None:        # the in-flight phase peaks at the larger transient
+        fwd = np.asarray(e.forward_transient_bytes, dtype=np.float64)
+        ft = _forward_rows(act, fwd, out, loss, L, range(1, L), entry, release)
+        first_fwd = (fwd if e.first_stage_step_activation_bytes is None or e.first_stage_forward_transient_bytes is None
+                     else np.asarray(e.first_stage_forward_transient_bytes, dtype=np.float64))
+        ft[0] = _forward_rows(first_act, first_fwd, out, loss, L, range(0, 1), None, first_release)[0]
+        tr_none = np.maximum(tr_none, ft)
     inf = np.inf
     return StepMemoryTables(
         states=np.where(upper, P * (2 + optimizer_states), inf), kept_none=kept_none, kept_full=kept_full,

@@ -25,6 +25,8 @@ and the cost model then uses its calibrated formula on ``activation_bytes``):
   buffer, is held anyway), and what the stage's cast of its output to the send dtype frees
   when it ends a sending stage (bf16 mixed precision: an fp32 output); ``first_stage_exit_release_bytes``
   the latter along a first stage;
+- ``forward_transient_bytes[l]`` (optional, ``None`` = 0; ``first_stage_*`` along a first stage): how
+  far memory rises above layer ``l``'s kept level while its forward runs inside a stage;
 - ``backward_transient_bytes[l]``: how far memory rises above its level at the start of
   layer ``l``'s backward while it runs (the last layer's includes the loss's backward);
 - ``loss_activation_bytes`` (one number): what the loss keeps per micro-batch in flight;
@@ -79,7 +81,8 @@ _OPTIONAL_SCALAR_FIELDS = ("loss_activation_bytes", "tied_param_bytes")
 #: Optional per-layer fields (``None`` = not measured).
 _OPTIONAL_PER_LAYER_FIELDS = ("attention_activation_bytes", "step_activation_bytes", "backward_transient_bytes",
                               "first_stage_step_activation_bytes", "first_stage_backward_transient_bytes",
-                              "stage_entry_bytes", "stage_exit_release_bytes", "first_stage_exit_release_bytes")
+                              "stage_entry_bytes", "stage_exit_release_bytes", "first_stage_exit_release_bytes",
+                              "forward_transient_bytes", "first_stage_forward_transient_bytes")
 #: The optional per-layer fields that belong to the runtime step's memory terms (dropped together).
 _STEP_MEMORY_FIELDS = _OPTIONAL_PER_LAYER_FIELDS[1:]
 
@@ -115,6 +118,8 @@ class LayerProfile:
     stage_entry_bytes: tuple[int, ...] | None = None
     stage_exit_release_bytes: tuple[int, ...] | None = None
     first_stage_exit_release_bytes: tuple[int, ...] | None = None
+    forward_transient_bytes: tuple[int, ...] | None = None
+    first_stage_forward_transient_bytes: tuple[int, ...] | None = None
 
     @property
     def num_layers(self) -> int:

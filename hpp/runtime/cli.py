@@ -199,6 +199,12 @@ def _profile_parser() -> argparse.ArgumentParser:
                    help="time the layers as hpp run --dtype runs them (bfloat16: autocast, fp32 weights)")
     p.add_argument("--no-memory-terms", action="store_true",
                    help="skip measuring the runtime step's memory per layer (FakeTensorMode + MemTracker)")
+    p.add_argument("--time-terms", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure the runtime step's time terms on this host (the loss per micro-batch size, "
+                        "the schedule's cost per micro-batch and step, gloo send/recv latency, CPU contention; "
+                        "about 60 s, 35 s with --quick-time-terms) into each entry's step_time. Default: on with "
+                        "--device cpu, off with cuda (measured on this host's CPU and gloo: not a GPU's)")
+    p.add_argument("--quick-time-terms", action="store_true", help="fewer repeats for the time terms")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -228,12 +234,20 @@ def profile_main(argv: Sequence[str] | None = None) -> int:
     """``hpp profile --model NAME --device cpu|cuda --micro-batch-sizes 1,2,4 --out PROFILE.json``."""
     from hpp.runtime.profiler import profile_model, scale_profile, write_profile
     args = _profile_parser().parse_args(argv)
+    time_terms = args.device == "cpu" if args.time_terms is None else args.time_terms
     try:
+        if time_terms and args.device != "cpu":
+            raise HppInputError("--time-terms with --device cuda", field="time_terms",
+                                fix="drop --time-terms: the time terms are measured on this host's CPU and gloo "
+                                    "(profile on the CPU host you will run on)")
         emulate = _parse_emulate(args.emulate)
         prof = profile_model(args.model, device=args.device, micro_batch_sizes=_parse_sizes(args.micro_batch_sizes),
                              tp_degree=args.tp, device_type=args.device_type, warmup=args.warmup,
                              repeats=args.repeats, num_threads=args.threads,
                              mixed_precision=args.dtype == "bfloat16", memory_terms=not args.no_memory_terms)
+        if time_terms:                   # before the emulated types: they get the base's terms, emulated
+            from hpp.runtime.time_profile import add_measured_time_terms
+            prof = add_measured_time_terms(prof, model=args.model, quick=args.quick_time_terms)
         if emulate:
             prof = scale_profile(prof, emulate, base_device_type=args.device_type or args.device)
         write_profile(prof, args.out)
@@ -241,7 +255,7 @@ def profile_main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"hpp profile: error: {exc}\n")
         return 2
     summary = {"out": args.out, "model": prof.model, "num_layers": prof.num_layers,
-               "entries": [list(k) for k in sorted(prof.entries)],
+               "entries": [list(k) for k in sorted(prof.entries)], "time_terms": time_terms,
                "forward_backward_s": {f"{k[0]}/mb{k[2]}": sum(e.forward_s) + sum(e.backward_s)
                                       for k, e in sorted(prof.entries.items())}}
     if args.json:

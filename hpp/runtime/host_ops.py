@@ -11,10 +11,12 @@ forked processes at once, ``N`` above the host's cores:
 - ``wake_s[n - 1]``: extra CPU seconds of one op that starts after the process waited
   (slept, or blocked on a receive) while ``n`` processes cycle through the op as the speed
   emulation runs them (op, then a sleep until it lasted ``max(2, n / cores)`` x its CPU
-  time). Measured as the cycling op's CPU time minus the back-to-back op's. Over the
-  15:53 quiet-host validation run of Dec 1 the ranks' extra CPU per op was 1.0-2.1 ms
-  (emulated, 4-6 ranks on 2 cores) whatever the op's size (3.5-12 ms), so the penalty is
-  an absolute time per op, not a factor.
+  time). Measured as the cycling op's CPU time minus the back-to-back op's at the
+  contention of the ``n / max(2, n / cores)`` processes that compute at a time. In the
+  quiet-host validation run of Dec 1, 15:53, the ranks used 1.13-1.60 x the profiled CPU
+  seconds, 1.0-2.1 ms more per op (emulated, 4-6 ranks on 2 cores) nearly whatever the
+  op's mean size (3.5-12 ms): an absolute time per op, not a factor (part of it is the
+  contention of the ranks that computed together, ``kappa``).
 
 Both are monotone in ``n`` (the isotonic least-squares fit of the readings, ``kappa >= 1``,
 ``wake_s >= 0``): more processes never make an op cheaper, so a lower reading is noise.
@@ -30,7 +32,12 @@ from typing import Any, Mapping, Sequence
 from hpp.errors import HppInputError
 from hpp.profiles.step_time import HostTimeTerms
 
-__all__ = ["OpProbe", "MeasuredHost", "op_probe_of"]
+__all__ = ["OpProbe", "MeasuredHost", "op_probe_of", "cycle_factor"]
+
+
+def cycle_factor(n: int, cores: int) -> float:
+    """How long the probe's cycling op lasts / its CPU time with ``n`` processes on ``cores``: ``max(2, n / cores)``."""
+    return max(2.0, n / cores)
 
 
 def _monotone(values: Sequence[float], floor: float) -> tuple[float, ...]:
@@ -100,10 +107,13 @@ class OpProbe:
         if not len(ref_s) == len(busy_s) == len(cycle_s) or any(r <= 0 for r in ref_s):
             raise HppInputError(f"{len(ref_s)} references, {len(busy_s)} busy, {len(cycle_s)} cycling readings",
                                 field="op_probe", fix="one positive reading of each kind per process count")
-        kappa = _monotone([b / r for b, r in zip(busy_s, ref_s)], 1.0)
-        wake = _monotone([max(0.0, c - r) for c, r in zip(cycle_s, ref_s)], 0.0)
+        kappa = (1.0,) + _monotone([b / r for b, r in zip(busy_s, ref_s)], 1.0)[1:]
         hot = sorted(ref_s)[len(ref_s) // 2]
-        return cls(op, hot, (1.0,) + kappa[1:], wake, cores)
+        # n cycling processes compute n / cycle at a time on average: their contention is kappa's part, not the wake's
+        busy_part = cls(op, hot, kappa, (0.0,) * len(kappa), cores)
+        wake = _monotone([max(0.0, c - r * busy_part.kappa_at(n / cycle_factor(n, cores)))
+                          for n, (c, r) in enumerate(zip(cycle_s, ref_s), start=1)], 0.0)
+        return cls(op, hot, kappa, wake, cores)
 
     def kappa_at(self, n: float) -> float:
         """CPU-time factor while ``n`` (>= 0, may be fractional) processes compute; linear between, flat past N.

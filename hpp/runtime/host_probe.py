@@ -267,7 +267,7 @@ def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, 
     HppInputError
         ``max_processes < 1`` or ``seconds <= 0``.
     """
-    from hpp.runtime.host_ops import OpProbe
+    from hpp.runtime.host_ops import OpProbe, cycle_factor
     cores = os.cpu_count() or 1
     n_max = max_processes or 3 * cores
     if n_max < 1 or not seconds > 0:
@@ -281,7 +281,7 @@ def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, 
     for n in range(1, n_max + 1):           # each n right after its own one-process reference
         ref.append(median_op_s(1, 1.0))
         busy.append(median_op_s(n, 1.0) if n > 1 else ref[-1])
-        cycling.append(median_op_s(n, max(2.0, n / cores)))
+        cycling.append(median_op_s(n, cycle_factor(n, cores)))
     probe = OpProbe.from_measured(f"gpt-tiny block, micro-batch {micro_batch_size}, forward + backward", ref,
                                   busy, cycling, cores=cores)
     logger.info("real-op probe: %.2f ms alone; kappa %s; after a wait +%s ms (n = 1..%d)", probe.hot_s * 1e3,

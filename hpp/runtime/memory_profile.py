@@ -17,6 +17,9 @@ forked child, so the calling process keeps no fake-world state):
 - ``stage_exit_release_bytes[l]``: bytes freed per micro-batch when the layer ENDS a
   stage that sends: the stage casts its output to the send dtype (``StageForward``), and
   an output of another dtype (fp32 under autocast) is freed for the smaller cast;
+- ``forward_transient_bytes[l]``: how far memory rises above the layer's kept level while
+  its forward runs inside a stage (intermediates, autocast's bf16 weight copies; a stage's
+  forward peak can exceed its backward one: Llama's MLP under bf16);
 - ``backward_transient_bytes[l]``: how far memory rises above its level at the start
   of the layer's backward while the layer runs backward (gradients of its
   intermediate tensors and of its input, the parameter gradients before they are
@@ -75,6 +78,7 @@ class LayerMemory:
     output_dtype: torch.dtype = torch.float32      # of the layer's output inside a stage (before any cast)
     stage_entry_bytes: int = 0
     stage_exit_release_bytes: int = 0
+    forward_transient_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,8 @@ class MemoryTerms:
     stage_entry_bytes: tuple[int, ...] | None = None
     stage_exit_release_bytes: tuple[int, ...] | None = None
     first_stage_exit_release_bytes: tuple[int, ...] | None = None
+    forward_transient_bytes: tuple[int, ...] | None = None
+    first_stage_forward_transient_bytes: tuple[int, ...] | None = None
 
 
 def _signature(module: torch.nn.Module) -> tuple:
@@ -174,43 +180,47 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
                     y.backward(grad)
                 transient = tracker.window_peak - base
                 out_dtype_inside = y.dtype
-                inner, release = _inside_stage_pass(stage, tracker, x, tcfg, is_last=is_last)
+                inner, release, forward_rise = _inside_stage_pass(stage, tracker, x, tcfg, is_last=is_last)
     param_bytes = sum(_local_numel(p) * p.element_size() for p in params)
     first = int(after_forward - before)
     if first < inner or release < 0:
         logger.warning("layer %d of %s: stage entry %d B, exit release %d B (expected >= 0; counted as 0)",
                        layer, ms.name, first - inner, release)
     return LayerMemory(int(param_bytes), int(output_bytes), int(inner), int(transient), int(loss_bytes),
-                       out_dtype_inside, max(0, first - int(inner)), max(0, int(release)))
+                       out_dtype_inside, max(0, first - int(inner)), max(0, int(release)),
+                       max(0, int(forward_rise - inner)))
 
 
 def _inside_stage_pass(stage: torch.nn.Module, tracker: StepTracker, x: torch.Tensor, tcfg, *,
-                       is_last: bool) -> tuple[int, int]:
-    """The layer's forward once more, as it runs inside a stage: ``(kept, exit release)`` [bytes].
+                       is_last: bool) -> tuple[int, int, int]:
+    """The layer's forward once more, as it runs inside a stage: ``(kept, exit release, rise)`` [bytes].
 
     Its input is a non-leaf tensor (the previous layer's output) whose last reference
     is dropped after the forward, so it is freed unless the layer saved it; ``kept`` is
     what stays (saved tensors + output - a freed input). Then the output's cast to the
     send dtype (as :class:`hpp.runtime.worker.StageForward` does at a stage's end), the
-    uncast output dropped: ``release`` is how much that frees (negative: it adds).
+    uncast output dropped: ``release`` is how much that frees (negative: it adds). ``rise``: the
+    highest level during the forward above the level before it (its input still alive).
     """
     from hpp.runtime.training import autocast_context
 
     xi = x if not x.is_floating_point() else x * 1          # tokens stay tokens; else a non-leaf copy
     before = tracker.current_bytes()
+    tracker.window_peak = before
     with autocast_context(tcfg, "cpu"):
         y = stage(xi)
     if is_last:
         y = y.to(tcfg.logits_dtype)
+    rise = tracker.window_peak - before
     del xi
     kept = tracker.current_bytes() - before
     if is_last:
-        return kept, 0
+        return kept, 0, rise
     sent = y.to(tcfg.activation_dtype)
     del y
     release = before + kept - tracker.current_bytes()
     del sent
-    return kept, release
+    return kept, release, rise
 
 
 def _world():
@@ -254,7 +264,7 @@ def memory_terms(model: RuntimeModel, *, micro_batch_size: int, dtype: str = "fl
     logger.info("memory terms of %s at b=%d, %s, TP %d: %d layer measurements", model.spec.name,
                 micro_batch_size, dtype, tp_degree, len(cache))
     def used(m: LayerMemory) -> tuple:                     # what a first stage reads of its layers' terms
-        return m.step_activation_bytes, m.backward_transient_bytes, m.stage_exit_release_bytes
+        return m.step_activation_bytes, m.backward_transient_bytes, m.stage_exit_release_bytes, m.forward_transient_bytes
 
     same = all(used(c) == used(r) for c, r in zip(chain, rows))
     return MemoryTerms(micro_batch_size, dtype, tp_degree, tuple(r.param_bytes for r in rows),
@@ -264,7 +274,9 @@ def memory_terms(model: RuntimeModel, *, micro_batch_size: int, dtype: str = "fl
                        None if same else tuple(c.backward_transient_bytes for c in chain),
                        _tied_bytes(model, tp_degree=tp_degree, seed=seed),
                        tuple(r.stage_entry_bytes for r in rows), tuple(r.stage_exit_release_bytes for r in rows),
-                       None if same else tuple(c.stage_exit_release_bytes for c in chain))
+                       None if same else tuple(c.stage_exit_release_bytes for c in chain),
+                       tuple(r.forward_transient_bytes for r in rows),
+                       None if same else tuple(c.forward_transient_bytes for c in chain))
 
 
 def _tied_bytes(model: RuntimeModel, *, tp_degree: int, seed: int) -> int:
@@ -319,4 +331,6 @@ def with_memory_terms(e: LayerProfile, t: MemoryTerms) -> LayerProfile:
                    first_stage_backward_transient_bytes=t.first_stage_backward_transient_bytes,
                    tied_param_bytes=t.tied_param_bytes, stage_entry_bytes=t.stage_entry_bytes,
                    stage_exit_release_bytes=t.stage_exit_release_bytes,
-                   first_stage_exit_release_bytes=t.first_stage_exit_release_bytes)
+                   first_stage_exit_release_bytes=t.first_stage_exit_release_bytes,
+                   forward_transient_bytes=t.forward_transient_bytes,
+                   first_stage_forward_transient_bytes=t.first_stage_forward_transient_bytes)

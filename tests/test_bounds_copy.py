@@ -1,0 +1,107 @@
+"""The copy bound (issue 21 item 6): a lower bound of every plan of the candidates, from an exact-step
+capacity LP over pipeline-count ranges and penalty levels, with a sync floor valid for non-monotone
+link fits; and the incumbent it improves."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpp.baselines import exhaustive_composition
+from hpp.errors import HppInputError
+from hpp.formulation.composition import composition_objective_s
+from hpp.formulation.copy_bound import (_StepLP, copy_bound, h_ranges, ring_cost_increasing_from, sync_rate_table)
+from hpp.formulation.cost_model import ring_allreduce_s
+from hpp.formulation.heuristics import best_incumbent, fill_heuristic, greedy_composition
+from hpp.instances import InstanceOptions, SyntheticSpec, synthetic_instance
+from hpp.profiles.cluster import Link
+
+#: A concave fit (GB/s at log2(chunk / 1 MB)) that peaks near 64 MB chunks and falls for larger ones.
+FALLING = Link(10e9, 1e-5, (-0.05, 0.6, 2.0))
+
+
+def _small_problem(seed: int):
+    spec = SyntheticSpec(num_types=2, num_gpus=8, num_layers=8, seed=seed, global_batch_size=16, gpus_per_node=4,
+                         options=InstanceOptions(max_tp=2, micro_batch_sizes=(1, 2), max_stages=2))
+    return synthetic_instance(spec).problem()[0]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(st.integers(0, 10_000))
+def test_copy_bound_never_above_the_exhaustive_optimum(seed):
+    problem = _small_problem(seed)
+    try:
+        _, best, _ = exhaustive_composition(problem, max_evaluations=3000)
+    except HppInputError:
+        return                                   # too large for the oracle
+    got = copy_bound(problem)
+    assert got.bound_s <= best * (1 + 1e-9)
+    # the incumbent it returns is a plan of the problem, priced as it says
+    assert problem.fits(got.counts)
+    assert got.objective_s == composition_objective_s(problem, got.counts)
+    assert got.objective_s >= best * (1 - 1e-12)
+    assert got.bound_s <= got.objective_s
+
+
+def test_copy_bound_is_tighter_than_the_sync_class_lp_and_deterministic():
+    from hpp.formulation.lp_bound import composition_bounds
+
+    problem = _small_problem(3)
+    _, best, _ = exhaustive_composition(problem, max_evaluations=3000)
+    old = composition_bounds(problem, copies=False)[1]
+    a, b = copy_bound(problem), copy_bound(problem)
+    assert old <= a.bound_s <= best * (1 + 1e-9)
+    assert (a.bound_s, a.counts, a.objective_s) == (b.bound_s, b.counts, b.objective_s)
+
+
+def test_sync_rate_without_fit_is_the_peak_ring_rate():
+    # no fit, no latency: every block size costs 2 (h-1)/h / peak per byte (hand value: h = 4, 1e9 B/s)
+    tops, rate = sync_rate_table([Link(1e9, 0.0)], 4, 4, 1e8)
+    assert rate[-1] == pytest.approx(1.5e-9)
+    assert 1e8 * rate[np.searchsorted(tops, 1e8)] == pytest.approx(ring_allreduce_s(1e8, 4, Link(1e9, 0.0)))
+
+
+def test_sync_floor_is_below_every_split_of_a_gradient_on_a_falling_fit():
+    # the case that broke the old per-stage relaxation: on a fit that falls for large messages, splitting
+    # a stage's gradient into blocks is cheaper than one bucket
+    W, h = 8e9, 2
+    one = ring_allreduce_s(W, h, FALLING)
+    split = 8 * ring_allreduce_s(W / 8, h, FALLING)
+    assert split < one                                        # the control: one bucket is NOT a floor
+    tops, rate = sync_rate_table([FALLING], h, h, W)
+    floor = W * rate[min(np.searchsorted(tops, W), len(tops) - 1)]
+    for k in (1, 2, 4, 8, 16, 64, 1024):
+        assert floor <= k * ring_allreduce_s(W / k, h, FALLING) * (1 + 1e-12)
+    # ... and the cost stops growing with the block size somewhere below W (so W's own bytes cannot cap it)
+    assert ring_cost_increasing_from(FALLING, W / h) > 0
+    assert ring_cost_increasing_from(Link(1e9, 1e-5), W) == 0.0
+
+
+def test_h_ranges_cover_every_count_once():
+    for h_max, split in ((1, 4), (9, 4), (1024, 8), (37, 16)):
+        rs = h_ranges(h_max, split)
+        covered = [h for a, b in rs for h in range(a, b + 1)]
+        assert covered == list(range(1, h_max + 1))
+        assert all(not (a <= split < b) for a, b in rs)
+
+
+def test_step_lp_matches_a_hand_solved_lp():
+    # max 3 x0 + 2 x1 s.t. 2 x0 + x1 <= 4 (type A), x0 + x1 <= 3 (type B), x0 + x1 <= 10 (copies)
+    lp = _StepLP(np.array([[2.0, 1.0], [1.0, 1.0]]), np.array([4.0, 3.0]), 10)
+    val, x = lp.solve(np.array([3.0, 2.0]))
+    assert val == pytest.approx(7.0) and x == pytest.approx([1.0, 2.0])
+    val, x = lp.solve(np.array([3.0, 0.5]))                   # warm start from the last basis
+    assert val == pytest.approx(6.0) and x == pytest.approx([2.0, 0.0])
+
+
+def test_best_incumbent_is_no_worse_than_the_heuristics_and_repeatable():
+    problem = _small_problem(5)
+    counts, obj = best_incumbent(problem)
+    assert obj <= min(greedy_composition(problem)[1], fill_heuristic(problem)[1])
+    assert obj == composition_objective_s(problem, counts) and problem.fits(counts)
+    assert best_incumbent(problem) == (counts, obj)
+    assert math.isfinite(obj)
