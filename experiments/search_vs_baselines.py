@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 

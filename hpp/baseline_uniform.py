@@ -219,13 +219,17 @@ def uniform_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size:
             continue
         groups = _uniform_groups(cluster, tp)
         sizes = common_micro_batch_sizes(profile, tuple(StageKind(t, tp) for t in types), space)
-        for pp in range(1, min(L, len(groups)) + 1):
+        for pp in range(1, min(L, len(groups), space.max_stages) + 1):       # HPP's limits (SearchSpace)
             if truncated:
                 break
             dp = len(groups) // pp
             bounds = [0, *itertools.accumulate(_even_split(L, pp))]
             samples = _even_split(global_batch_size, dp)
             layout = None
+            kept = sum(1 for n in samples if n > 0)
+            if any(len({t for t, _, _ in groups[r * pp:(r + 1) * pp]}) > space.max_types_per_pipeline
+                   for r in range(kept)):
+                continue          # a replica spans more device types than HPP's space allows per pipeline
             for b in sizes:
                 if truncated:
                     break

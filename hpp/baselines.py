@@ -44,6 +44,7 @@ Both searches check a deadline before every layout / shape and report progress (
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 from typing import Any, Callable, Iterator, Mapping
@@ -56,6 +57,7 @@ from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError
 from hpp.formulation.binding import bind_devices
 from hpp.formulation.candidates import Candidate, SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.space_limits import space_violations
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.formulation.cost_model import CostModelConfig
 from hpp.formulation.stage_balance import StageBalancer, StageKind
@@ -67,6 +69,8 @@ from hpp.pruning.memo import StageCostCache
 
 __all__ = ["BaselineResult", "uniform_baseline", "single_shape_baseline", "exhaustive_composition",
            "run_baselines", "BASELINES"]
+
+log = logging.getLogger(__name__)
 
 BASELINES = ("uniform", "single-shape")
 
@@ -94,9 +98,9 @@ def _single_shape_candidates(cluster: Cluster, profile: ModelProfile, space: Sea
     """
     kinds = stage_kinds(cluster, profile, space)
     inv = {t: n for t, n in cluster.count_by_type().items() if t in kinds}     # types left out have no kinds
-    if not inv:
-        return
-    L = profile.num_layers
+    if not inv or len(inv) > space.max_types_per_pipeline:
+        return              # every replica holds every type: more than HPP's space allows per pipeline
+    L = min(profile.num_layers, space.max_stages)           # a stage needs a layer; HPP's --max-stages
     for dp in range(1, min(inv.values()) + 1):
         if any(n % dp for n in inv.values()):
             continue
@@ -342,6 +346,11 @@ def run_baselines(cluster: Cluster, profile: ModelProfile, global_batch_size: in
         else:
             raise HppInputError(f"unknown baseline {name!r}", field="names", fix=f"use names from {list(BASELINES)}")
         r = out[name]
+        bad = space_violations(r.plan, space, cluster=cluster, profile=profile) if r.plan is not None else []
+        if bad:         # an invariant of the searches above; never return a plan outside the user's limits
+            log.warning("baseline %s left the search space (%s): dropped", name, "; ".join(bad))
+            r = out[name] = BaselineResult(name, None, math.inf, 0.0, r.wall_s,
+                                           f"{r.description}; dropped: {bad[0]}", r.candidates)
         say(f"baseline {name}: {_fmt_s(r.iteration_time_s) if r.feasible else 'no feasible plan'} "
             f"({r.candidates} priced, {r.wall_s:.1f} s)")
     return out

@@ -87,6 +87,7 @@ def _instances_parser() -> argparse.ArgumentParser:
     sv.add_argument("--solver", default="cp-sat", help="cp-sat (default), milp or heuristic")
     sv.add_argument("--time-limit", type=float, default=10.0, help="solver time limit [s]")
     sv.add_argument("--workers", type=int, default=1)
+    sv.add_argument("--cpsat-params", metavar="TEXT", help='CP-SAT parameters in text format, e.g. "random_seed:1"')
     sv.add_argument("--json", action="store_true")
     return ap
 
@@ -141,12 +142,12 @@ def instances_main(argv: Sequence[str]) -> int:
         print(args.out)
         return 0
     # solve
-    from hpp.solvers import SolverOptions, check_solver, solve
+    from hpp.solvers import bench_settings, solve
 
-    check_solver(args.solver)
+    settings = bench_settings(args.solver, args.time_limit, args.workers, args.cpsat_params or "")
     inst = _load(args.instance)
     problem, _ = inst.problem()
-    res = solve(problem, args.solver, options=SolverOptions(time_limit_s=args.time_limit, num_workers=args.workers))
+    res = solve(problem, settings)
     if args.json:
         d = {k: _num(v) for k, v in asdict(res).items()}
         d["counts"] = {str(c): x for c, x in res.counts.items()}
@@ -189,7 +190,7 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     from hpp.instances import get_instance, library
     from hpp.solver_bench import (DEFAULT_TIME_LIMIT_S, check_consistency, plot_performance_profile,
                                   plot_time_to_best, run_bench, summary_table, write_csv)
-    from hpp.solvers import SOLVER_NAMES, SolverOptions, check_solver
+    from hpp.solvers import SOLVER_NAMES, bench_settings, check_solver
 
     ap = Parser(prog="hpp bench-solvers", description="every solver on every instance of a suite")
     ap.add_argument("--suite", choices=["quick", "full"], default="quick")
@@ -197,6 +198,7 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     ap.add_argument("--solvers", default=",".join(SOLVER_NAMES), help="comma-separated (default: all)")
     ap.add_argument("--instances", help="comma-separated instance names (default: the whole suite)")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers (default 1; HiGHS uses one)")
+    ap.add_argument("--cpsat-params", metavar="TEXT", help='CP-SAT parameters in text format, e.g. "random_seed:1"')
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
                     help="folder for the CSV, plots and summary (created if missing)")
     ap.add_argument("--prefix", default="bench_solvers", help="output file prefix")
@@ -205,7 +207,7 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     args = ap.parse_args(list(argv))
     solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
     limit = args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT_S[args.suite]
-    options = SolverOptions(time_limit_s=limit, num_workers=args.workers)
+    options = bench_settings("cp-sat", limit, args.workers, args.cpsat_params or "")
     insts = [get_instance(n.strip()) for n in args.instances.split(",")] if args.instances else library(args.suite)
 
     def progress(r) -> None:

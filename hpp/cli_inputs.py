@@ -71,7 +71,7 @@ def check_plan_args(args) -> None:
     for flag, value, minimum in checks:
         if value is not None and value < minimum:
             raise HppInputError(f"{flag} {value}", field=flag, fix=f"give an integer >= {minimum}")
-    if not args.time_limit > 0:
+    if args.time_limit is not None and not args.time_limit > 0:
         raise HppInputError(f"--time-limit {args.time_limit}", field="--time-limit",
                             fix="give a positive number of seconds")
     if not args.baseline_time_limit > 0:

@@ -129,8 +129,11 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                                   " or use smaller micro-batches")
     problem = CompositionProblem(cands, cluster, global_batch_size, link)
     t1 = time.perf_counter()
-    problem.bound = CompositionProblem(lower_bound_candidates(cluster, profile, cands, pipeline_link=link, config=config),
-                                       cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster))
+    priced = cache.links if getattr(balancer, "packed_p2p", False) and hasattr(cache, "links") else None
+    if priced is None and hasattr(cache, "links"):
+        priced = lambda a, b, run=None: cache.links(a, b)            # noqa: E731  (lower-bound options)
+    lb_cands = lower_bound_candidates(cluster, profile, cands, pipeline_link=link, config=config, priced_links=priced)
+    problem.bound = CompositionProblem(lb_cands, cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster))
     stats["bound_model_s"] = time.perf_counter() - t1
     problem.estimator = _estimator(cluster, profile, global_batch_size, cands, config,
                                    profile_ref or {"name": profile.model})

@@ -43,7 +43,7 @@ from hpp.formulation.solver_settings import DEFAULT_SOLVER, SOLVER_NAMES, Solver
 from hpp.pruning.rules import exceeds_incumbent
 
 __all__ = ["SolverSettings", "SolverOptions", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL",
-           "OPTIMUM_ATOL_S", "STATUSES", "solve", "check_solver", "model_objective_s", "within_tolerance", "gap",
+           "OPTIMUM_ATOL_S", "STATUSES", "solve", "bench_settings", "check_solver", "model_objective_s", "within_tolerance", "gap",
            "status_of", "certify", "export_cpsat_model", "subproblem"]
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,14 @@ def SolverOptions(time_limit_s: float = 10.0, num_workers: int = 1, random_seed:
     return SolverSettings(max_time_in_seconds=time_limit_s, num_workers=num_workers, random_seed=random_seed,
                           warm_start=warm_start, max_candidates=max_candidates, cpsat_on_subset=True,
                           max_table_entries=max_table_entries)
+
+
+def bench_settings(solver: str, time_limit_s: float, num_workers: int = 1, cpsat_params: str = "") -> SolverSettings:
+    """The settings of ``hpp bench-solvers`` / ``hpp instances solve``: a wall-clock limit per solver, CP-SAT's
+    deterministic limit and HiGHS' node limit scaled to it, the exact solvers on all candidates up to 1,000
+    (above: on the best 1,000, their bound then not used)."""
+    return SolverSettings(solver=solver, max_time_in_seconds=time_limit_s, deterministic_time=time_limit_s,
+                          num_workers=num_workers, max_candidates=1000, cpsat_on_subset=True, cpsat_params=cpsat_params)
 
 
 def model_objective_s(problem: CompositionProblem, counts: Mapping[int, int]) -> float:
@@ -305,10 +313,13 @@ def solve(problem: CompositionProblem, settings: SolverSettings | str = SolverSe
         return SolveResult(name, "INFEASIBLE", math.inf, math.nan, math.nan, time.perf_counter() - t0,
                            num_candidates=0, source="", note="no candidate fits the inventory")
     bsub = bp.restricted(keep)
-    lb_pipe, lb_total = composition_bounds(bsub, workers=settings.num_workers)
+    lb_pipe, lb_total = composition_bounds(bsub, workers=settings.num_workers,
+                                           incumbent_s=inc_obj if math.isfinite(inc_obj) else None)
     bound = max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total)
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
-    if name != "heuristic":
+    if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
+        note = f"{name} not run: the incumbent already meets the bound"
+    elif name != "heuristic":
         most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
         limit = min(settings.max_candidates, max(50, settings.max_table_entries // max(1, most)))
         full = len(keep) <= limit

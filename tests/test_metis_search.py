@@ -103,7 +103,8 @@ def test_partition_dp_equals_brute_force(data):
 # --- pricing agrees with HPP's composition model and the full cost model --------------------------------
 
 def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
-    cl = make_cluster("t", {"A100-40": 8, "V100-16": 8})
+    # one inter-node link for every pair (v1): the ported Metis search prices that network
+    cl = make_cluster("t", {"A100-40": 8, "V100-16": 8}, per_pair=False)
     space, config = SearchSpace(), CostModelConfig()
     pricer = _Pricer(cl, opt350, space, config)
     # 4 replicas of [V100 TP2 | A100 TP2] (groups of 8 = 4 x 2), m = 8 micro-batches of 64/8 = 8 -> b = 2
@@ -122,7 +123,9 @@ def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
     assert t == pytest.approx(composition_objective_s(CompositionProblem([cand], cl, GBS, pipeline_link(cl)), {0: 4}),
                               rel=1e-9)
     plan = _bind_replicas(cl, opt350, GBS, shape, part, b, 4)
-    assert t == pytest.approx(estimate_plan(plan, cl, opt350, config=config).iteration_time_s, rel=1e-6)
+    # the cost model (issue 19) prices the binding's actual links and the cheaper of ring / hierarchical
+    # all-reduce: never above the search models' price (every stage link and sync ring at the inter-node link)
+    assert estimate_plan(plan, cl, opt350, config=config).iteration_time_s <= t * (1 + 1e-9)
 
 
 def test_a_straddling_group_runs_at_its_slowest_type(opt350):

@@ -21,7 +21,7 @@ from hpp.scenarios import get_scenario
 from hpp.validate import validate_plan
 from tests.synthetic import toy_cluster, toy_profile
 
-FAST = SolverSettings(max_time_in_seconds=30.0, num_workers=1, random_seed=0, patience_s=None)
+FAST = SolverSettings(max_time_in_seconds=30.0, deterministic_time=30.0, num_workers=1, random_seed=0)
 
 
 @st.composite
@@ -124,10 +124,12 @@ def test_planner_equals_exhaustive_oracle(inst):
         return
     full, _ = make_problem(cl, prof, gbs, space=space, pruning=PruningOptions(
         memory_infeasible=False, dominated=False, incumbent_bound=False, canonical_order=False))
-    _, oracle_obj, _ = exhaustive_composition(full)
+    _, oracle_obj, _ = exhaustive_composition(full, price=lambda c: full.estimator(c)[1].iteration_time_s)
     res = plan_hpp(cl, prof, gbs, space=space, settings=FAST)
-    assert res.composition.status == "OPTIMAL"
-    assert res.composition.objective_s == pytest.approx(oracle_obj, rel=1e-5, abs=5e-6)
+    # one latency-free link everywhere: the bound model is exact on one-bucket syncs, CP-SAT closes it
+    assert res.search.bound_s <= oracle_obj * (1 + 1e-9)
+    assert res.search.status == "OPTIMAL"
+    assert res.search.objective_s == pytest.approx(oracle_obj, rel=1e-3, abs=1e-5)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -86,3 +86,16 @@ def test_scaling_the_cpu_work_scales_the_probe_seconds_not_its_ratios():
     ops = op_probe_of(scale_cpu_work(prof, 2.0).meta)
     assert ops.wake_s == (1.0, 1.0) and ops.kappa == (1.0, 1.5) and ops.hot_s == 2.0
     assert op_probe_of(prof.meta).wake_s == (0.5, 0.5)                      # the input is left alone
+
+
+def test_a_rank_asleep_in_a_receive_wakes_later_while_others_compute():
+    from dataclasses import replace
+    p = plan([[(0, 2, 0), (2, 4, 1)]], 2)                    # F = 2, B = 4 per stage; no transfer time
+    prof = profile(replace(entry(), output_bytes=(0, 0, 0, 0)))
+    ops = OpProbe("toy", 1.0, (1.0, 1.0), (0.0, 0.0), 2, (0.5, 0.5))
+    h = simulate_host_run(p, cluster(2), prof, cores=2, emulate_speed=False, ops=ops)
+    # stage 1 wakes for F0 at 2 + 0.5; stage 0 sleeps in both of its backward receives: 18 + 2 x 0.5
+    assert h.schedule_end_s == pytest.approx((19.0, 14.5)) and h.iteration_time_s == pytest.approx(19.2)
+    control = simulate_host_run(p, cluster(2), prof, cores=2, emulate_speed=False, ops=replace(ops, recv_wake_s=()))
+    assert control.schedule_end_s == pytest.approx((18.0, 14.0))
+    assert ops.recv_wake_at(7) == 0.5 and OpProbe.from_dict(ops.to_dict()) == ops

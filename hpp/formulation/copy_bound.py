@@ -6,7 +6,7 @@ Relaxation (issue 21, item 6). A plan of h pipelines (copies) built from candida
     T = T_pipe + T_sync + T_opt >= T_pipe + max_{c in U} pen_c(h),   pen_c(h) = floor_c(h) + opt_c
 
 because max_c s_c + max_c o_c >= max_c (s_c + o_c), with ``floor_c(h)`` a lower bound of the sync
-time of any device of c's largest stage (:func:`sync_rate_table`; 0 for h = 1). The counts h are
+time of any device of c's largest stage (:mod:`hpp.formulation.sync_floor`; 0 for h = 1). The counts h are
 split into ranges [a, b] (pen taken at its least over the range). For a range and a level P (one
 of the pen values), the plans whose largest penalty is P use only candidates with pen <= P, and
 their T_pipe is at least F(P): the least T at which the exact-step capacity LP
@@ -27,9 +27,15 @@ candidate of each device-count column) and filled up, then priced exactly
 (:func:`~hpp.formulation.composition.composition_objective_s`); the best is improved by a local
 search over copy counts (one copy more, less, or swapped).
 
+Why the bound holds even where parts are dropped: a dropped interval or range records its own lower
+value (not the cut), and the result is the least of the recorded values and the cut, so a cut that is
+not a true plan's objective can only lower the bound, never make it invalid. A pipeline-count range
+whose b copies cannot finish G in time (one copy must finish G/b samples) is dropped without an LP.
+
 Preconditions: the candidates' fill, bottleneck and optimizer times are lower bounds of what the
-cost model can price them at; the sync floor is valid for the flat-ring pricing of the cost model
-(holders that span nodes use the inter-node link; see :func:`sync_rate_table`).
+cost model can price them at (:meth:`CompositionProblem.bound_problem`); the sync floor covers the
+all-reduce forms of :mod:`hpp.formulation.collectives` (flat ring over the slowest link of the ring,
+hierarchical) with any bandwidth fit; a new form needs its own floor in :mod:`hpp.formulation.sync_floor`.
 """
 
 from __future__ import annotations
@@ -41,16 +47,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpp.errors import HppInputError
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
-from hpp.profiles.cluster import Link
+from hpp.formulation.heuristics import _fill_in_order, local_search
+from hpp.formulation.sync_floor import cluster_links, has_hierarchical, stage_sync_rate
 
-__all__ = ["CopyBound", "copy_bound", "sync_rate_table", "stage_sync_rate", "h_ranges", "local_search", "ring_cost_increasing_from"]
+__all__ = ["CopyBound", "copy_bound", "h_ranges"]
 
 log = logging.getLogger(__name__)
 
-_GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
-_GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
 _REL_TOL = 1e-9             # certification step below a found T
 
 
@@ -83,194 +87,21 @@ class CopyBound:
 
 
 def h_ranges(h_max: int, split_at: int) -> list[tuple[int, int]]:
-    """Pipeline-count ranges [a, b] covering 1 .. h_max: single counts up to 8, then growing by half;
+    """Pipeline-count ranges [a, b] covering 1 .. h_max: single counts up to 16, then growing by half;
     no range straddles ``split_at`` (the largest node's devices: the sync link changes there).
 
-    >>> h_ranges(14, 4)
-    [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 8), (9, 13), (14, 14)]
+    >>> h_ranges(30, 4)[14:]
+    [(15, 15), (16, 16), (17, 25), (26, 30)]
     """
     out, a = [], 1
     while a <= h_max:
-        b = a if a <= 8 else max(a, int(a * 1.5))
+        b = a if a <= 16 else max(a, int(a * 1.5))
         if a <= split_at < b:
             b = split_at
         b = min(b, h_max)
         out.append((a, b))
         a = b + 1
     return out
-
-
-def _max_bw(link: Link, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
-    """Most bandwidth [bytes/s] ``link`` gives to any message in [c0, c1] bytes (elementwise), as
-    :meth:`Link.bandwidth_bytes_per_s` prices it (peak where the fit is not positive, capped at peak)."""
-    peak = link.max_bytes_per_s
-    if link.fit_gb_per_s is None:
-        return np.full(c0.shape, peak)
-    a, b, c = link.fit_gb_per_s
-    x0 = np.log2(np.maximum(c0, 1.0) / 1e6)
-    x1 = np.log2(np.maximum(c1, 1.0) / 1e6)
-    q0, q1 = a * x0 * x0 + b * x0 + c, a * x1 * x1 + b * x1 + c
-    qmax, qmin = np.maximum(q0, q1), np.minimum(q0, q1)
-    if a != 0.0:
-        xv = -b / (2.0 * a)
-        inside = (x0 <= xv) & (xv <= x1)
-        qv = a * xv * xv + b * xv + c
-        qmax = np.where(inside, np.maximum(qmax, qv), qmax)
-        qmin = np.where(inside, np.minimum(qmin, qv), qmin)
-    bw = np.minimum(qmax * 1e9, peak)
-    return np.where(qmin <= 0.0, peak, bw)
-
-
-def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, factor: float | None = None,
-                    latency_steps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Least sync seconds per byte of a gradient split into blocks of at most ``beta`` bytes [s/byte].
-
-    A device's blocks of one stage (bytes beta_j, summing to at least its W) cost, on a flat ring
-    of h ranks, sum_j ring(beta_j, h) = sum_j beta_j r_h(beta_j) with
-    r_h(beta) = 2 (h-1)/h / bw(beta/h) + 2 (h-1) lat / beta
-    (:func:`~hpp.formulation.cost_model.ring_allreduce_s`), so at least W * min r over the block
-    sizes possible, for ANY bandwidth fit (non-monotone ones included): the cheapest way W could
-    be split. The sizes are cut into a geometric grid; each cell [beta_i, beta_i+1] gets r's least
-    over the cell and over h in [a, b], term by term: ``factor`` (default 2 (a-1)/a) over the
-    most bandwidth of any chunk in [beta_i / b, beta_i+1 / a] on any of ``links``, plus
-    ``latency_steps`` (default 2 (a-1)) latencies over beta_i+1. Returns (grid tops (M,), running
-    least rate (M,)): the rate for blocks of at most beta bytes is the running least at the first
-    grid top >= beta.
-    """
-    factor = 2.0 * (a - 1) / a if factor is None else factor
-    steps = 2.0 * (a - 1) if latency_steps is None else latency_steps
-    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
-    tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
-    bots = np.r_[0.0, tops[:-1]]
-    if a < 2 or factor <= 0 or not links:
-        return tops, np.zeros(n)
-    rate = np.full(n, math.inf)
-    for link in links:
-        bw = _max_bw(link, bots / b, tops / a)
-        rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
-    return tops, np.minimum.accumulate(rate)
-
-
-def _roots(a: float, b: float, c: float) -> list[float]:
-    """Real roots of a x^2 + b x + c (a or b may be 0)."""
-    if a == 0.0:
-        return [] if b == 0.0 else [-c / b]
-    d = b * b - 4.0 * a * c
-    if d < 0:
-        return []
-    r = math.sqrt(d)
-    return sorted(((-b - r) / (2.0 * a), (-b + r) / (2.0 * a)))
-
-
-def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
-    """The least chunk [bytes] from which a ring's cost 2 (h-1)/h * B / bw(B/h) + latency grows with B, for
-    chunks up to ``max_chunk_bytes``, as :meth:`Link.bandwidth_bytes_per_s` prices it (exact, from the fit).
-
-    The cost grows where B / bw(B/h) never falls: in x = log2(chunk / 1 MB) the bandwidth's log-slope
-    is at most 1 where the fit prices it (ln 2 fit(x) - fit'(x) >= 0, a quadratic), and the fit does not
-    drop from positive to non-positive (below 0 the peak applies, a fall in price). Returns 0 when it
-    grows everywhere, ``max_chunk_bytes`` when it still falls at the top.
-    """
-    if link.fit_gb_per_s is None:
-        return 0.0
-    a, b, c = link.fit_gb_per_s
-    lo, hi = math.log2(1.0 / 1e6), math.log2(max(max_chunk_bytes, 1.0) / 1e6)
-    if hi <= lo:
-        return 0.0
-    bad = -math.inf                      # the largest x where the cost can fall
-    for r in _roots(a, b, c):
-        if lo < r <= hi and 2.0 * a * r + b < 0:
-            bad = max(bad, r)            # the fit falls through 0: the price drops to the peak's
-    peak = link.max_bytes_per_s / 1e9
-    ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
-    cuts = sorted({lo, hi, *[r for r in _roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc) if lo < r < hi]})
-    for x0, x1 in zip(cuts, cuts[1:]):
-        xm = 0.5 * (x0 + x1)
-        fm = a * xm * xm + b * xm + c
-        if 0.0 < fm < peak and ga * xm * xm + gb * xm + gc < 0:
-            bad = max(bad, x1)           # g keeps its sign between consecutive cuts (its roots are cuts)
-    if bad == -math.inf:
-        return 0.0
-    return min(max_chunk_bytes, 2.0 ** bad * 1e6)
-
-
-def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
-    """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
-
-    A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
-    that touches a node of that type: v2 clusters' type-pair links with that type, and every zone link.
-    """
-    net = getattr(cluster, "network", None)
-    if net is None:
-        return [cluster.inter_node]
-    links = []
-    types = sorted(cluster.count_by_type())
-    if device_type is not None and hasattr(cluster, "type_link"):
-        for u in types:
-            try:
-                links.append(cluster.type_link(device_type, u))
-            except HppInputError:          # no such pair: no ring uses it
-                pass
-        if not links:
-            links.append(cluster.inter_node)
-    else:
-        links.append(cluster.inter_node)
-        links.extend((getattr(net, "inter", None) or {}).values())
-    links.extend((getattr(net, "zone_links", None) or {}).values())
-    return list(dict.fromkeys(links))
-
-
-def _has_hierarchical() -> bool:
-    """Whether the cost model may price a gradient sync hierarchically (:mod:`hpp.formulation.collectives`)."""
-    import importlib.util
-
-    return importlib.util.find_spec("hpp.formulation.collectives") is not None
-
-
-def cluster_links(cluster, device_type: str | None = None) -> tuple[int, list[Link], list[Link]]:
-    """(most devices of a node, its distinct intra-node links, the distinct inter-node links ([] on one node)),
-    over the nodes of ``device_type`` (None: all nodes)."""
-    nodes = [nd for nd in cluster.nodes if device_type is None or nd.device_type == device_type] or cluster.nodes
-    node_max = max(nd.num_devices for nd in nodes)
-    intra = list(dict.fromkeys(nd.intra_node for nd in nodes))
-    inter = _inter_links(cluster, device_type) if len(cluster.nodes) > 1 else []
-    return node_max, intra, inter
-
-
-def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierarchical: bool = True,
-                    links: tuple[int, list[Link], list[Link]] | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, float]:
-    """:func:`sync_rate_table` of a stage with TP degree ``tp`` synced among h in [a, b] holders, over
-    the all-reduce forms the cost model prices (:mod:`hpp.formulation.collectives`).
-
-    Ring j of a block has one rank per holder stage; a node of n devices holding this stage's TP
-    group (tp devices) holds at most g_max = n - tp + 1 ranks of it (``links``: the nodes of the
-    stage's device type, :func:`cluster_links`). So: a flat ring on one node
-    (h <= g_max: any link), a flat ring across nodes (no faster than the fastest inter-node link at
-    the chunk size), or hierarchical with g <= min(g_max, h / 2) ranks per node, whose inter-node
-    ring moves 2 (h-g)/h * W/g bytes per rank at chunk W/h with 2 (h/g - 1) latencies (its
-    in-node parts are left out). The least of the forms possible is taken; each is at its least
-    over h in [a, b] (2/g - 2/h >= 2/g' - 2/a). ``hierarchical=False``: flat rings only (a cost model
-    without the hierarchical form). The third value, beta_0 [bytes]: from it up the cost of a block
-    grows with its bytes on every link used (:func:`ring_cost_increasing_from`), so a block of own
-    bytes w >= beta_0 costs at least a block of exactly w: a stage of W own bytes then costs at least
-    W times the least rate up to max(W, beta_0) (the blocks below beta_0 at the least rate up to
-    beta_0), not up to the most bytes any candidate holds there.
-    """
-    node_max, intra, inter = links or cluster_links(cluster)
-    g_max = max(1, node_max - tp + 1)
-    flat_links = intra + inter if a <= g_max else (inter or intra)
-    tops, rate = sync_rate_table(flat_links, a, b, beta_max)
-    used = list(flat_links)
-    g = min(g_max, b // 2)
-    if hierarchical and inter and g >= 2:
-        _, hier = sync_rate_table(inter, a, b, beta_max, factor=max(0.0, 2.0 / g - 2.0 / a),
-                                  latency_steps=max(0.0, 2.0 * (a / g - 1.0)))
-        rate = np.minimum(rate, hier)
-        used += inter
-    chunk0 = max(ring_cost_increasing_from(link, beta_max / max(a, 1)) for link in dict.fromkeys(used))
-    return tops, rate, min(beta_max, chunk0 * b)
-
 
 class _StepLP:
     """The exact-step capacity LP of one pipeline-count range: max obj.x s.t. A x <= u, x >= 0.
@@ -344,74 +175,81 @@ class _Search:
         self.G = G = problem.global_batch_size
         n = len(cands)
         types = list(problem.inventory)
+        row = {t: r for r, t in enumerate(types)}
         self.inventory = np.array([float(problem.inventory[t]) for t in types])
+        parts = [c.partition for c in cands]
         self.b = np.array([c.micro_batch_size for c in cands], dtype=np.float64)
-        self.phi = np.array([c.partition.fill_s for c in cands])
-        self.tau = np.array([c.partition.bottleneck_s for c in cands])
-        self.opt = np.array([c.partition.optimizer_s for c in cands])
+        self.phi = np.array([p.fill_s for p in parts])
+        self.tau = np.array([p.bottleneck_s for p in parts])
+        self.opt = np.array([p.optimizer_s for p in parts])
         self.kmax = np.ceil(G / self.b)
         self.fits = np.array([problem.max_copies(c) >= 1 for c in range(n)])
-        row = {t: r for r, t in enumerate(types)}
-        keys: dict[tuple, int] = {}
+        keys: dict[tuple, int] = {}          # device counts (in the candidate's dict order) -> group
+        canon: dict[tuple, int] = {}         # device counts, sorted -> group
         group = np.empty(n, dtype=np.int64)
         vecs = []
+        # per candidate: its largest stage (index), that stage's bytes, and (device type, TP degree)
+        largest = []
         for j, c in enumerate(cands):
-            key = tuple(sorted(c.devices.items()))
+            key = tuple(c.devices.items())
             g = keys.get(key)
             if g is None:
-                g = keys[key] = len(vecs)
-                v = np.zeros(len(types))
-                for t, k in c.devices.items():
-                    v[row[t]] = k
-                vecs.append(v)
+                g = canon.get(tuple(sorted(key)))
+                if g is None:
+                    g = canon[tuple(sorted(key))] = len(vecs)
+                    v = np.zeros(len(types))
+                    for t, k in key:
+                        v[row[t]] = k
+                    vecs.append(v)
+                keys[key] = g
             group[j] = g
+            spb = parts[j].stage_param_bytes
+            s = max(range(len(spb)), key=spb.__getitem__) if spb else 0
+            largest.append((s, spb[s] if spb else 0.0, c.shape[s]))
         self.group = group
         self.group_devices = np.array(vecs).T if vecs else np.zeros((len(types), 0))
         self.order = np.argsort(group, kind="stable")
         self.starts = np.flatnonzero(np.r_[True, np.diff(group[self.order]) != 0])
-        self.num_devices = np.array([c.num_devices for c in cands], dtype=np.float64)
         # the largest stage gradient of each candidate and the most bytes any candidate holds for its layers
-        self.w_stage = np.zeros(n)
-        self.beta_max = np.zeros(n)
-        stage_kind = [max(c.shape, key=lambda k: k.tp_degree) for c in cands]
-        L = max((len(c.partition.layer_param_bytes) for c in cands), default=0)
-        if L and all(len(c.partition.layer_param_bytes) == L for c in cands):
-            layer_max = np.max(np.array([c.partition.layer_param_bytes for c in cands]), axis=0)
-            prefix = np.r_[0.0, np.cumsum(layer_max)]
-            for j, c in enumerate(cands):
-                spb = c.partition.stage_param_bytes
-                s = max(range(len(spb)), key=spb.__getitem__)
-                bnd = c.partition.boundaries
-                self.w_stage[j] = spb[s]
-                stage_kind[j] = c.shape[s]
-                self.beta_max[j] = max(prefix[bnd[s + 1]] - prefix[bnd[s]], spb[s])
+        self.w_stage = np.array([w for _, w, _ in largest], dtype=np.float64)
+        L = len(parts[0].layer_param_bytes) if parts else 0
+        if L and all(len(p.layer_param_bytes) == L for p in parts):
+            layer_max = np.max(np.array([p.layer_param_bytes for p in parts]), axis=0)
+            prefix = np.r_[0.0, np.cumsum(layer_max)].tolist()
+            self.beta_max = np.maximum(
+                np.array([prefix[p.boundaries[s + 1]] - prefix[p.boundaries[s]] for p, (s, _, _) in zip(parts, largest)]),
+                self.w_stage)
         else:           # no per-layer bytes: blocks can be as large as the largest stage of any candidate
-            for j, c in enumerate(cands):
-                self.w_stage[j] = max(c.partition.stage_param_bytes, default=0.0)
-            self.beta_max[:] = self.w_stage.max(initial=0.0)
-        # the device type and TP degree of each candidate's largest stage, numbered
-        kind_id: dict[tuple[str, int], int] = {}
-        self.kind = np.array([kind_id.setdefault((k.device_type, k.tp_degree), len(kind_id)) for k in stage_kind],
-                             dtype=np.int64)
-        self.kinds = {i: k for k, i in kind_id.items()}
+            self.beta_max = np.full(n, self.w_stage.max(initial=0.0))
         cl = problem.cluster
-        self.hier = _has_hierarchical()
-        self.links = {t: cluster_links(cl, t) for t in {k for _, (k, _) in self.kinds.items()}}
+        self.hier = has_hierarchical()
+        type_links = {t: cluster_links(cl, t) for t in {k.device_type for _, _, k in largest}}
+        # candidates whose largest stage has the same TP degree and node links share a sync rate table
+        kind_id: dict[tuple, int] = {}
+        self.kinds: dict[int, tuple[int, tuple]] = {}
+        kind = []
+        for _, _, k in largest:
+            links = type_links[k.device_type]
+            key = (k.tp_degree, links[0], tuple(links[1]), tuple(links[2]))
+            i = kind_id.get(key)
+            if i is None:
+                i = kind_id[key] = len(kind_id)
+                self.kinds[i] = (k.tp_degree, links)
+            kind.append(i)
+        self.kind = np.array(kind, dtype=np.int64)
         self.node_max = max((nd.num_devices for nd in cl.nodes), default=1)
         self.h_max = int(min(sum(problem.inventory.values()),
                              sum(problem.max_copies(c) for c in range(n)) if n else 0))
 
     def penalty(self, a: int, b: int) -> np.ndarray:
         """pen_c over the range [a, b]: sync floor + optimizer step [s] (inf where no copy fits)."""
-        if a < 2:
-            pen = self.opt.copy()
-        else:
-            pen = self.opt.copy()
+        pen = self.opt.copy()
+        if a >= 2:
             bmax = float(self.beta_max.max(initial=1.0))
             for key in np.unique(self.kind).tolist():
-                dtype, tp = self.kinds[key]
+                tp, links = self.kinds[key]
                 tops, rate, beta0 = stage_sync_rate(self.problem.cluster, a, b, tp, bmax, hierarchical=self.hier,
-                                                   links=self.links[dtype])
+                                                   links=links)
                 sel = self.kind == key
                 cap = np.minimum(np.maximum(self.w_stage[sel], beta0), self.beta_max[sel])
                 idx = np.minimum(np.searchsorted(tops, cap), len(tops) - 1)
@@ -429,6 +267,14 @@ class _Search:
         if not len(cap):
             return cap
         return np.maximum.reduceat(cap[self.order], self.starts)
+
+
+def _few_copies_s(s: _Search, b: int, allowed: np.ndarray) -> float:
+    """A lower bound of T_pipe with at most b copies of ``allowed`` candidates [s]: b copies finish at most b times
+    the most samples one copy finishes, so some copy must finish G / b samples."""
+    k = np.ceil(np.ceil(s.G / b) / s.b)
+    t = s.phi + (np.minimum(k, s.kmax) - 1.0) * s.tau
+    return float(np.min(np.where(allowed, t, np.inf), initial=np.inf))
 
 
 def _least_T_fixed(s: _Search, cols: np.ndarray, xs: np.ndarray, T: float) -> float:
@@ -457,14 +303,6 @@ class _Range:
         self.lp = _StepLP(s.group_devices, s.inventory, b)
         self.pen = s.penalty(a, b)
         self.levels = np.unique(self.pen[np.isfinite(self.pen)])
-
-    def few_copies_s(self, allowed: np.ndarray) -> float:
-        """A lower bound of T_pipe with at most b copies of ``allowed`` candidates [s]: b copies finish at most
-        b times the most samples one copy finishes, so one copy must finish G / b samples."""
-        s = self.s
-        k = np.ceil(np.ceil(s.G / self.b) / s.b)
-        t = s.phi + (np.minimum(k, s.kmax) - 1.0) * s.tau
-        return float(np.min(np.where(allowed, t, np.inf), initial=np.inf))
 
     def capacity(self, T: float, allowed: np.ndarray) -> tuple[float, np.ndarray | None, np.ndarray]:
         cap = self.s.caps(T, allowed)
@@ -514,8 +352,6 @@ class _Range:
 def _round(problem: CompositionProblem, sol: tuple, extra_order: list[int]) -> list[dict[int, int]]:
     """Integer plans near an LP solution: its copies rounded down, then filled up with its own candidates
     (most fractional first) and ``extra_order``."""
-    from hpp.formulation.heuristics import _fill_in_order
-
     _, _, xs, _ = sol
     base = {c: int(math.floor(x + 1e-9)) for c, x in xs.items()}
     base = {c: x for c, x in base.items() if x > 0}
@@ -525,56 +361,6 @@ def _round(problem: CompositionProblem, sol: tuple, extra_order: list[int]) -> l
     if filled and filled != base:
         out.append(filled)
     return [p for p in out if p and problem.fits(p)]
-
-
-def local_search(problem: CompositionProblem, counts: dict[int, int], obj: float, pool: list[int], *,
-                 max_evals: int = 400,
-                 max_rounds: int = 50) -> tuple[dict[int, int], float, int]:
-    """First-improvement search over copy counts: one copy less, one more (of ``pool``), or one swapped.
-
-    Returns (counts, objective, evaluations). Stops at a local optimum or after ``max_evals`` prices
-    (a count, not a clock: the same input gives the same plan).
-    """
-    evals = 0
-    pool = list(dict.fromkeys([*counts, *pool]))
-    for _ in range(max_rounds):
-        if evals >= max_evals:
-            break
-        improved = False
-        moves: list[dict[int, int]] = []
-        for c in list(counts):
-            t = dict(counts)
-            t[c] -= 1
-            if not t[c]:
-                del t[c]
-            moves.append(t)
-        for c in pool:
-            t = dict(counts)
-            t[c] = t.get(c, 0) + 1
-            moves.append(t)
-        for c in list(counts):
-            for d in pool:
-                if d == c:
-                    continue
-                t = dict(counts)
-                t[c] -= 1
-                if not t[c]:
-                    del t[c]
-                t[d] = t.get(d, 0) + 1
-                moves.append(t)
-        for t in moves:
-            if not t or not problem.fits(t):
-                continue
-            evals += 1
-            v = composition_objective_s(problem, t)
-            if v < obj * (1 - 1e-12):
-                counts, obj, improved = t, v, True
-                break
-            if evals >= max_evals:
-                break
-        if not improved:
-            break
-    return counts, obj, evals
 
 
 def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem | None = None,
@@ -589,7 +375,8 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
         (:func:`~hpp.formulation.composition.composition_objective_s`).
     bound_problem : CompositionProblem, optional
         The same candidates (same indices) with lower-bound times (:meth:`CompositionProblem.bound_problem`);
-        the bound is computed on its times, with the sync floor of :func:`stage_sync_rate`. Default:
+        the bound is computed on its times, with the sync floor of
+        :func:`~hpp.formulation.sync_floor.stage_sync_rate`. Default:
         ``problem`` itself, whose prices then count as exact (they also cut the search).
     incumbent : (counts, objective_s), optional
         A plan of ``problem`` and its price: the start of the incumbent search.
@@ -642,15 +429,16 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
                     cut_s = min(cut_s, v)
 
     for a, b in h_ranges(s.h_max, s.node_max):
+        cut = min(cut_s, bound)
+        # b copies cannot finish G in time: no penalties, no LP needed (the least optimizer step is a floor)
+        quick = float(np.min(np.where(s.fits, s.opt, np.inf), initial=np.inf)) + _few_copies_s(s, b, s.fits)
+        if quick >= cut * (1 - rel_tol):
+            bound = min(bound, quick)
+            out_ranges.append((a, b, quick))
+            continue
         rg = _Range(s, a, b)
         L = rg.levels
         if not len(L):
-            continue
-        cut = min(cut_s, bound)
-        quick = L[0] + rg.few_copies_s(np.isfinite(rg.pen))
-        if quick >= cut * (1 - rel_tol):        # b copies cannot finish G in time: no LP needed
-            bound = min(bound, quick)
-            out_ranges.append((a, b, quick))
             continue
         r_bound = math.inf
         t_top, exact, sol = rg.least_T(L[-1], cut - L[0])

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 
-__all__ = ["greedy_composition", "fill_heuristic", "solo_objective_s", "best_incumbent"]
+__all__ = ["greedy_composition", "fill_heuristic", "solo_objective_s", "best_incumbent", "local_search"]
 
 
 def _fill_in_order(problem: CompositionProblem, counts: dict[int, int], order: Sequence[int]
@@ -256,7 +256,7 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
 def best_incumbent(problem: CompositionProblem, *, pool_size: int = 8, max_evals: int = 300
                    ) -> tuple[dict[int, int], float]:
     """The search's incumbent: the better of :func:`greedy_composition` and :func:`fill_heuristic`, then a
-    local search over copy counts (:func:`hpp.formulation.copy_bound.local_search`: one copy less, one
+    local search over copy counts (:func:`local_search`: one copy less, one
     more or one swapped, among the plan's candidates and the ``pool_size`` best by solo objective),
     at most ``max_evals`` plans priced (a count, so the answer is deterministic).
 
@@ -264,8 +264,6 @@ def best_incumbent(problem: CompositionProblem, *, pool_size: int = 8, max_evals
     -------
     (counts, objective_s)
     """
-    from hpp.formulation.copy_bound import local_search
-
     g_counts, g_obj = greedy_composition(problem)
     f_counts, f_obj = fill_heuristic(problem)
     counts, obj = (f_counts, f_obj) if f_obj < g_obj else (g_counts, g_obj)
@@ -276,3 +274,53 @@ def best_incumbent(problem: CompositionProblem, *, pool_size: int = 8, max_evals
     pool = _least_solo(problem, members, floor, pool_size)
     counts, obj, _ = local_search(problem, dict(counts), obj, pool, max_evals=max_evals)
     return counts, obj
+
+
+def local_search(problem: CompositionProblem, counts: dict[int, int], obj: float, pool: list[int], *,
+                 max_evals: int = 400,
+                 max_rounds: int = 50) -> tuple[dict[int, int], float, int]:
+    """First-improvement search over copy counts: one copy less, one more (of ``pool``), or one swapped.
+
+    Returns (counts, objective, evaluations). Stops at a local optimum or after ``max_evals`` prices
+    (a count, not a clock: the same input gives the same plan).
+    """
+    evals = 0
+    pool = list(dict.fromkeys([*counts, *pool]))
+    for _ in range(max_rounds):
+        if evals >= max_evals:
+            break
+        improved = False
+        moves: list[dict[int, int]] = []
+        for c in list(counts):
+            t = dict(counts)
+            t[c] -= 1
+            if not t[c]:
+                del t[c]
+            moves.append(t)
+        for c in pool:
+            t = dict(counts)
+            t[c] = t.get(c, 0) + 1
+            moves.append(t)
+        for c in list(counts):
+            for d in pool:
+                if d == c:
+                    continue
+                t = dict(counts)
+                t[c] -= 1
+                if not t[c]:
+                    del t[c]
+                t[d] = t.get(d, 0) + 1
+                moves.append(t)
+        for t in moves:
+            if not t or not problem.fits(t):
+                continue
+            evals += 1
+            v = composition_objective_s(problem, t)
+            if v < obj * (1 - 1e-12):
+                counts, obj, improved = t, v, True
+                break
+            if evals >= max_evals:
+                break
+        if not improved:
+            break
+    return counts, obj, evals

@@ -158,6 +158,8 @@ class StageBalancer:
     _options: dict = field(default_factory=dict, repr=False)
     _masks: dict = field(default_factory=dict, repr=False)
     _option_list: list = field(default_factory=list, repr=False)
+    _link_ids: dict = field(default_factory=dict, repr=False)
+    _times: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_layers(self) -> int:
@@ -167,7 +169,14 @@ class StageBalancer:
         """The link options from the first stage of ``suffix`` to the next (its own kind's for a last stage,
         which sends nothing). With ``packed_p2p`` a pair of equal kinds is priced where a binding that
         packs the run of equal kinds onto nodes from its end puts it
-        (:func:`hpp.formulation.collectives.p2p_link_options` with ``run``); else the lower-bound options."""
+        (:func:`hpp.formulation.collectives.p2p_link_options` with ``run``); else the lower-bound options.
+        Kept per suffix (a pure function of it)."""
+        got = self._link_ids.get(suffix)
+        if got is None:
+            got = self._link_ids[suffix] = self._link_out(suffix)
+        return got
+
+    def _link_out(self, suffix: tuple[StageKind, ...]) -> int:
         k = suffix[0]
         if len(suffix) == 1:
             return self._interned(self.cache.links(k, k))
@@ -196,6 +205,24 @@ class StageBalancer:
                                 None if link_in is None else self._option_list[link_in],
                                 None if link_out is None else self._option_list[link_out])
 
+    def base_table(self, kind: StageKind, b: int):
+        """The cache's table of ``kind`` at micro-batch size ``b`` on its one link: everything but the times and
+        transfers is the same on any link options."""
+        return self.cache.table(kind.device_type, kind.tp_degree, b)
+
+    def link_times(self, kind: StageKind, b: int, link_in: int | None, link_out: int | None):
+        """``(compute_none_s, compute_full_s, p2p_s)`` of :meth:`table` (same values), kept per link options ids
+        without building a table per ids (:meth:`StageCostCache.times`)."""
+        key = (kind, b, link_in, link_out)
+        got = self._times.get(key) if self.memoise else None
+        if got is None:
+            got = self.cache.times(kind.device_type, kind.tp_degree, b,
+                                   None if link_in is None else self._option_list[link_in],
+                                   None if link_out is None else self._option_list[link_out])
+            if self.memoise:
+                self._times[key] = got
+        return got
+
     def first_link_in(self, shape: tuple[StageKind, ...]) -> int:
         """The in-link options of a first stage (which receives nothing: any options price it alike): those a
         predecessor of its own kind would give, so that a whole shape shares its DP rows with the same suffix
@@ -208,6 +235,21 @@ class StageBalancer:
         return (self.link_out(shape[i - 1:]) if i > 0 else self.first_link_in(shape),
                 self.link_out(shape[i:]))
 
+    def stage_masks(self, kind: StageKind, b: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """(fits, use_full) (L+1, L+1) bool: layers [u, v) on ``kind`` at distance d from the end fit memory without
+        recomputation / only with full recomputation (memory does not depend on the links: once per (kind, b, d))."""
+        masks = self._masks.get((kind, b, d)) if self.memoise else None
+        if masks is None:
+            tab = self.base_table(kind, b)
+            fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
+            use_full = np.zeros_like(fits)
+            if self.allow_recompute:
+                use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
+            masks = (fits, use_full)
+            if self.memoise:
+                self._masks[(kind, b, d)] = masks
+        return masks
+
     def _stage_costs(self, kind: StageKind, b: int, d: int, link_in: int | None = None, link_out: int | None = None
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(C, use_full, p2p): per-micro-batch compute of [u, v) on ``kind`` at distance d from the end
@@ -217,21 +259,12 @@ class StageBalancer:
         got = self._costs.get(key) if self.memoise else None
         if got is not None:
             return got
-        tab = self.table(kind, b, link_in, link_out)
-        masks = self._masks.get((kind, b, d)) if self.memoise else None
-        if masks is None:                 # memory does not depend on the links: once per (kind, b, d)
-            fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
-            use_full = np.zeros_like(fits)
-            if self.allow_recompute:
-                use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
-            masks = (fits, use_full)
-            if self.memoise:
-                self._masks[(kind, b, d)] = masks
-        fits, use_full = masks
-        C = np.where(fits, tab.compute_none_s, np.inf)
+        fits, use_full = self.stage_masks(kind, b, d)
+        none_s, full_s, p2p_s = self.link_times(kind, b, link_in, link_out)
+        C = np.where(fits, none_s, np.inf)
         if self.allow_recompute:
-            C = np.where(use_full, tab.compute_full_s, C)
-        got = (C, use_full, tab.p2p_s)
+            C = np.where(use_full, full_s, C)
+        got = (C, use_full, p2p_s)
         if self.memoise:
             self._costs[key] = got
         return got

@@ -148,11 +148,17 @@ class _Trie:
 
     def __init__(self, balancer: StageBalancer, shapes: list[tuple[StageKind, ...]],
                  pairs: list[tuple[int, int]]) -> None:
+        self.balancer = balancer
         self.ids: dict = {}
         parent, level, cost_of, table_of = [0], [0], [-1], [-1]
         cost_ids: dict = {}
         table_ids: dict = {}
-        self.costs: list = []
+        mask_ids: dict = {}
+        time_ids: dict = {}
+        self.cost_mask: list = []          # per cost: index into masks (kind, b, d) ...
+        self.cost_time: list = []          # ... and into times (kind, b, link_in, link_out)
+        self.masks: list = []
+        self.times: list = []
         self.tables: list = []
 
         link_out_of = balancer.link_out
@@ -169,13 +175,21 @@ class _Trie:
             link_out = link_out_of(suffix)
             p = node(b, suffix[1:], link_out) if d > 1 else 0
             ck = (kind, b, d, link_in, link_out)
-            if ck not in cost_ids:
-                cost_ids[ck] = len(self.costs)
-                self.costs.append(balancer._stage_costs(kind, b, d, link_in, link_out))
-            tk = (kind, b, link_in, link_out)
+            if ck not in cost_ids:              # priced in one batch by costs()
+                cost_ids[ck] = len(self.cost_mask)
+                mk, tk = (kind, b, d), (kind, b, link_in, link_out)
+                if mk not in mask_ids:
+                    mask_ids[mk] = len(self.masks)
+                    self.masks.append(balancer.stage_masks(kind, b, d))
+                if tk not in time_ids:
+                    time_ids[tk] = len(self.times)
+                    self.times.append(balancer.link_times(kind, b, link_in, link_out))
+                self.cost_mask.append(mask_ids[mk])
+                self.cost_time.append(time_ids[tk])
+            tk = (kind, b)               # all but the times (in costs) is the same on any link options
             if tk not in table_ids:
                 table_ids[tk] = len(self.tables)
-                self.tables.append(balancer.table(kind, b, link_in, link_out))
+                self.tables.append(balancer.base_table(kind, b))
             n = self.ids[key] = len(parent)
             parent.append(p), level.append(d), cost_of.append(cost_ids[ck]), table_of.append(table_ids[tk])
             balancer.rows_computed += 2
@@ -188,6 +202,19 @@ class _Trie:
         self.cost_of = np.array(cost_of, dtype=np.int64)
         self.table_of = np.array(table_of, dtype=np.int64)
         self._stacked: dict[str, np.ndarray] = {}
+
+    def costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(C, U, P2): per cost (stage kind, size, distance from the end, link options in and out) its
+        compute per micro-batch (M, L+1, L+1) [s] with the cheapest recomputation mode that fits (inf if none),
+        the full-recomputation mask (M, L+1, L+1) and both p2p sends 2 x p2p (M, L+1) [s]: the values of
+        :meth:`StageBalancer._stage_costs` (the same element-wise selections), for all costs at once."""
+        mi, ti = np.array(self.cost_mask, dtype=np.int64), np.array(self.cost_time, dtype=np.int64)
+        fits = np.stack([m[0] for m in self.masks])[mi]
+        full = np.stack([m[1] for m in self.masks])[mi]
+        C = np.where(fits, np.stack([t[0] for t in self.times])[ti], np.inf)
+        if self.balancer.allow_recompute:
+            C = np.where(full, np.stack([t[1] for t in self.times])[ti], C)
+        return C, full, 2.0 * np.stack([t[2] for t in self.times])[ti]
 
     def stacked(self, name: str) -> np.ndarray:
         """``(T, ...)`` field ``name`` of every table, stacked once (both assemblies read them)."""
@@ -229,9 +256,7 @@ def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], 
     if not pairs:
         return empty_batch(L), stats
     trie = _Trie(balancer, shapes, pairs)
-    C = np.stack([c[0] for c in trie.costs])                 # (M, L+1, L+1) compute per micro-batch [s]
-    U = np.stack([c[1] for c in trie.costs])                 # (M, L+1, L+1) full recomputation used
-    P2 = 2.0 * np.stack([c[2] for c in trie.costs])          # (M, L+1) both p2p sends [s]
+    C, U, P2 = trie.costs()           # (M, L+1, L+1) compute per micro-batch [s], recomputation; (M, L+1) 2 p2p [s]
     N = len(trie.parent)
     empty = np.full(L + 1, np.inf)
     empty[L] = 0.0
@@ -281,7 +306,7 @@ def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], 
     Sk = S[k_all]
     # least-fill partitions: read back along the chain of suffix rows
     few_bnd, few_rec = _walk(len(k_all), Sk, S_max, L, lambda i, u: (FV[chain[:, i], u], FF[chain[:, i], u]))
-    few = _assemble(trie, chain, Sk, few_bnd, few_rec, L)
+    few = _assemble(trie, chain, Sk, few_bnd, few_rec, L, C)
     few_fill = FS[node[k_all], 0]
     lim = tau[k_all] * (1.0 + _REL_TIE)
     need = np.flatnonzero(few[0] > lim)                       # the least fill has a larger bottleneck
@@ -290,7 +315,7 @@ def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], 
     if len(need):
         t_bnd, t_rec, t_fill = _threshold_fill(trie, chain[need], Sk[need], lim[need], C, U, P2, L)
         part_bnd[need], part_rec[need], part_fill[need] = t_bnd, t_rec, t_fill
-        t = _assemble(trie, chain[need], Sk[need], t_bnd, t_rec, L)
+        t = _assemble(trie, chain[need], Sk[need], t_bnd, t_rec, L, C)
         for a, b in zip(part, t):
             a[need] = b
     differs = np.zeros(len(k_all), dtype=bool)
@@ -379,9 +404,14 @@ def _threshold_fill(trie: _Trie, chain: np.ndarray, Sk: np.ndarray, lim: np.ndar
     return bnd, rec, fill
 
 
-def _assemble(trie: _Trie, chain: np.ndarray, Sk: np.ndarray, bnd: np.ndarray, rec: np.ndarray, L: int):
+def _assemble(trie: _Trie, chain: np.ndarray, Sk: np.ndarray, bnd: np.ndarray, rec: np.ndarray, L: int,
+              C: np.ndarray):
     """(bottleneck (n,), optimizer (n,), stage params (n, S_max), stage memory (n, S_max), layer params (n, L))
-    of partitions ``bnd``/``rec``, as :meth:`StageBalancer.balance` assembles them (same float operations)."""
+    of partitions ``bnd``/``rec``, as :meth:`StageBalancer.balance` assembles them (same float operations).
+
+    A stage's time is read from its DP cost ``C`` (M, L+1, L+1): at a feasible partition's range that is
+    the time of the recomputation mode ``rec`` chose (the full-recomputation time where it is used, else
+    the stage fits without it), i.e. the table's ``compute_full_s`` / ``compute_none_s`` there."""
     n, S_max = chain.shape
     t = trie.table_of[chain]                                   # (n, S_max) table of each stage
     lo, hi = bnd[:, :-1], bnd[:, 1:]
@@ -391,7 +421,7 @@ def _assemble(trie: _Trie, chain: np.ndarray, Sk: np.ndarray, bnd: np.ndarray, r
     def at(name: str) -> np.ndarray:
         return trie.stacked(name)[t, lo, hi]
 
-    comp = np.where(rec, at("compute_full_s"), at("compute_none_s"))
+    comp = C[np.where(active, trie.cost_of[chain], 0), lo, hi]
     bott = np.maximum(0.0, np.where(active, comp, -np.inf).max(axis=1))
     opt = np.maximum(0.0, np.where(active, at("optimizer_s"), -np.inf).max(axis=1))
     params = np.where(active, at("param_bytes"), 0.0)

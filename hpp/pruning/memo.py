@@ -28,7 +28,7 @@ from hpp.formulation.step_memory import StepMemoryTables, step_memory_peak, step
 from hpp.profiles.cluster import Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
-__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table", "table_on_links"]
+__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table", "table_on_links", "times_on_links"]
 
 
 @dataclass(frozen=True)
@@ -196,6 +196,14 @@ def table_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tu
     ``link_in``: the options for the transfer into the stage (from the previous stage), ``link_out``: into
     the next; each transfer costs the fastest option for its size. The memory tables are shared with ``base``.
     """
+    none, full, p_out = times_on_links(base, link_in, link_out, config=config)
+    return replace(base, compute_none_s=none, compute_full_s=full, p2p_s=p_out, _mem_cache=base._mem_cache)
+
+
+def times_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tuple[Link, ...], *,
+                   config: CostModelConfig = CostModelConfig()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(compute_none_s, compute_full_s, p2p_s)`` of :func:`table_on_links` (the same arrays, bit for bit),
+    without building the table: all that the links change."""
     e, FB, FB2, fixed, upper, out = base._mem_cache["link_parts"]
     p2p = base._mem_cache.setdefault("p2p_by_links", {})        # per link options: shared by all variants
     for links in (link_in, link_out):
@@ -203,8 +211,7 @@ def table_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tu
             p2p[links] = _p2p_s(e, links, out)
     p_in, p_out = p2p[link_in], p2p[link_out]
     wait = p2p_waits_per_transfer(e, config) * (p_in[:, None] + p_out[None, :])
-    return replace(base, compute_none_s=np.where(upper, FB + wait + fixed, np.inf),
-                   compute_full_s=np.where(upper, FB2 + wait + fixed, np.inf), p2p_s=p_out, _mem_cache=base._mem_cache)
+    return np.where(upper, FB + wait + fixed, np.inf), np.where(upper, FB2 + wait + fixed, np.inf), p_out
 
 
 @dataclass
@@ -282,6 +289,24 @@ class StageCostCache:
             if self.enabled:
                 self._tables[vkey] = got
         return got
+
+    def times(self, device_type: str, tp_degree: int, micro_batch_size: int,
+              link_in: tuple[Link, ...] | None = None, link_out: tuple[Link, ...] | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(compute_none_s, compute_full_s, p2p_s)`` of :meth:`table` with the same arguments (the same
+        values), without building (or keeping) a table per link options: the batched search prices a stage
+        from these and reads everything else from the links' common table (not memoised here; the
+        :class:`~hpp.formulation.stage_balance.StageBalancer` keeps them per link options id)."""
+        base = self.table(device_type, tp_degree, micro_batch_size)
+        default = (self.link,)
+        link_in, link_out = link_in or default, link_out or default
+        if link_in == default and link_out == default:
+            return base.compute_none_s, base.compute_full_s, base.p2p_s
+        got = self._tables.get(((device_type, tp_degree, micro_batch_size), link_in, link_out)) if self.enabled \
+            else None
+        if got is not None:
+            return got.compute_none_s, got.compute_full_s, got.p2p_s
+        return times_on_links(base, link_in, link_out, config=self.config)
 
     def cache_info(self) -> dict[str, float]:
         """Hits, misses and hit rate of the table cache."""

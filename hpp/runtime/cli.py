@@ -202,7 +202,7 @@ def _profile_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-terms", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure the runtime step's time terms on this host (the loss per micro-batch size, "
                         "the schedule's cost per micro-batch and step, gloo send/recv latency, CPU contention; "
-                        "about 60 s, 35 s with --quick-time-terms) into each entry's step_time. Default: on with "
+                        "about 80 s, less with --quick-time-terms) into each entry's step_time. Default: on with "
                         "--device cpu, off with cuda (measured on this host's CPU and gloo: not a GPU's)")
     p.add_argument("--quick-time-terms", action="store_true", help="fewer repeats for the time terms")
     p.add_argument("--json", action="store_true")

@@ -19,7 +19,10 @@ one host of ``C`` cores, which changes the time in two ways this module models:
   the host): the op runs with caches the other ranks (and, on an idle virtual CPU, the
   hypervisor) refilled. On Dec 1 (15:53, quiet host) the ranks used 1.13-1.60 x the
   profiled CPU seconds, 1.0-2.1 ms more per op whatever the op's size; the profile's
-  back-to-back layer loop never pays it.
+  back-to-back layer loop never pays it. A rank asleep in a receive wakes ``recv_wake_s(k)``
+  later than the uncontended transfer while ``k`` other ranks compute (gloo's thread and
+  then the rank must get a core: 1.2-2 ms on Dec 1 with the cores busy, vs 0.05-0.08 ms
+  for the profile's idle ping-pong).
 
 and, with ``--emulate-speed``, the padding of :mod:`hpp.runtime.emulation`: a rank of a
 device type ``k`` x slower at time scale ``D`` sleeps after each forward/backward op until
@@ -211,7 +214,7 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
     background : float
         Other processes computing all the time (>= 0; 0 = a quiet host).
     ops : OpProbe, optional
-        Real-op costs (kappa past the cores, CPU per op after a wait). Default: the profile's
+        Real-op costs (kappa past the cores, CPU per op after a wait, a receive's late wake). Default: the profile's
         ``meta["host_time"]["op_probe"]`` when ``host`` is not given either, else none.
 
     Raises
@@ -262,6 +265,7 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
                     if ready <= t + _EPS:
                         pos[r] += 1
                         continue
+                    ready += recv_wake(r)                       # the rank sleeps in the receive
                     state[r] = {"until": ready}
                     heapq.heappush(timers, (ready, r))
                     waited[r] = True
@@ -292,15 +296,22 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
         finish[r] = t
         state[r] = {"done": True}
 
+    def recv_wake(q: int) -> float:
+        """Extra wall seconds before rank ``q``, asleep in a receive, runs again (the others computing now)."""
+        if ops is None or not ops.recv_wake_s:
+            return 0.0
+        busy = sum(1 for x in range(R) if x != q and "left" in state[x] and state[x]["pad_until"] is None)
+        return ops.recv_wake_at(busy + background)
+
     def _complete(r: int, g: _Seg, when: float) -> None:
         if g.key is not None:
             done[g.key] = when
             for q in range(R):                               # release ranks waiting for this op
                 st = state[q]
                 if st.get("blocked") == g.key:
-                    dep = segs[q][pos[q]]
-                    state[q] = {"until": when + dep.delay}
-                    heapq.heappush(timers, (when + dep.delay, q))
+                    until = when + segs[q][pos[q]].delay + recv_wake(q)
+                    state[q] = {"until": until}
+                    heapq.heappush(timers, (until, q))
         pos[r] += 1
 
     for r in range(R):

@@ -18,7 +18,15 @@ forked processes at once, ``N`` above the host's cores:
   op's mean size (3.5-12 ms): an absolute time per op, not a factor (part of it is the
   contention of the ranks that computed together, ``kappa``).
 
-Both are monotone in ``n`` (the isotonic least-squares fit of the readings, ``kappa >= 1``,
+- ``recv_wake_s[k]``: how much longer a receive takes to wake its rank while ``k`` other
+  processes compute than the backend's uncontended send/recv (the profile's ``p2p``
+  terms, a 0.1 quantile on idle cores): two gloo ranks ping-pong, computing 3 ms between
+  exchanges, beside ``k`` busy processes; median one-way time minus the idle pair's 0.1
+  quantile. The data arrive on a gloo thread that must get a core, then the rank must:
+  on Dec 1 (2 cores, boosted beside other jobs) 0.35 ms with ``k = 0``, 1.6-1.9 ms with
+  ``k >= 1``.
+
+All are monotone in ``n`` (or ``k``) (the isotonic least-squares fit of the readings, ``kappa >= 1``,
 ``wake_s >= 0``): more processes never make an op cheaper, so a lower reading is noise.
 The terms travel in ``profile.meta["host_time"]["op_probe"]``.
 """
@@ -76,6 +84,9 @@ class OpProbe:
     wake_s : tuple of float
         ``(N,)``; ``wake_s[n - 1]`` [s] per op after a wait, ``n`` processes cycling.
     cores : int
+    recv_wake_s : tuple of float
+        ``(K,)``; ``recv_wake_s[k]`` [s] added to a receive that wakes its rank while ``k``
+        other processes compute (empty: 0).
     """
 
     op: str
@@ -83,12 +94,13 @@ class OpProbe:
     kappa: tuple[float, ...]
     wake_s: tuple[float, ...]
     cores: int
+    recv_wake_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         ok = (self.kappa and len(self.kappa) == len(self.wake_s) and self.cores >= 1
               and math.isfinite(self.hot_s) and self.hot_s > 0
               and all(math.isfinite(k) and k >= 1.0 for k in self.kappa)
-              and all(math.isfinite(w) and w >= 0.0 for w in self.wake_s))
+              and all(math.isfinite(w) and w >= 0.0 for w in self.wake_s + self.recv_wake_s))
         if not ok:
             raise HppInputError(f"op probe kappa {self.kappa}, wake_s {self.wake_s}, hot_s {self.hot_s}, "
                                 f"cores {self.cores}", field="meta.host_time.op_probe",
@@ -96,7 +108,7 @@ class OpProbe:
 
     @classmethod
     def from_measured(cls, op: str, ref_s: Sequence[float], busy_s: Sequence[float], cycle_s: Sequence[float], *,
-                      cores: int) -> "OpProbe":
+                      cores: int, recv_wake_s: Sequence[float] = ()) -> "OpProbe":
         """From CPU seconds per op, per ``n``: ``ref_s[n - 1]`` one process alone (run just before),
         ``busy_s[n - 1]`` n busy, ``cycle_s[n - 1]`` n cycling. Each ``n`` is compared with its own
         reference (the host's speed drifts by 10-30 % within seconds); ``hot_s`` is their median.
@@ -113,7 +125,7 @@ class OpProbe:
         busy_part = cls(op, hot, kappa, (0.0,) * len(kappa), cores)
         wake = _monotone([max(0.0, c - r * busy_part.kappa_at(n / cycle_factor(n, cores)))
                           for n, (c, r) in enumerate(zip(cycle_s, ref_s), start=1)], 0.0)
-        return cls(op, hot, kappa, wake, cores)
+        return cls(op, hot, kappa, wake, cores, _monotone([max(0.0, w) for w in recv_wake_s], 0.0))
 
     def kappa_at(self, n: float) -> float:
         """CPU-time factor while ``n`` (>= 0, may be fractional) processes compute; linear between, flat past N.
@@ -135,9 +147,22 @@ class OpProbe:
             return 0.0
         return self.wake_s[min(n, len(self.wake_s)) - 1]
 
+    def recv_wake_at(self, k: float) -> float:
+        """Extra seconds of a receive that wakes its rank while ``k`` (>= 0) others compute; linear, flat past K.
+
+        >>> OpProbe("toy", 1.0, (1.0,), (0.0,), 2, (0.0, 2.0, 3.0)).recv_wake_at(1.5)
+        2.5
+        """
+        w = self.recv_wake_s
+        if not w or k <= 0:
+            return w[0] if w else 0.0
+        x = min(k, float(len(w) - 1))
+        i = min(int(math.floor(x)), len(w) - 1)
+        return w[i] if i >= len(w) - 1 else w[i] + (x - i) * (w[i + 1] - w[i])
+
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "hot_s": self.hot_s, "kappa": list(self.kappa), "wake_s": list(self.wake_s),
-                "cores": self.cores}
+                "cores": self.cores, "recv_wake_s": list(self.recv_wake_s)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "OpProbe":
@@ -150,7 +175,8 @@ class OpProbe:
         """
         try:
             return cls(str(d["op"]), float(d["hot_s"]), tuple(float(x) for x in d["kappa"]),
-                       tuple(float(x) for x in d["wake_s"]), int(d["cores"]))
+                       tuple(float(x) for x in d["wake_s"]), int(d["cores"]),
+                       tuple(float(x) for x in d.get("recv_wake_s", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise HppInputError(f"bad op probe ({exc})", field="meta.host_time.op_probe",
                                 fix="give op, hot_s, kappa, wake_s and cores") from None

@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from hpp.errors import HppInputError
 
-__all__ = ["P2PFit", "measure_p2p", "measure_contention", "measure_host_ops", "background_load", "run_forked",
-           "init_gloo", "fit_line"]
+__all__ = ["P2PFit", "measure_p2p", "measure_contention", "measure_host_ops", "measure_recv_wake", "background_load",
+           "run_forked", "init_gloo", "fit_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +251,52 @@ def _op_rank(_rank: int, _world: int, _port: int, start: float, seconds: float, 
     return statistics.median(cpu)
 
 
+def _pingpong_rank(rank: int, _world: int, port: int, iters: int, compute_s: float, spin_s: float) -> Any:
+    """Ranks 0 and 1: one-way seconds of ``iters`` gloo exchanges, ``compute_s`` of CPU between; others: busy."""
+    if rank >= 2:
+        x = torch.randn(256, 256)
+        t_end = time.perf_counter() + spin_s
+        while time.perf_counter() < t_end:
+            x @ x
+        return None
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    buf = torch.zeros(16384)
+    times = []
+    try:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.isend(buf, 1).wait()
+                dist.irecv(buf, 1).wait()
+            else:
+                dist.irecv(buf, 0).wait()
+                dist.isend(buf, 0).wait()
+            times.append((time.perf_counter() - t0) / 2)
+            c0 = time.thread_time()
+            while time.thread_time() - c0 < compute_s:
+                pass
+    finally:
+        dist.destroy_process_group()
+    return times
+
+
+def measure_recv_wake(*, max_busy: int, iters: int = 150, compute_s: float = 0.003,
+                      timeout_s: float = 120.0) -> tuple[float, ...]:
+    """Extra one-way time of a gloo receive beside ``k = 0 .. max_busy`` busy processes [s] (``recv_wake_s``).
+
+    Median of ``iters`` exchanges (64 KiB) of a pair computing ``compute_s`` between them,
+    minus the 0.1 quantile of the pair alone. About ``(max_busy + 1) (iters (compute_s + 3 ms) + 1)`` s.
+    """
+    spin_s = iters * (compute_s + 0.006) + 1.0
+    out, base = [], None
+    for k in range(max_busy + 1):
+        times = run_forked(_pingpong_rank, 2 + k, (iters, compute_s, spin_s), timeout_s=timeout_s)[0]
+        base = _quantile(times, 0.1) if base is None else base
+        out.append(max(0.0, statistics.median(times) - base))
+    return tuple(out)
+
+
 def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, micro_batch_size: int = 1,
                      timeout_s: float = 120.0):
     """:class:`~hpp.runtime.host_ops.OpProbe` of this host: ``n = 1 .. max_processes`` processes run a real op.
@@ -260,7 +306,8 @@ def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, 
     emulation does (op, sleep until it lasted ``max(2, n / cores)`` x its CPU time;
     ``wake_s``). Default ``max_processes``: 3 x the cores (the validation's clusters run up
     to 6 ranks on 2 cores). Before each ``n``, one process alone gives that ``n``'s reference.
-    About ``3 max_processes (seconds + 0.5)`` s.
+    Then :func:`measure_recv_wake` with up to ``max_processes - 2`` busy processes.
+    About ``3 max_processes (seconds + 0.5) + (max_processes - 1) (1.4 seconds + 1)`` s.
 
     Raises
     ------
@@ -282,10 +329,13 @@ def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, 
         ref.append(median_op_s(1, 1.0))
         busy.append(median_op_s(n, 1.0) if n > 1 else ref[-1])
         cycling.append(median_op_s(n, cycle_factor(n, cores)))
+    recv = measure_recv_wake(max_busy=max(0, n_max - 2), iters=max(20, int(150 * seconds)), timeout_s=timeout_s)
     probe = OpProbe.from_measured(f"gpt-tiny block, micro-batch {micro_batch_size}, forward + backward", ref,
-                                  busy, cycling, cores=cores)
-    logger.info("real-op probe: %.2f ms alone; kappa %s; after a wait +%s ms (n = 1..%d)", probe.hot_s * 1e3,
-                [round(k, 2) for k in probe.kappa], [round(w * 1e3, 2) for w in probe.wake_s], n_max)
+                                  busy, cycling, cores=cores, recv_wake_s=recv)
+    logger.info("real-op probe: %.2f ms alone; kappa %s; after a wait +%s ms (n = 1..%d); a receive beside k busy "
+                "+%s ms (k = 0..%d)", probe.hot_s * 1e3, [round(k, 2) for k in probe.kappa],
+                [round(w * 1e3, 2) for w in probe.wake_s], n_max, [round(w * 1e3, 2) for w in probe.recv_wake_s],
+                len(probe.recv_wake_s) - 1)
     return probe
 
 

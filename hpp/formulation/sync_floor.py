@@ -1,0 +1,195 @@
+"""Sync floors: the least time any gradient sync of h pipelines can take, for the all-reduce forms the cost
+model prices (:mod:`hpp.formulation.collectives`: flat ring, hierarchical) and ANY bandwidth fit.
+
+A device's blocks of one stage (bytes beta_j, summing to at least its own W) cost sum_j beta_j r_h(beta_j)
+with r_h the ring's seconds per byte, so at least W times the least r over the block sizes possible (the
+cheapest way W could be split: the case a per-stage bucket got wrong for fits that fall at large messages,
+issue 21). :func:`stage_sync_rate` tabulates that least rate per block-size cap for a range of pipeline
+counts; :mod:`hpp.formulation.copy_bound` uses it as the penalty of each candidate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hpp.errors import HppInputError
+from hpp.profiles.cluster import Link
+
+__all__ = ["sync_rate_table", "stage_sync_rate", "ring_cost_increasing_from", "cluster_links", "has_hierarchical"]
+
+_GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
+_GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
+
+
+def _max_bw(link: Link, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
+    """Most bandwidth [bytes/s] ``link`` gives to any message in [c0, c1] bytes (elementwise), as
+    :meth:`Link.bandwidth_bytes_per_s` prices it (peak where the fit is not positive, capped at peak)."""
+    peak = link.max_bytes_per_s
+    if link.fit_gb_per_s is None:
+        return np.full(c0.shape, peak)
+    a, b, c = link.fit_gb_per_s
+    x0 = np.log2(np.maximum(c0, 1.0) / 1e6)
+    x1 = np.log2(np.maximum(c1, 1.0) / 1e6)
+    q0, q1 = a * x0 * x0 + b * x0 + c, a * x1 * x1 + b * x1 + c
+    qmax, qmin = np.maximum(q0, q1), np.minimum(q0, q1)
+    if a != 0.0:
+        xv = -b / (2.0 * a)
+        inside = (x0 <= xv) & (xv <= x1)
+        qv = a * xv * xv + b * xv + c
+        qmax = np.where(inside, np.maximum(qmax, qv), qmax)
+        qmin = np.where(inside, np.minimum(qmin, qv), qmin)
+    bw = np.minimum(qmax * 1e9, peak)
+    return np.where(qmin <= 0.0, peak, bw)
+
+
+def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, factor: float | None = None,
+                    latency_steps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Least sync seconds per byte of a gradient split into blocks of at most ``beta`` bytes [s/byte].
+
+    A device's blocks of one stage (bytes beta_j, summing to at least its W) cost, on a flat ring
+    of h ranks, sum_j ring(beta_j, h) = sum_j beta_j r_h(beta_j) with
+    r_h(beta) = 2 (h-1)/h / bw(beta/h) + 2 (h-1) lat / beta
+    (:func:`~hpp.formulation.cost_model.ring_allreduce_s`), so at least W * min r over the block
+    sizes possible, for ANY bandwidth fit (non-monotone ones included): the cheapest way W could
+    be split. The sizes are cut into a geometric grid; each cell [beta_i, beta_i+1] gets r's least
+    over the cell and over h in [a, b], term by term: ``factor`` (default 2 (a-1)/a) over the
+    most bandwidth of any chunk in [beta_i / b, beta_i+1 / a] on any of ``links``, plus
+    ``latency_steps`` (default 2 (a-1)) latencies over beta_i+1. Returns (grid tops (M,), running
+    least rate (M,)): the rate for blocks of at most beta bytes is the running least at the first
+    grid top >= beta.
+    """
+    factor = 2.0 * (a - 1) / a if factor is None else factor
+    steps = 2.0 * (a - 1) if latency_steps is None else latency_steps
+    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
+    tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
+    bots = np.r_[0.0, tops[:-1]]
+    if a < 2 or factor <= 0 or not links:
+        return tops, np.zeros(n)
+    rate = np.full(n, math.inf)
+    for link in links:
+        bw = _max_bw(link, bots / b, tops / a)
+        rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
+    return tops, np.minimum.accumulate(rate)
+
+
+def _roots(a: float, b: float, c: float) -> list[float]:
+    """Real roots of a x^2 + b x + c (a or b may be 0)."""
+    if a == 0.0:
+        return [] if b == 0.0 else [-c / b]
+    d = b * b - 4.0 * a * c
+    if d < 0:
+        return []
+    r = math.sqrt(d)
+    return sorted(((-b - r) / (2.0 * a), (-b + r) / (2.0 * a)))
+
+
+def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
+    """The least chunk [bytes] from which a ring's cost 2 (h-1)/h * B / bw(B/h) + latency grows with B, for
+    chunks up to ``max_chunk_bytes``, as :meth:`Link.bandwidth_bytes_per_s` prices it (exact, from the fit).
+
+    The cost grows where B / bw(B/h) never falls: in x = log2(chunk / 1 MB) the bandwidth's log-slope
+    is at most 1 where the fit prices it (ln 2 fit(x) - fit'(x) >= 0, a quadratic), and the fit does not
+    drop from positive to non-positive (below 0 the peak applies, a fall in price). Returns 0 when it
+    grows everywhere, ``max_chunk_bytes`` when it still falls at the top.
+    """
+    if link.fit_gb_per_s is None:
+        return 0.0
+    a, b, c = link.fit_gb_per_s
+    lo, hi = math.log2(1.0 / 1e6), math.log2(max(max_chunk_bytes, 1.0) / 1e6)
+    if hi <= lo:
+        return 0.0
+    bad = -math.inf                      # the largest x where the cost can fall
+    for r in _roots(a, b, c):
+        if lo < r <= hi and 2.0 * a * r + b < 0:
+            bad = max(bad, r)            # the fit falls through 0: the price drops to the peak's
+    peak = link.max_bytes_per_s / 1e9
+    ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
+    cuts = sorted({lo, hi, *[r for r in _roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc) if lo < r < hi]})
+    for x0, x1 in zip(cuts, cuts[1:]):
+        xm = 0.5 * (x0 + x1)
+        fm = a * xm * xm + b * xm + c
+        if 0.0 < fm < peak and ga * xm * xm + gb * xm + gc < 0:
+            bad = max(bad, x1)           # g keeps its sign between consecutive cuts (its roots are cuts)
+    if bad == -math.inf:
+        return 0.0
+    return min(max_chunk_bytes, 2.0 ** bad * 1e6)
+
+
+def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
+    """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
+
+    A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
+    that touches a node of that type: v2 clusters' type-pair links with that type, and every zone link.
+    """
+    net = getattr(cluster, "network", None)
+    if net is None:
+        return [cluster.inter_node]
+    links = []
+    types = sorted(cluster.count_by_type())
+    if device_type is not None and hasattr(cluster, "type_link"):
+        for u in types:
+            try:
+                links.append(cluster.type_link(device_type, u))
+            except HppInputError:          # no such pair: no ring uses it
+                pass
+        if not links:
+            links.append(cluster.inter_node)
+    else:
+        links.append(cluster.inter_node)
+        links.extend((getattr(net, "inter", None) or {}).values())
+    links.extend((getattr(net, "zone_links", None) or {}).values())
+    return list(dict.fromkeys(links))
+
+
+def has_hierarchical() -> bool:
+    """Whether the cost model may price a gradient sync hierarchically (:mod:`hpp.formulation.collectives`)."""
+    import importlib.util
+
+    return importlib.util.find_spec("hpp.formulation.collectives") is not None
+
+
+def cluster_links(cluster, device_type: str | None = None) -> tuple[int, list[Link], list[Link]]:
+    """(most devices of a node, its distinct intra-node links, the distinct inter-node links ([] on one node)),
+    over the nodes of ``device_type`` (None: all nodes)."""
+    nodes = [nd for nd in cluster.nodes if device_type is None or nd.device_type == device_type] or cluster.nodes
+    node_max = max(nd.num_devices for nd in nodes)
+    intra = list(dict.fromkeys(nd.intra_node for nd in nodes))
+    inter = _inter_links(cluster, device_type) if len(cluster.nodes) > 1 else []
+    return node_max, intra, inter
+
+
+def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierarchical: bool = True,
+                    links: tuple[int, list[Link], list[Link]] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, float]:
+    """:func:`sync_rate_table` of a stage with TP degree ``tp`` synced among h in [a, b] holders, over
+    the all-reduce forms the cost model prices (:mod:`hpp.formulation.collectives`).
+
+    Ring j of a block has one rank per holder stage; a node of n devices holding this stage's TP
+    group (tp devices) holds at most g_max = n - tp + 1 ranks of it (``links``: the nodes of the
+    stage's device type, :func:`cluster_links`). So: a flat ring on one node
+    (h <= g_max: any link), a flat ring across nodes (no faster than the fastest inter-node link at
+    the chunk size), or hierarchical with g <= min(g_max, h / 2) ranks per node, whose inter-node
+    ring moves 2 (h-g)/h * W/g bytes per rank at chunk W/h with 2 (h/g - 1) latencies (its
+    in-node parts are left out). The least of the forms possible is taken; each is at its least
+    over h in [a, b] (2/g - 2/h >= 2/g' - 2/a). ``hierarchical=False``: flat rings only (a cost model
+    without the hierarchical form). The third value, beta_0 [bytes]: from it up the cost of a block
+    grows with its bytes on every link used (:func:`ring_cost_increasing_from`), so a block of own
+    bytes w >= beta_0 costs at least a block of exactly w: a stage of W own bytes then costs at least
+    W times the least rate up to max(W, beta_0) (the blocks below beta_0 at the least rate up to
+    beta_0), not up to the most bytes any candidate holds there.
+    """
+    node_max, intra, inter = links or cluster_links(cluster)
+    g_max = max(1, node_max - tp + 1)
+    flat_links = intra + inter if a <= g_max else (inter or intra)
+    tops, rate = sync_rate_table(flat_links, a, b, beta_max)
+    used = list(flat_links)
+    g = min(g_max, b // 2)
+    if hierarchical and inter and g >= 2:
+        _, hier = sync_rate_table(inter, a, b, beta_max, factor=max(0.0, 2.0 / g - 2.0 / a),
+                                  latency_steps=max(0.0, 2.0 * (a / g - 1.0)))
+        rate = np.minimum(rate, hier)
+        used += inter
+    chunk0 = max(ring_cost_increasing_from(link, beta_max / max(a, 1)) for link in dict.fromkeys(used))
+    return tops, rate, min(beta_max, chunk0 * b)
