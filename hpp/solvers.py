@@ -315,7 +315,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings | str = SolverSe
     bsub = bp.restricted(keep)
     lb_pipe, lb_total = composition_bounds(bsub, workers=settings.num_workers,
                                            incumbent_s=inc_obj if math.isfinite(inc_obj) else None)
-    bound = max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total)
+    bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
     if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
         note = f"{name} not run: the incumbent already meets the bound"
@@ -341,12 +341,13 @@ def solve(problem: CompositionProblem, settings: SolverSettings | str = SolverSe
                 elif cutoff is not None and ex_bound == ex_bound:
                     ex_bound = min(ex_bound, cutoff)    # plans cut off cost more than the incumbent
                 if ex_bound == ex_bound and ex_bound > bound:
-                    bound, bound_method = ex_bound, ("cutoff" if solver_status == "INFEASIBLE" else name)
+                    bound, bound_method = float(ex_bound), ("cutoff" if solver_status == "INFEASIBLE" else name)
             else:
                 note = (note + "; " if note else "") + f"{name} saw {len(sel)} of {len(keep)} candidates"
         else:
             note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP bound covers all"
     obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
+    obj = float(obj)
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
         log.error("bound %.9g s above a feasible objective %.9g s: the bound model is wrong", bound, obj)
     res = SolveResult(name, status_of(obj, bound), obj, bound, gap(obj, bound), time.perf_counter() - t0,

@@ -229,3 +229,20 @@ def test_bundled_scenarios_bound_below_prediction_and_runs_identical(name):
     assert json.dumps(plan_to_dict(a.plan)) == json.dumps(plan_to_dict(b.plan))
     assert (a.search.bound_s, a.search.gap, a.search.status) == (b.search.bound_s, b.search.gap, b.search.status)
     assert space_violations(a.plan, SearchSpace(), cluster=cl, profile=prof) == []
+
+
+def test_limits_hold_for_baselines_seeds_and_the_returned_plan():
+    from hpp.baselines import run_baselines, uniform_baseline
+    sc = SCENARIOS["opt350-a100x4-v100x4"]
+    cl, prof = sc.cluster(), load_bundled_profile(sc.model)
+    wide = uniform_baseline(cl, prof, sc.global_batch_size, space=SearchSpace(max_stages=8))
+    deep = max(p.num_stages for p in wide.plan.pipelines)
+    space = SearchSpace(max_stages=min(3, deep - 1))
+    assert space_violations(wide.plan, space, cluster=cl, profile=prof)      # the control: outside the space
+    for b in run_baselines(cl, prof, sc.global_batch_size, space=space, time_budget_s=5).values():
+        assert b.plan is None or space_violations(b.plan, space, cluster=cl, profile=prof) == []
+    res = plan_hpp(cl, prof, sc.global_batch_size, space=space, settings=SolverSettings(num_workers=1),
+                   seed_plans={"outside": wide.plan})
+    assert max(p.num_stages for p in res.plan.pipelines) <= space.max_stages
+    assert res.stats.get("seeded_from") != "outside"
+    assert res.search.objective_s == res.estimate.iteration_time_s

@@ -14,7 +14,7 @@ from hpp.errors import HppInputError
 from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_memory_bytes
 from hpp.profiles.model_profile import LayerProfile, ModelProfile, profile_from_dict, profile_to_dict
 from hpp.runtime.memory import StepSpec, measure_stage_step
-from hpp.runtime.memory_profile import memory_terms, with_memory_terms
+from hpp.runtime.memory_profile import LayerMemory, memory_terms, with_memory_terms
 from hpp.runtime.zoo import load_runtime_model
 
 NO_FRAMEWORK = CostModelConfig(framework_bytes=())
@@ -105,22 +105,43 @@ def test_bf16_tp2_first_stage_predicted_within_5_percent():
 
     Under autocast the embedding's fp32 output makes the first stage's residual stream fp32, and
     each post-LN block keeps only bf16 casts of its input: the previous block's fp32 output is
-    freed inside the stage, and the stage's last output is cast to bf16 to be sent.
+    freed inside the stage, and the stage's last output is cast to bf16 to be sent. Only the
+    stage's two layers are measured (as ``memory_terms`` measures a first stage's chain).
     """
+    import torch
+
+    from hpp.runtime.memory_profile import measure_layer_memory
+
     model = load_runtime_model("opt-tiny")
-    terms = memory_terms(model, micro_batch_size=2, dtype="bfloat16", tp_degree=2)
-    n = 2 * model.spec.seq_len * model.spec.hidden_size                  # elements of one (b, s, h)
-    assert terms.first_stage_exit_release_bytes[1] == 4 * n - 2 * n        # fp32 output out, its bf16 cast in
-    assert terms.stage_entry_bytes[1] == 0                               # bf16 blocks keep their input
+    L, n = model.spec.num_layers, 2 * model.spec.seq_len * model.spec.hidden_size   # n: elements of one (b, s, h)
+    kw = dict(micro_batch_size=2, dtype="bfloat16", tp_degree=2)
+    emb = measure_layer_memory(model, 0, **kw)
+    block = measure_layer_memory(model, 1, input_dtype=emb.output_dtype, **kw)     # fp32 in, as in the stage
+    assert emb.output_dtype == block.output_dtype == torch.float32
+    assert block.stage_exit_release_bytes == 4 * n - 2 * n                         # fp32 output out, bf16 cast in
+
+    def entry(a: LayerMemory, b: LayerMemory) -> LayerProfile:
+        pad = (0,) * (L - 2)
+        z = (0.0,) * L
+        return LayerProfile("X", 2, 2, z, z, z, (a.param_bytes, b.param_bytes) + pad, (0,) * L,
+                            (a.output_bytes, b.output_bytes) + pad,
+                            step_activation_bytes=(a.step_activation_bytes, b.step_activation_bytes) + pad,
+                            backward_transient_bytes=(a.backward_transient_bytes, b.backward_transient_bytes) + pad,
+                            loss_activation_bytes=0,
+                            stage_exit_release_bytes=(a.stage_exit_release_bytes, b.stage_exit_release_bytes) + pad,
+                            forward_transient_bytes=(a.forward_transient_bytes, b.forward_transient_bytes) + pad)
+
     meas = measure_stage_step(model, StepSpec(0, 2, 0, 4, 2, 4, dtype="bfloat16", tp_degree=2))
-    pred = stage_memory_breakdown(_entry(terms), 0, 2, position=0, num_stages=4, num_micro_batches=4,
+    pred = stage_memory_breakdown(entry(emb, block), 0, 2, position=0, num_stages=4, num_micro_batches=4,
                                   config=NO_FRAMEWORK)
     assert _err(pred["peak"], meas.peak_bytes) < 0.02, (pred, meas.peak_bytes)
-    # control: a first stage priced with the other stages' (bf16-input) terms is off by more than 5 %
-    rows = stage_memory_breakdown(_entry(terms, first_stage_step_activation_bytes=None,
-                                         first_stage_backward_transient_bytes=None), 0, 2, position=0,
-                                  num_stages=4, num_micro_batches=4, config=NO_FRAMEWORK)
-    assert _err(rows["peak"], meas.peak_bytes) > 0.05
+    # control: the block's fp32 output counted as kept (what a measurement with a held input says) and
+    # no cast at the stage's end: more than 5 % over, as before the fix
+    held = dataclasses.replace(block, step_activation_bytes=block.step_activation_bytes + 4 * n,
+                               stage_exit_release_bytes=0)
+    blind = stage_memory_breakdown(entry(emb, held), 0, 2, position=0, num_stages=4, num_micro_batches=4,
+                                   config=NO_FRAMEWORK)
+    assert _err(blind["peak"], meas.peak_bytes) > 0.05
 
 
 def test_measure_refuses_bad_specs():

@@ -113,6 +113,18 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
             e = entries[key] = profile.layer_profile(k.device_type, k.tp_degree, mbs, estimate=False)
         return e
 
+    transfers: dict[tuple, float] = {}
+
+    def cheapest(k: StageKind, mbs: int, v: int, options: tuple[Link, ...]) -> float:
+        """min over ``options`` of the transfer of kind k's output after layer v-1 (memoised)."""
+        key = (k, mbs, v, options)
+        got = transfers.get(key)
+        if got is None:
+            e = entry(k, mbs)
+            out_bytes = e.output_bytes[v - 1]
+            got = transfers[key] = min(p2p_transfer_s(e, link, out_bytes) for link in options)
+        return got
+
     def drop(a: StageKind, b: StageKind, run: int | None, mbs: int, v: int) -> tuple[float, float, float, float]:
         """(dc_out of a, k_a, dc_in of b, k_b) at the boundary after layer v-1."""
         key = (a, b, run, mbs, v)
@@ -123,14 +135,10 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 got = (0.0, 0.0, 0.0, 0.0)
             else:
                 priced, cheap = both
-                ea, eb = entry(a, mbs), entry(b, mbs)
-                out_a, out_b = ea.output_bytes[v - 1], eb.output_bytes[v - 1]
-                da = (min(p2p_transfer_s(ea, link, out_a) for link in priced)
-                      - min(p2p_transfer_s(ea, link, out_a) for link in cheap))
-                db = (min(p2p_transfer_s(eb, link, out_b) for link in priced)
-                      - min(p2p_transfer_s(eb, link, out_b) for link in cheap))
-                got = (max(0.0, da), p2p_waits_per_transfer(ea, config), max(0.0, db),
-                       p2p_waits_per_transfer(eb, config))
+                da = cheapest(a, mbs, v, priced) - cheapest(a, mbs, v, cheap)
+                db = cheapest(b, mbs, v, priced) - cheapest(b, mbs, v, cheap)
+                got = (max(0.0, da), p2p_waits_per_transfer(entry(a, mbs), config), max(0.0, db),
+                       p2p_waits_per_transfer(entry(b, mbs), config))
             drops[key] = got
         return got
 

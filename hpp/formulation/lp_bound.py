@@ -1,7 +1,9 @@
 """Lower bounds of the composition: an LP relaxation of the pipelines' capacity (GLOP), with sync classes.
 
-:func:`composition_bounds` gives the planner's bound and gap over all candidates; the
-CP-SAT model takes its pipeline-time part as a redundant constraint.
+:func:`composition_bounds` gives the planner's bound and gap over all candidates (by default the
+larger of this LP and the branch and bound of :mod:`hpp.formulation.copy_bound`, which keeps the
+micro-batches per copy integer and prices sync per pipeline count); the CP-SAT model takes its
+pipeline-time part as a redundant constraint.
 """
 
 from __future__ import annotations

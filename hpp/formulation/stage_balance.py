@@ -223,6 +223,11 @@ class StageBalancer:
                 self._times[key] = got
         return got
 
+    def link_p2p(self, kind: StageKind, b: int, link_id: int | None):
+        """(L+1,) ``p2p_s`` of :meth:`table` with ``link_out=link_id`` (same values; :meth:`StageCostCache.p2p`)."""
+        return self.cache.p2p(kind.device_type, kind.tp_degree, b,
+                              None if link_id is None else self._option_list[link_id])
+
     def first_link_in(self, shape: tuple[StageKind, ...]) -> int:
         """The in-link options of a first stage (which receives nothing: any options price it alike): those a
         predecessor of its own kind would give, so that a whole shape shares its DP rows with the same suffix
@@ -242,9 +247,10 @@ class StageBalancer:
         if masks is None:
             tab = self.base_table(kind, b)
             fits = tab.memory_bytes(d, False) <= tab.capacity_bytes
-            use_full = np.zeros_like(fits)
             if self.allow_recompute:
                 use_full = ~fits & (tab.memory_bytes(d, True) <= tab.capacity_bytes)
+            else:
+                use_full = np.zeros_like(fits)
             masks = (fits, use_full)
             if self.memoise:
                 self._masks[(kind, b, d)] = masks

@@ -9,11 +9,13 @@ but organised for the candidate search, where one call covers thousands of shape
    node's DP rows (the least-bottleneck row and the least-fill row, over the first
    layer u) are computed once, level by level (suffix length d = 1, 2, ...), each
    level as one batch of (nodes, L+1, L+1) arrays. This is the memoisation of the
-   per-shape DP (rows per suffix), done for all shapes together.
+   per-shape DP (rows per suffix), done for all shapes together
+   (:class:`~hpp.formulation.stage_balance_trie.SuffixTrie`; on per-pair links a node also carries
+   the link options into its first stage, and all stage costs are priced in one batch).
 2. The least-fill partition of each pair is read back from its chain of suffix rows.
 3. The threshold DP (least fill among stages <= the pair's bottleneck) runs for all
    pairs that need it, batched over pairs, step d from the last stage.
-4. The partitions are assembled from stacked cost tables by fancy indexing.
+4. The partitions are assembled from the stage costs and the stacked (kind, size) tables by fancy indexing.
 
 Results stay arrays (:class:`PartitionBatch`) so that dominance can be decided before
 any :class:`~hpp.formulation.stage_balance.Partition` object is built.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpp.formulation.stage_balance import _REL_TIE, Partition, StageBalancer, StageKind
+from hpp.formulation.stage_balance_trie import SuffixTrie as _Trie
 
 __all__ = ["PartitionBatch", "balance_pairs"]
 
@@ -141,87 +144,6 @@ def _chunks(ids: np.ndarray):
 def _take_last(a: np.ndarray, v: np.ndarray) -> np.ndarray:
     """a[k, u, v[k, u]] for a (K, L+1, L+1) and v (K, L+1)."""
     return np.take_along_axis(a, v[:, :, None], axis=2)[:, :, 0]
-
-
-class _Trie:
-    """Nodes (micro-batch size, suffix) of the pairs' shapes, their cost and table indices."""
-
-    def __init__(self, balancer: StageBalancer, shapes: list[tuple[StageKind, ...]],
-                 pairs: list[tuple[int, int]]) -> None:
-        self.balancer = balancer
-        self.ids: dict = {}
-        parent, level, cost_of, table_of = [0], [0], [-1], [-1]
-        cost_ids: dict = {}
-        table_ids: dict = {}
-        mask_ids: dict = {}
-        time_ids: dict = {}
-        self.cost_mask: list = []          # per cost: index into masks (kind, b, d) ...
-        self.cost_time: list = []          # ... and into times (kind, b, link_in, link_out)
-        self.masks: list = []
-        self.times: list = []
-        self.tables: list = []
-
-        link_out_of = balancer.link_out
-
-        def node(b: int, suffix: tuple, link_in: tuple) -> int:
-            # a node is a suffix AND the link options into its first stage (issue 19: links per pair of
-            # stage kinds); a whole shape's first stage receives nothing (StageBalancer.first_link_in)
-            key = (b, suffix, link_in)
-            got = self.ids.get(key)
-            if got is not None:
-                balancer.rows_reused += 2          # both objectives' rows of this suffix, shared
-                return got
-            kind, d = suffix[0], len(suffix)
-            link_out = link_out_of(suffix)
-            p = node(b, suffix[1:], link_out) if d > 1 else 0
-            ck = (kind, b, d, link_in, link_out)
-            if ck not in cost_ids:              # priced in one batch by costs()
-                cost_ids[ck] = len(self.cost_mask)
-                mk, tk = (kind, b, d), (kind, b, link_in, link_out)
-                if mk not in mask_ids:
-                    mask_ids[mk] = len(self.masks)
-                    self.masks.append(balancer.stage_masks(kind, b, d))
-                if tk not in time_ids:
-                    time_ids[tk] = len(self.times)
-                    self.times.append(balancer.link_times(kind, b, link_in, link_out))
-                self.cost_mask.append(mask_ids[mk])
-                self.cost_time.append(time_ids[tk])
-            tk = (kind, b)               # all but the times (in costs) is the same on any link options
-            if tk not in table_ids:
-                table_ids[tk] = len(self.tables)
-                self.tables.append(balancer.base_table(kind, b))
-            n = self.ids[key] = len(parent)
-            parent.append(p), level.append(d), cost_of.append(cost_ids[ck]), table_of.append(table_ids[tk])
-            balancer.rows_computed += 2
-            return n
-
-        first = [balancer.first_link_in(s) for s in shapes]
-        self.pair_node = np.array([node(b, shapes[i], first[i]) for i, b in pairs], dtype=np.int64)
-        self.parent = np.array(parent, dtype=np.int64)
-        self.level = np.array(level, dtype=np.int64)
-        self.cost_of = np.array(cost_of, dtype=np.int64)
-        self.table_of = np.array(table_of, dtype=np.int64)
-        self._stacked: dict[str, np.ndarray] = {}
-
-    def costs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(C, U, P2): per cost (stage kind, size, distance from the end, link options in and out) its
-        compute per micro-batch (M, L+1, L+1) [s] with the cheapest recomputation mode that fits (inf if none),
-        the full-recomputation mask (M, L+1, L+1) and both p2p sends 2 x p2p (M, L+1) [s]: the values of
-        :meth:`StageBalancer._stage_costs` (the same element-wise selections), for all costs at once."""
-        mi, ti = np.array(self.cost_mask, dtype=np.int64), np.array(self.cost_time, dtype=np.int64)
-        fits = np.stack([m[0] for m in self.masks])[mi]
-        full = np.stack([m[1] for m in self.masks])[mi]
-        C = np.where(fits, np.stack([t[0] for t in self.times])[ti], np.inf)
-        if self.balancer.allow_recompute:
-            C = np.where(full, np.stack([t[1] for t in self.times])[ti], C)
-        return C, full, 2.0 * np.stack([t[2] for t in self.times])[ti]
-
-    def stacked(self, name: str) -> np.ndarray:
-        """``(T, ...)`` field ``name`` of every table, stacked once (both assemblies read them)."""
-        got = self._stacked.get(name)
-        if got is None:
-            got = self._stacked[name] = np.stack([np.asarray(getattr(tb, name)) for tb in self.tables])
-        return got
 
 
 def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], pairs: list[tuple[int, int]],

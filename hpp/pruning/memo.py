@@ -28,7 +28,8 @@ from hpp.formulation.step_memory import StepMemoryTables, step_memory_peak, step
 from hpp.profiles.cluster import Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
-__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table", "table_on_links", "times_on_links"]
+__all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table", "table_on_links", "times_on_links",
+           "p2p_on_links", "stacked_times_on_links"]
 
 
 @dataclass(frozen=True)
@@ -180,9 +181,23 @@ def build_stage_cost_table(e: LayerProfile, *, capacity_bytes: int, link: Link,
     return table
 
 
-def _p2p_s(e: LayerProfile, links: tuple[Link, ...], out: np.ndarray) -> np.ndarray:
-    """(L+1,) one-way transfer of the output of layer v-1 on the fastest of ``links`` [s] (0 at v = 0 and L)."""
+def _p2p_s(e: LayerProfile, links: tuple[Link, ...], out: np.ndarray, memo: dict | None = None) -> np.ndarray:
+    """(L+1,) one-way transfer of the output of layer v-1 on the fastest of ``links`` [s] (0 at v = 0 and L).
+
+    ``memo``: {links: {bytes: seconds}} shared by the entries of one cache (without the runtime step's
+    time terms a transfer depends on the links and the bytes only, and most layers send equal bytes)."""
     L = len(out)
+    if memo is not None and e.step_time is None:
+        per = memo.get(links)
+        if per is None:
+            per = memo[links] = {}
+        vals = [0.0] * (L + 1)
+        for v, x in enumerate(out[:-1].tolist(), start=1):
+            c = per.get(x)
+            if c is None:
+                c = per[x] = min(link.transfer_s(x) for link in links)   # = p2p_transfer_s without step time
+            vals[v] = c
+        return np.array(vals)
     if len(links) == 1:
         return np.array([p2p_transfer_s(e, links[0], out[v - 1]) if 0 < v < L else 0.0 for v in range(L + 1)])
     return np.array([min(p2p_transfer_s(e, l, out[v - 1]) for l in links) if 0 < v < L else 0.0
@@ -190,28 +205,51 @@ def _p2p_s(e: LayerProfile, links: tuple[Link, ...], out: np.ndarray) -> np.ndar
 
 
 def table_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tuple[Link, ...], *,
-                   config: CostModelConfig = CostModelConfig()) -> StageCostTable:
+                   config: CostModelConfig = CostModelConfig(), transfer_memo: dict | None = None) -> StageCostTable:
     """``base`` with its stage times and transfers priced on other links (issue 19: links per pair of stages).
 
     ``link_in``: the options for the transfer into the stage (from the previous stage), ``link_out``: into
     the next; each transfer costs the fastest option for its size. The memory tables are shared with ``base``.
     """
-    none, full, p_out = times_on_links(base, link_in, link_out, config=config)
+    none, full, p_out = times_on_links(base, link_in, link_out, config=config, transfer_memo=transfer_memo)
     return replace(base, compute_none_s=none, compute_full_s=full, p2p_s=p_out, _mem_cache=base._mem_cache)
 
 
 def times_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tuple[Link, ...], *,
-                   config: CostModelConfig = CostModelConfig()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   config: CostModelConfig = CostModelConfig(), transfer_memo: dict | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(compute_none_s, compute_full_s, p2p_s)`` of :func:`table_on_links` (the same arrays, bit for bit),
-    without building the table: all that the links change."""
+    without building the table: all that the links change. ``transfer_memo``: see ``_p2p_s``."""
     e, FB, FB2, fixed, upper, out = base._mem_cache["link_parts"]
-    p2p = base._mem_cache.setdefault("p2p_by_links", {})        # per link options: shared by all variants
-    for links in (link_in, link_out):
-        if links not in p2p:
-            p2p[links] = _p2p_s(e, links, out)
-    p_in, p_out = p2p[link_in], p2p[link_out]
+    p_in, p_out = p2p_on_links(base, link_in, transfer_memo), p2p_on_links(base, link_out, transfer_memo)
     wait = p2p_waits_per_transfer(e, config) * (p_in[:, None] + p_out[None, :])
     return np.where(upper, FB + wait + fixed, np.inf), np.where(upper, FB2 + wait + fixed, np.inf), p_out
+
+
+def p2p_on_links(base: StageCostTable, links: tuple[Link, ...], transfer_memo: dict | None = None) -> np.ndarray:
+    """(L+1,) the ``p2p_s`` of ``base``'s stage on the fastest of ``links`` [s] (kept per links with ``base``)."""
+    p2p = base._mem_cache.setdefault("p2p_by_links", {})        # per link options: shared by all variants
+    got = p2p.get(links)
+    if got is None:
+        e, out = base._mem_cache["link_parts"][0], base._mem_cache["link_parts"][5]
+        got = p2p[links] = _p2p_s(e, links, out, transfer_memo)
+    return got
+
+
+def stacked_times_on_links(bases: list[StageCostTable], which: np.ndarray, p_in: np.ndarray, p_out: np.ndarray,
+                           *, config: CostModelConfig = CostModelConfig()) -> tuple[np.ndarray, np.ndarray]:
+    """(compute_none_s, compute_full_s), each (T, L+1, L+1): :func:`times_on_links` of ``bases[which[i]]`` with
+    transfers ``p_in[i]`` / ``p_out[i]`` ((T, L+1), :func:`p2p_on_links`) for all T at once: the same
+    element-wise operations in the same order, so the same values bit for bit."""
+    parts = [b._mem_cache["link_parts"] for b in bases]
+    k = np.array([p2p_waits_per_transfer(e, config) for e, *_ in parts])[which]
+    wait = k[:, None, None] * (p_in[:, :, None] + p_out[:, None, :])
+    shape = parts[0][1].shape
+    fixed = np.stack([np.broadcast_to(np.asarray(f, dtype=np.float64), shape) for _, _, _, f, _, _ in parts])[which]
+    upper = np.stack([u for *_, u, _ in parts])[which]
+    none = np.where(upper, np.stack([fb for _, fb, *_ in parts])[which] + wait + fixed, np.inf)
+    full = np.where(upper, np.stack([fb2 for _, _, fb2, *_ in parts])[which] + wait + fixed, np.inf)
+    return none, full
 
 
 @dataclass
@@ -249,6 +287,7 @@ class StageCostCache:
     misses: int = 0
     _tables: dict = field(default_factory=dict, repr=False)
     _links: dict = field(default_factory=dict, repr=False)
+    _transfers: dict = field(default_factory=dict, repr=False)
 
     def links(self, kind_a: tuple[str, int], kind_b: tuple[str, int], run: int | None = None) -> tuple[Link, ...]:
         """The link options from a stage of kind a to the next, of kind b, ``run`` stages before the end of a
@@ -285,7 +324,8 @@ class StageCostCache:
         vkey = (key, link_in, link_out)
         got = self._tables.get(vkey) if self.enabled else None
         if got is None:
-            got = table_on_links(t, link_in, link_out, config=self.config)
+            got = table_on_links(t, link_in, link_out, config=self.config,
+                                 transfer_memo=self._transfers if self.enabled else None)
             if self.enabled:
                 self._tables[vkey] = got
         return got
@@ -306,7 +346,16 @@ class StageCostCache:
             else None
         if got is not None:
             return got.compute_none_s, got.compute_full_s, got.p2p_s
-        return times_on_links(base, link_in, link_out, config=self.config)
+        return times_on_links(base, link_in, link_out, config=self.config,
+                              transfer_memo=self._transfers if self.enabled else None)
+
+    def p2p(self, device_type: str, tp_degree: int, micro_batch_size: int,
+            links: tuple[Link, ...] | None = None) -> np.ndarray:
+        """(L+1,) ``p2p_s`` of :meth:`table` with ``link_out=links`` (the same values)."""
+        base = self.table(device_type, tp_degree, micro_batch_size)
+        if links is None or links == (self.link,):
+            return base.p2p_s
+        return p2p_on_links(base, links, self._transfers if self.enabled else None)
 
     def cache_info(self) -> dict[str, float]:
         """Hits, misses and hit rate of the table cache."""
