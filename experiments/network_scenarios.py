@@ -44,7 +44,7 @@ class Row:
     device_types: str               # the GPU types the plan uses, '+'-joined
     gpus_used: int
     search_wall_s: float            # least over the repeats
-    search_cpu_s: float             # CPU seconds of that run (this process and its worker processes)
+    search_cpu_s: float             # least CPU seconds over the repeats (this process and its worker processes)
 
 
 def _cpu_s() -> float:
@@ -59,15 +59,16 @@ def run(names: Sequence[str], repeats: int) -> list[Row]:
         sc = SCENARIOS[name]
         prof = load_bundled_profile(sc.model)
         after_cluster = sc.cluster()
-        for label, cluster in (("before", sc.cluster(per_pair=False)), ("after", after_cluster)):
-            best = None
-            for _ in range(repeats):
+        models = (("before", sc.cluster(per_pair=False)), ("after", after_cluster))
+        runs: dict[str, list] = {label: [] for label, _ in models}
+        for _ in range(repeats):              # interleaved, so that both models see the same load
+            for label, cluster in models:
                 w0, c0 = time.perf_counter(), _cpu_s()
                 res = plan_hpp(cluster, prof, sc.global_batch_size)
-                wall, cpu = time.perf_counter() - w0, _cpu_s() - c0
-                if best is None or wall < best[1]:
-                    best = (res, wall, cpu)
-            res, wall, cpu = best
+                runs[label].append((res, time.perf_counter() - w0, _cpu_s() - c0))
+        for label, _ in models:
+            res = runs[label][0][0]           # deterministic search: every repeat returns the same plan
+            wall, cpu = min(r[1] for r in runs[label]), min(r[2] for r in runs[label])
             stages = [s for p in res.plan.pipelines for s in p.stages]
             rows.append(Row(name, label, res.estimate.iteration_time_s,
                             estimate_plan(res.plan, after_cluster, prof).iteration_time_s,

@@ -246,3 +246,20 @@ def test_limits_hold_for_baselines_seeds_and_the_returned_plan():
     assert max(p.num_stages for p in res.plan.pipelines) <= space.max_stages
     assert res.stats.get("seeded_from") != "outside"
     assert res.search.objective_s == res.estimate.iteration_time_s
+
+
+def test_control_the_old_per_stage_sync_relaxation_is_not_a_bound():
+    """The issue's false OPTIMAL: on this instance (non-monotone fits) the old CP-SAT model's per-stage sync prices
+    the best plan 2 % ABOVE its block-wise objective; the bound model's sync floor does not (found by
+    experiments/certify_check.py)."""
+    from hpp.solvers import model_objective_s
+    cluster, profile, gbs, space = random_instance(91)
+    full, _ = make_problem(cluster, profile, gbs, space=space, pruning=NO_PRUNING)
+    full.estimator = None
+    counts, oracle, _ = exhaustive_composition(full, max_evaluations=1000)
+    assert model_objective_s(full, counts) > oracle * 1.01             # old relaxation: above a feasible objective
+    assert model_objective_s(full.bound_problem(), counts) <= oracle    # the floor: below it
+    problem, _ = make_problem(cluster, profile, gbs, space=space)
+    problem.estimator = None
+    res = solve(problem, SolverSettings(solver="cp-sat", num_workers=1, deterministic_time=0.5))
+    assert res.bound_s <= oracle * (1 + 1e-9) and res.objective_s >= oracle * (1 - 1e-12)
