@@ -11,7 +11,6 @@ and bindings; a seeded baseline plan, when returned, is first checked against th
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
