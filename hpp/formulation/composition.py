@@ -10,7 +10,10 @@ multiset of candidate copies as
     T_opt  = max over used c of its slowest optimizer step
 
 where ``ring`` is :func:`hpp.formulation.cost_model.ring_allreduce_s` over ``sync_link`` (the
-inter-node link; the intra-node link on a one-node cluster). The reported objective of a plan is
+inter-node link; the intra-node link on a one-node cluster). On a per-pair (version 2) cluster
+each ring is priced on its holders' links instead (:mod:`hpp.formulation.sync_pricing`: the stage
+type's own links, hierarchical when copies pack into nodes; the best class order for a block held
+by several types); ``flat_sync=True`` keeps the one-link rule. The reported objective of a plan is
 the cost model's (:func:`hpp.formulation.cost_model.estimate_plan` of the bound plan), which
 prices the binding's actual links; the composition model is the search's approximation of it.
 
@@ -37,6 +40,8 @@ import numpy as np
 from hpp.formulation.candidates import Candidate, tp_capacity
 from hpp.formulation.cost_model import ring_allreduce_s
 from hpp.formulation.data_balance import least_time_s
+from hpp.formulation.sync_pricing import block_rings_s, holders_per_node, ring_table_s, type_links
+from hpp.formulation.sync_pricing import type_ring_s as _type_ring_s
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["US_PER_S", "CompositionProblem", "CompositionResult", "composition_objective_s",
@@ -149,6 +154,38 @@ class CompositionProblem:
     #: max_copies and _copy_rows, by candidate index and by (device counts, TP-group counts)
     _ub_cache: dict = field(default_factory=dict, repr=False)
     _rows_cache: dict = field(default_factory=dict, repr=False)
+    #: True: price every ring on ``sync_link`` (the version-1 rule) even on a per-pair cluster
+    flat_sync: bool = False
+
+    @cached_property
+    def per_type_sync(self) -> bool:
+        """True when rings are priced on their holders' type links (:mod:`hpp.formulation.sync_pricing`):
+        a per-pair cluster, not a bound problem, ``flat_sync`` off."""
+        return self.sync_floor is None and not self.flat_sync and bool(getattr(self.cluster, "per_pair", False))
+
+    @cached_property
+    def type_links(self) -> dict:
+        """:func:`~hpp.formulation.sync_pricing.type_links` of the cluster (computed once)."""
+        return type_links(self.cluster, self.sync_link)
+
+    def stage_sync_specs(self, c: int) -> list[tuple[str, int, float]]:
+        """Per stage of candidate ``c``: (device type, holders per node g, gradient bytes) (memoised)."""
+        key = ("spec", c)
+        got = self._sync_cache.get(key)
+        if got is None:
+            cand = self.candidates[c]
+            got = [(k.device_type, holders_per_node(self.type_links[k.device_type], cand.devices.get(k.device_type, 0)),
+                    w) for k, w in zip(cand.shape, cand.partition.stage_param_bytes)]
+            self._sync_cache[key] = got
+        return got
+
+    def type_ring_s(self, device_type: str, g: int, num_bytes: float, h: int) -> float:
+        """:func:`~hpp.formulation.sync_pricing.type_ring_s` on ``device_type``'s links (memoised)."""
+        key = ("type", device_type, g, num_bytes, h)
+        got = self.ring_cache.get(key)
+        if got is None:
+            got = self.ring_cache[key] = _type_ring_s(num_bytes, h, self.type_links[device_type], g)
+        return got
 
     def bound_problem(self) -> "CompositionProblem":
         """The bound problem of this one (same candidate indices; see the module docstring), made once.
@@ -169,7 +206,7 @@ class CompositionProblem:
         the memo of solo objectives and ring times is shared."""
         sub = CompositionProblem([self.candidates[i] for i in keep], self.cluster, self.global_batch_size,
                                  self.sync_link, sync_floor=self.sync_floor, solo_cache=self.solo_cache,
-                                 ring_cache=self.ring_cache)
+                                 ring_cache=self.ring_cache, flat_sync=self.flat_sync)
         if self.sync_floor is None and self.bound is not None:
             sub.bound = self.bound.restricted(keep)
         if self.estimator is not None:
@@ -203,6 +240,9 @@ class CompositionProblem:
         if got is None and self.sync_floor is not None:
             got = self._sync_cache[key] = self.sync_floor.seconds(
                 max(self.candidates[c].partition.stage_param_bytes, default=0.0), h)
+        if got is None and self.per_type_sync:
+            got = self._sync_cache[key] = max((self.type_ring_s(t, g, w, h) for t, g, w in self.stage_sync_specs(c)),
+                                              default=0.0)
         if got is None:
             stage_bytes = self.candidates[c].partition.stage_param_bytes
             got = self.ring_cache.get((stage_bytes, h))       # candidates share stage gradients
@@ -214,7 +254,7 @@ class CompositionProblem:
     def sync_s_all(self, h: int) -> list[float]:
         """``[sync_s(c, h) for every candidate c]`` [s], the same floats: :meth:`ring_s` once per distinct
         stage gradient size, then each candidate's largest (max is exact)."""
-        if self.sync_floor is not None:
+        if self.sync_floor is not None or self.per_type_sync:
             return [self.sync_s(c, h) for c in range(len(self.candidates))]
         owner, sizes = [], []
         for c, cand in enumerate(self.candidates):
@@ -253,6 +293,18 @@ class CompositionProblem:
             per_byte = np.array([self.sync_floor.seconds(1.0, hh) for hh in range(1, max_pipelines + 1)])
             w = np.array([max(self.candidates[c].partition.stage_param_bytes, default=0.0) for c in cs], dtype=float)
             return np.floor(w[:, None] * per_byte[None, :] * US_PER_S).astype(np.int64).tolist()
+        if self.per_type_sync:                 # per stage on its type's links, grouped by (type, g)
+            worst = np.zeros((len(cs), max_pipelines))
+            groups: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+            for i, c in enumerate(cs):
+                for t, g, w in self.stage_sync_specs(c):
+                    if w > 0:
+                        rows = groups.setdefault((t, g), ([], []))
+                        rows[0].append(i)
+                        rows[1].append(w)
+            for (t, g), (owner, ws) in groups.items():
+                np.maximum.at(worst, np.array(owner), ring_table_s(np.array(ws), max_pipelines, self.type_links[t], g))
+            return np.ceil(worst * US_PER_S - 1e-6).astype(np.int64).tolist()
         h = np.arange(1, max_pipelines + 1, dtype=np.float64)
         link = self.sync_link
         owner, stage_bytes = [], []           # one row per stage with a gradient
@@ -360,22 +412,28 @@ def pipeline_time_for_counts(cands: Sequence[Candidate], counts: dict[int, int],
     return least_time_s(groups, global_batch_size)
 
 
-def block_sync_s(problem: CompositionProblem, used: Sequence[int], h: int) -> float:
+def block_sync_s(problem: CompositionProblem, used: Sequence[int], h: int,
+                 counts: dict[int, int] | None = None) -> float:
     """Block-wise gradient sync of ``h`` pipelines built from candidates ``used`` [s].
 
     As :func:`hpp.formulation.cost_model.estimate_plan` prices it: blocks from the union of the
     used candidates' boundaries; block j is ring-all-reduced among the h holders with the largest
     holder's bytes; a device serialises the blocks of its stage; T_sync = the slowest stage.
-    Never below :meth:`CompositionProblem.sync_s` (splitting a gradient into blocks adds latency
-    and lowers the fitted bandwidth), so the CP-SAT model's per-stage bucket is a relaxation.
+    On a per-pair cluster (:attr:`CompositionProblem.per_type_sync`) block j is priced on its holders'
+    links: :func:`~hpp.formulation.sync_pricing.mixed_ring_s` of the (type, holders per node, copies)
+    of the stages holding it (``counts``: copies per used candidate; None: h for one candidate, else
+    h // len(used) each).
     """
     if h <= 1:
         return 0.0
     cands = [problem.candidates[c] for c in used]
     cuts = sorted({b for c in cands for b in c.partition.boundaries})
     blocks = list(zip(cuts, cuts[1:]))
-    ring = [ring_allreduce_s(max(sum(c.partition.layer_param_bytes[lo:hi]) for c in cands), h, problem.sync_link)
-            for lo, hi in blocks]
+    if problem.per_type_sync:
+        ring = block_rings_s(problem, list(used), h, counts, blocks)
+    else:
+        ring = [ring_allreduce_s(max(sum(c.partition.layer_param_bytes[lo:hi]) for c in cands), h, problem.sync_link)
+                for lo, hi in blocks]
     worst = 0.0
     for c in cands:
         bnd = c.partition.boundaries
@@ -391,7 +449,7 @@ def composition_objective_s(problem: CompositionProblem, counts: dict[int, int])
         return math.inf
     h = sum(counts.values())
     t_pipe = pipeline_time_for_counts(problem.candidates, counts, problem.global_batch_size)
-    t_sync = block_sync_s(problem, list(counts), h)
+    t_sync = block_sync_s(problem, list(counts), h, counts)
     t_opt = max(problem.candidates[c].partition.optimizer_s for c in counts)
     return t_pipe + t_sync + t_opt
 

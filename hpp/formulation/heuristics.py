@@ -157,10 +157,12 @@ def _copies_objective_s(problem: CompositionProblem, c: int, x: int) -> float:
     t_sync = 0.0
     if x > 1:
         bnd, layer_bytes = p.boundaries, p.layer_param_bytes
-        for lo, hi in zip(bnd, bnd[1:]):
+        specs = problem.stage_sync_specs(c) if problem.per_type_sync else None   # per-pair: type links
+        for s, (lo, hi) in enumerate(zip(bnd, bnd[1:])):
             if lo >= hi:                       # empty stages: the general blocks
                 return composition_objective_s(problem, {c: x})
-            t_sync = max(t_sync, problem.ring_s(sum(layer_bytes[lo:hi]), x))
+            t_sync = max(t_sync, problem.ring_s(sum(layer_bytes[lo:hi]), x) if specs is None
+                         else problem.type_ring_s(specs[s][0], specs[s][1], sum(layer_bytes[lo:hi]), x))
     return t_pipe + t_sync + p.optimizer_s
 
 
