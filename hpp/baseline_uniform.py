@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, runnable_tp_degrees
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan, ring_allreduce_s, stage_compute_s
+from hpp.formulation.collectives import allreduce_s
+from hpp.formulation.cost_model import CostModelConfig, estimate_plan, stage_compute_s
 from hpp.formulation.stage_balance import StageKind
 from hpp.plan import Pipeline, Plan, Stage, default_schedule
 from hpp.profiles.cluster import Cluster, cluster_to_dict
@@ -99,22 +100,23 @@ def _uniform_layout(cluster: Cluster, groups, pp: int, samples: list[int]):
 
     Returns
     -------
-    (representatives, stage_nodes, stage_types, replicas)
-        representatives: one replica index per class; stage_nodes[s] / stage_types[s]: the nodes /
-        device types holding stage s over all kept replicas; replicas: kept replica count.
+    (representatives, stage_groups, stage_types, replicas, memo)
+        representatives: one replica index per class; stage_groups[s] / stage_types[s]: the TP
+        groups (device-id tuples, one per kept replica) / device types holding stage s; replicas:
+        kept replica count; memo: an empty dict for :func:`_uniform_sync_s`'s all-reduce times.
     """
     reps: dict[tuple, int] = {}
-    stage_nodes: list[set[int]] = [set() for _ in range(pp)]
+    stage_groups: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
     stage_types: list[set[str]] = [set() for _ in range(pp)]
     kept = sum(1 for n in samples if n > 0)
     for r in range(kept):
         row = groups[r * pp:(r + 1) * pp]
-        for s, (t, _, node) in enumerate(row):
-            stage_nodes[s].add(node)
+        for s, (t, ids, _) in enumerate(row):
+            stage_groups[s].append(ids)
             stage_types[s].add(t)
         links = tuple(cluster.link(a[1][-1], b[1][0]) for a, b in zip(row, row[1:]))
         reps.setdefault((tuple(t for t, _, _ in row), links, samples[r]), r)
-    return list(reps.values()), stage_nodes, stage_types, kept
+    return list(reps.values()), stage_groups, stage_types, kept, {}
 
 
 def _uniform_pipeline(profile: ModelProfile, groups, r: int, pp: int, tp: int, bounds, b: int, n: int,
@@ -129,19 +131,27 @@ def _uniform_sync_s(cluster: Cluster, profile: ModelProfile, layout, bounds, tp:
     """(exposed gradient sync [s], largest optimizer step [s]) of a uniform layout, as the cost model has them.
 
     Every replica has the same stage boundaries, so the blocks are the stages and each device holds
-    one: the exposed sync is the slowest stage's ring all-reduce among all replicas, over the slowest
-    link among that stage's holders (the node's own link when they share one node).
+    one: the exposed sync is the slowest stage's all-reduce among all kept replicas' TP groups of that
+    stage, priced by :func:`hpp.formulation.collectives.allreduce_s` on their actual (per-pair) links,
+    exactly as :func:`estimate_plan` prices a block (best ring order, or hierarchical where cheaper).
+    The all-reduces are memoised per (stage, bytes) in the layout's memo (its devices never change).
     """
-    _, stage_nodes, stage_types, kept = layout
+    _, stage_groups, stage_types, _, memo = layout
+    hier = config.hierarchical_allreduce
+
+    def ar(s: int, nbytes: float) -> float:
+        key = (s, nbytes, hier)
+        if key not in memo:
+            memo[key] = allreduce_s(nbytes, stage_groups[s], cluster, hierarchical=hier).seconds
+        return memo[key]
+
     sync = opt = 0.0
     for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         entries = [profile.layer_profile(t, tp, b, estimate=False) for t in sorted(stage_types[s])]
-        nodes = stage_nodes[s]
-        link = cluster.nodes[next(iter(nodes))].intra_node if len(nodes) == 1 else cluster.inter_node
         if config.grad_sync == "block":
-            t = ring_allreduce_s(max(sum(e.param_bytes[lo:hi]) for e in entries), kept, link)
+            t = ar(s, max(sum(e.param_bytes[lo:hi]) for e in entries))
         else:
-            t = sum(ring_allreduce_s(max(e.param_bytes[l] for e in entries), kept, link) for l in range(lo, hi))
+            t = sum(ar(s, max(e.param_bytes[l] for e in entries)) for l in range(lo, hi))
         sync = max(sync, t)
         opt = max(opt, max(sum(e.optimizer_s[lo:hi]) for e in entries))
     return sync, opt

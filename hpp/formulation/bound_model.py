@@ -53,6 +53,7 @@ from typing import Callable, Sequence
 
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.cost_model import CostModelConfig, p2p_transfer_s, p2p_waits_per_transfer, stage_compute_s
+from hpp.errors import HppInputError
 from hpp.formulation.stage_balance import StageKind
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import ModelProfile
@@ -94,7 +95,10 @@ def _runs_after(shape: Sequence[StageKind]) -> list[int | None]:
 
 
 def _inter_links(cluster: Cluster, device_type: str) -> tuple[Link, ...]:
-    """Every link between devices of two distinct nodes of ``device_type`` (empty: one node only).
+    """Every link between devices of two distinct nodes of ``device_type``.
+
+    Empty when the type has one node, or a version-2 cluster lacks one of those links (then a
+    crossing is priced like any boundary: at the cheapest of all options).
 
     Version 1: the inter-node link. Version 2: ``cluster.type_link`` of every zone pair two distinct
     nodes of the type span (what :meth:`Cluster.node_link` returns for them).
@@ -109,7 +113,10 @@ def _inter_links(cluster: Cluster, device_type: str) -> tuple[Link, ...]:
     for za in sorted(zones, key=str):
         for zb in sorted(zones, key=str):
             if za != zb or zones[za] > 1:
-                out.append(cluster.type_link(device_type, device_type, za, zb))
+                try:
+                    out.append(cluster.type_link(device_type, device_type, za, zb))
+                except HppInputError:       # no such link given: the caller falls back to every option
+                    return ()
     return tuple(dict.fromkeys(out))
 
 
