@@ -4,7 +4,10 @@
 
 Runs, in order: scenarios.py (speedups on the bundled scenarios), search_overhead.py
 (--quick: the small sweep; the full sweep is `python experiments/search_overhead.py`, ~30 min,
-and its CSV is reused when present), cost_model_validation.py, runtime_validation.py.
+and its CSV is reused when present), cost_model_validation.py, network_scenarios.py (one link vs
+per-pair links), runtime_validation.py. The memory tables read memory_validation.csv and
+memory_validation_bf16.csv, which `python experiments/memory_validation.py [--dtype bfloat16]`
+writes (about 6 minutes each on two idle cores; not rerun here).
 Bounded to about 15 minutes on 2 cores (about 4 with --quick).
 """
 
@@ -37,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's results section")
     ap.add_argument("--only", type=lambda v: set(v.split(",")),
-                    help="run only these (scenarios,search_overhead,cost_model_validation,runtime_validation; "
+                    help="run only these (scenarios,search_overhead,cost_model_validation,network_scenarios,runtime_validation; "
                          "'none' = just rewrite the README from the files)")
     args = ap.parse_args(argv)
     quick = ["--quick"] if args.quick else []
@@ -45,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the README's table reads search_overhead.csv, which a plain --quick run leaves alone
     plan = [("scenarios", quick), ("search_overhead", quick + ["--out", str(so_csv)])
             if args.quick or not so_csv.exists() else None,
-            ("cost_model_validation", []), ("runtime_validation", quick)]
+            ("cost_model_validation", []), ("network_scenarios", ["--repeats", "1" if args.quick else "3"]),
+            ("runtime_validation", quick)]
     rc = 0
     for step in plan:
         if step and (args.only is None or step[0] in args.only):

@@ -204,6 +204,7 @@ def results_markdown(results: Path) -> str:
         out += ["", "(for reference, on the same runs: Sailor's simulator 8.9 % / 5.9 %, its ports of the Metis "
                 "and FlashFlex cost models 12.2 % / 50.6 % and 21.8 % / 73.0 %)", "",
                 "![cost model](experiments/results/cost_model_validation.png)", ""]
+    out += _memory_markdown(results) + _network_markdown(results)
     rv = read_rows(results / "runtime_validation.csv")
     if rv:
         cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error",
@@ -215,3 +216,51 @@ def results_markdown(results: Path) -> str:
             out.append("| " + " | ".join(_f(r[c], ".0f" if c == "devices_used" else ".3f") for c in cols) + " |")
         out += ["", "![runtime](experiments/results/runtime_validation.png)", ""]
     return "\n".join(out)
+
+
+def _memory_markdown(results: Path) -> list[str]:
+    """Memory truth: predicted vs MemTracker peak per (model, TP, dtype), from ``memory_validation*.csv``."""
+    rows = read_rows(results / "memory_validation.csv") + read_rows(results / "memory_validation_bf16.csv")
+    if not rows:
+        return []
+    out = ["### Memory truth: predicted vs measured peak per stage (`experiments/memory_validation.py`)", "",
+           "Predicted peak of each stage (profile of `hpp profile` + cost model) against MemTracker's peak of the "
+           "runtime's real stage step (PipelineStage + 1F1B + loss + AdamW), real architectures under FakeTensor "
+           "(no memory used); 1-, 2- and 4-stage pipelines. `--dtype bfloat16` writes the bf16 file.", "",
+           "| model | dtype | TP | stages measured | largest predicted peak (GiB) | max abs error |",
+           "|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["dtype"], r["tp_degree"]), []).append(r)
+    for (model, dtype, tp), g in groups.items():
+        err = max(abs(float(r["error_pct"])) for r in g)
+        peak = max(float(r["predicted_bytes"]) for r in g) / 2 ** 30
+        out.append(f"| {model} | {dtype} | {tp} | {len(g)} | {peak:.2f} | {err:.2f} % |")
+    worst = max(abs(float(r["error_pct"])) for r in rows)
+    out += ["", f"memory: max |error| {worst:.2f} % over {len(rows)} stages (target 5 %)", ""]
+    return out
+
+
+def _network_markdown(results: Path) -> list[str]:
+    """Per-pair links vs one link on the bundled scenarios, from ``network_scenarios.csv``."""
+    rows = read_rows(results / "network_scenarios.csv")
+    if not rows:
+        return []
+    by: dict[str, dict[str, dict[str, str]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["model"]] = r
+    out = ["### Heterogeneous network: one link vs per-pair links (`experiments/network_scenarios.py`)", "",
+           "Each bundled scenario planned with one inter-node link for the whole cluster (before, cluster format "
+           "v1) and with links per pair of GPU types (after, v2 defaults from Sailor's measured fits), each plan "
+           "priced by its own cluster's cost model; `before on per-pair` = the before plan priced on the "
+           "per-pair links; search CPU seconds (least of the repeats).", "",
+           "| scenario | before s/iter | after s/iter | before on per-pair | device types before | device types "
+           "after | GPUs used before / after | search CPU s before / after |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in by.items():
+        b, a = m.get("before"), m.get("after")
+        if not (a and b):
+            continue
+        out.append(f"| {name} | {_f(b['iteration_time_s'], '.3f')} | {_f(a['iteration_time_s'], '.3f')} | "
+                   f"{_f(b['per_pair_estimate_s'], '.3f')} | {b['device_types']} | {a['device_types']} | "
+                   f"{b['gpus_used']} / {a['gpus_used']} | {_f(b['search_cpu_s'])} / {_f(a['search_cpu_s'])} |")
+    return out + [""]
