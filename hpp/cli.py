@@ -89,7 +89,12 @@ def cmd_plan(args) -> int:
     settings = SolverSettings(solver=args.solver, max_time_in_seconds=args.time_limit, num_workers=args.workers,
                               random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
                               cpsat_params=args.cpsat_params or "")
-    left_out = left_out_types(cluster, profile, space)
+    try:
+        left_out = left_out_types(cluster, profile, space)
+    except HppInputError as e:
+        if not (args.profile and e.field == "nodes[*].device_type" and not e.source):
+            raise
+        raise HppInputError(f"{e.message} (--profile {args.profile})", field=e.field, fix=e.fix) from None
     notes = cluster_notes(cluster) + list(left_out.values())
     check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
@@ -110,8 +115,14 @@ def cmd_plan(args) -> int:
     base_s = time.perf_counter() - t_base
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
     seed_s = _seed_from_previous(inp, seeds, say)
+    det = settings.deterministic_time
+    if settings.cpsat_params:                            # the override's limit is the one CP-SAT applies
+        from hpp.formulation.solver_settings import parse_cpsat_params
+        params = parse_cpsat_params(settings.cpsat_params)
+        if params.HasField("max_deterministic_time"):
+            det = params.max_deterministic_time
     say(f"HPP search ({settings.solver}; " + (f"wall-clock limit {args.time_limit:g} s)" if args.time_limit else
-        f"deterministic: CP-SAT stops at {settings.deterministic_time:g} work units; --time-limit S sets a wall limit)"))
+        f"deterministic: CP-SAT stops at {det:g} work units; --time-limit S sets a wall limit)"))
     res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, config=config,
                    profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
@@ -149,7 +160,9 @@ def cmd_plan(args) -> int:
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
     print_estimate(res.estimate, plan)
     how = f" ({comp.note})" if comp.note else ""
-    print(f"search: {res.wall_s:.2f} s, solver {comp.solver} {comp.status}, objective {comp.objective_s:.4f} s "
+    ran = comp.solver == "heuristic" or bool(comp.solver_status)    # "cp-sat FEASIBLE" would read as CP-SAT's answer
+    print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {comp.status}, "
+          f"objective {comp.objective_s:.4f} s "
           f"(the returned plan's predicted time), bound {comp.bound_s:.4f} s ({comp.bound_method}), gap {comp.gap:.2%}, "
           f"{comp.num_candidates} candidates{how}{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
@@ -287,8 +300,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--cpsat-on-subset", action="store_true",
-                   help="with more than 200 candidates, still run CP-SAT on the best 200 (it may improve the plan "
-                        "but cannot certify it; default: skip it there)")
+                   help="with more than 200 candidates, still run CP-SAT on at most the best 200 (it may improve "
+                        "the plan but cannot certify it; default: skip it there)")
     p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "milp", "heuristic", "greedy"],
                    help="composition solver (greedy: the old name of heuristic)")
     p.add_argument("--cpsat-params", metavar="TEXT",

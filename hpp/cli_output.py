@@ -129,7 +129,8 @@ def print_estimate(est, plan, out=None) -> None:
         n, each = len(members), (" each" if len(members) > 1 else "")
         w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {key[1]} samples{each}, "
           f"{key[2]} s{each}\n")
-    w(f"{len(plan.pipelines)} pipelines in {len(groups)} distinct kinds; blocks: {len(est.blocks)}; gradient sync "
+    kinds = f"{len(groups)} distinct kind{'' if len(groups) == 1 else 's'}"
+    w(f"{len(plan.pipelines)} pipelines in {kinds}; blocks: {len(est.blocks)}; gradient sync "
       f"block-wise {est.grad_sync_block_s:.3f} s (per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
     w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
       f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "

@@ -319,6 +319,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings | str = SolverSe
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
     if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
         note = f"{name} not run: the incumbent already meets the bound"
+        if name == "cp-sat" and settings.cpsat_params:
+            note += "; --cpsat-params unused"
     elif name != "heuristic":
         most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
         limit = min(settings.max_candidates, max(50, settings.max_table_entries // max(1, most)))
@@ -346,6 +348,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings | str = SolverSe
                 note = (note + "; " if note else "") + f"{name} saw {len(sel)} of {len(keep)} candidates"
         else:
             note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP bound covers all"
+            if name == "cp-sat" and settings.cpsat_params:
+                note += "; --cpsat-params unused: --cpsat-on-subset runs CP-SAT on a subset"
     obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
     obj = float(obj)
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:

@@ -216,7 +216,7 @@ def test_identical_pipelines_are_one_group_in_the_table(capsys):
     assert len(plan["pipelines"]) > len(kinds)                    # there are copies to group
     rows = [line for line in out.splitlines() if "GiB" in line and "[" in line]
     assert len(rows) == sum(len(json.loads(k)[1]) for k in kinds)  # one row per stage of each kind
-    assert f"{len(plan['pipelines'])} pipelines in {len(kinds)} distinct kinds" in out
+    assert f"{len(plan['pipelines'])} pipelines in {len(kinds)} distinct kind{'' if len(kinds) == 1 else 's'}" in out
     assert "identical pipelines:" in out
 
 

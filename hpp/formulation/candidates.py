@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 
 import numpy as np
 from dataclasses import dataclass
@@ -139,6 +140,16 @@ def runnable_tp_degrees(profile: ModelProfile) -> tuple[int, ...]:
     return tuple(t for t in sorted({k[1] for k in profile.entries}) if all(h % t == 0 for h in heads))
 
 
+def _no_profile_fix(dtype: str, profile) -> str:
+    """The fix for a cluster type the profile lacks; an emulated CPU type (``cpu-2x``) names ``--emulate``."""
+    fix = f"profile {dtype} or use types in {list(profile.device_types)}"
+    m = re.fullmatch(r"cpu-(\d+(?:\.\d+)?)x", dtype)
+    if m:
+        fix += (f"; {dtype} is an emulated CPU type: rerun hpp profile ... --device cpu with "
+                f"--emulate {dtype}={m.group(1)} to add it")
+    return fix
+
+
 def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> dict[str, tuple[StageKind, ...]]:
     """Stage kinds per device type of the cluster: every measured TP degree that fits a node and ``max_tp``.
 
@@ -157,7 +168,7 @@ def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> 
         if dtype not in profile.device_types:
             raise HppInputError(f"GPU type {dtype!r} of the cluster has no profile for {profile.model}",
                                 field="nodes[*].device_type",
-                                fix=f"profile {dtype} or use types in {list(profile.device_types)}")
+                                fix=_no_profile_fix(dtype, profile))
         largest_node = max(n.num_devices for n in cluster.nodes if n.device_type == dtype)
         tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)
                and t in runnable]
