@@ -34,6 +34,8 @@ than the flat ring.
 
 from __future__ import annotations
 
+import numpy as np
+
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -87,6 +89,24 @@ def ring_allreduce_s(num_bytes: float, num_ranks: int, link: Link) -> float:
     chunk = num_bytes / num_ranks
     bw = link.bandwidth_bytes_per_s(chunk)
     return 2.0 * (num_ranks - 1) / num_ranks * num_bytes / bw + 2.0 * (num_ranks - 1) * link.latency_s
+
+
+def ring_allreduce_np(w: np.ndarray, h: np.ndarray, link: Link) -> np.ndarray:
+    """:func:`ring_allreduce_s` vectorised over broadcast ``w`` [bytes] and ``h`` (>= 2) ranks [s] (same floats)."""
+    chunk = w / h
+    bw = np.full(np.broadcast(chunk, chunk).shape, link.max_bytes_per_s)
+    if link.fit_gb_per_s is not None:
+        a, b, c = link.fit_gb_per_s
+        x = np.log2(np.maximum(chunk, 1.0) / 1e6)
+        fit = (a * x * x + b * x + c) * 1e9
+        bw = np.where(fit > 0, np.minimum(fit, link.max_bytes_per_s), link.max_bytes_per_s)
+    return 2.0 * (h - 1) / h * w / bw + 2.0 * (h - 1) * link.latency_s
+
+
+def hierarchical_allreduce_s(num_bytes: float, per_node: int, num_nodes: int, intra: Link, inter: Link) -> float:
+    """Reduce-scatter and all-gather inside each node (a ring of ``per_node`` over ``intra``) plus a ring of
+    ``num_nodes`` over ``inter`` on ``num_bytes / per_node`` [s] (NCCL's tree/ring hierarchy, as priced here)."""
+    return ring_allreduce_s(num_bytes, per_node, intra) + ring_allreduce_s(num_bytes / per_node, num_nodes, inter)
 
 
 def allreduce_lower_bound_s(num_bytes: float, num_ranks: int, link: Link) -> float:
@@ -166,8 +186,9 @@ def _ring_cost(num_bytes: float, ranks: Sequence[int], cluster: Cluster, hierarc
     if hierarchical and g > 1 and all(c == g for c in per_node.values()):
         k = len(per_node)
         _, inter_k = _best_node_order(cluster, list(per_node), num_bytes / g / k)
-        inside = max(ring_allreduce_s(num_bytes, g, cluster.nodes[i].intra_node) for i in per_node)
-        hier = inside + ring_allreduce_s(num_bytes / g, k, inter_k)
+        slowest_intra = max((cluster.nodes[i].intra_node for i in per_node),
+                            key=lambda l: ring_allreduce_s(num_bytes, g, l))
+        hier = hierarchical_allreduce_s(num_bytes, g, k, slowest_intra, inter_k)
         if hier < flat:
             return AllReduceCost(hier, "hierarchical", order)
     return AllReduceCost(flat, "ring", order)

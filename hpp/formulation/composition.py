@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from hpp.formulation.candidates import Candidate, tp_capacity
-from hpp.formulation.cost_model import ring_allreduce_s
+from hpp.formulation.collectives import ring_allreduce_np, ring_allreduce_s
 from hpp.formulation.data_balance import least_time_s
 from hpp.formulation.sync_pricing import block_rings_s, holders_per_node, ring_table_s, type_links
 from hpp.formulation.sync_pricing import type_ring_s as _type_ring_s
@@ -306,7 +306,6 @@ class CompositionProblem:
                 np.maximum.at(worst, np.array(owner), ring_table_s(np.array(ws), max_pipelines, self.type_links[t], g))
             return np.ceil(worst * US_PER_S - 1e-6).astype(np.int64).tolist()
         h = np.arange(1, max_pipelines + 1, dtype=np.float64)
-        link = self.sync_link
         owner, stage_bytes = [], []           # one row per stage with a gradient
         for i, c in enumerate(cs):
             for w in self.candidates[c].partition.stage_param_bytes:
@@ -315,15 +314,7 @@ class CompositionProblem:
                     stage_bytes.append(w)
         worst = np.zeros((len(cs), len(h)))
         if stage_bytes:
-            w = np.array(stage_bytes, dtype=np.float64)[:, None]
-            chunk = w / h
-            bw = np.full_like(chunk, link.max_bytes_per_s)
-            if link.fit_gb_per_s is not None:
-                a, b, cc = link.fit_gb_per_s
-                x = np.log2(np.maximum(chunk, 1.0) / 1e6)
-                fit = (a * x * x + b * x + cc) * 1e9
-                bw = np.where(fit > 0, np.minimum(fit, link.max_bytes_per_s), link.max_bytes_per_s)
-            t = 2.0 * (h - 1) / h * w / bw + 2.0 * (h - 1) * link.latency_s
+            t = ring_allreduce_np(np.array(stage_bytes, dtype=np.float64)[:, None], h, self.sync_link)
             owner = np.array(owner)
             first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])   # each owner's first row
             worst[owner[first]] = np.maximum(0.0, np.maximum.reduceat(t, first, axis=0))

@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from hpp.errors import HppInputError
-from hpp.formulation.collectives import ring_allreduce_s
+from hpp.formulation.collectives import hierarchical_allreduce_s, ring_allreduce_np, ring_allreduce_s
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["TypeLinks", "type_links", "holders_per_node", "type_ring_s", "mixed_ring_s", "ring_table_s", "block_rings_s"]
@@ -91,7 +91,7 @@ def type_ring_s(num_bytes: float, h: int, links: TypeLinks, g: int) -> float:
         return ring_allreduce_s(num_bytes, h, links.intra)
     flat = ring_allreduce_s(num_bytes, h, links.inter)
     if g >= 2 and h % g == 0:
-        hier = ring_allreduce_s(num_bytes, g, links.intra) + ring_allreduce_s(num_bytes / g, h // g, links.inter)
+        hier = hierarchical_allreduce_s(num_bytes, g, h // g, links.intra, links.inter)
         return min(flat, hier)
     return flat
 
@@ -139,28 +139,16 @@ def mixed_ring_s(num_bytes: float, holders: Sequence[tuple[str, int, int]], clus
     return got
 
 
-def _ring_np(w: np.ndarray, h: np.ndarray, link: Link) -> np.ndarray:
-    """:func:`ring_allreduce_s` vectorised over broadcast ``w`` [bytes] and ``h`` (>= 2) [s]."""
-    chunk = w / h
-    bw = np.full(np.broadcast(chunk, chunk).shape, link.max_bytes_per_s)
-    if link.fit_gb_per_s is not None:
-        a, b, c = link.fit_gb_per_s
-        x = np.log2(np.maximum(chunk, 1.0) / 1e6)
-        fit = (a * x * x + b * x + c) * 1e9
-        bw = np.where(fit > 0, np.minimum(fit, link.max_bytes_per_s), link.max_bytes_per_s)
-    return 2.0 * (h - 1) / h * w / bw + 2.0 * (h - 1) * link.latency_s
-
-
 def ring_table_s(w: np.ndarray, max_pipelines: int, links: TypeLinks, g: int) -> np.ndarray:
     """:func:`type_ring_s` for stage bytes ``w`` (shape (k,)) and h = 1 .. max_pipelines: shape (k, H) [s]."""
     w = np.asarray(w, dtype=np.float64)[:, None]
     h = np.arange(1, max_pipelines + 1, dtype=np.float64)[None, :]
     hh = np.maximum(h, 2.0)
-    out = _ring_np(w, hh, links.inter)
+    out = ring_allreduce_np(w, hh, links.inter)
     if g >= 2:
-        inside = _ring_np(w, np.minimum(hh, float(g)), links.intra)
+        inside = ring_allreduce_np(w, np.minimum(hh, float(g)), links.intra)
         k = np.maximum(h // g, 2.0)
-        hier = _ring_np(w, np.full_like(h, float(g)), links.intra) + _ring_np(w / g, k, links.inter)
+        hier = ring_allreduce_np(w, np.full_like(h, float(g)), links.intra) + ring_allreduce_np(w / g, k, links.inter)
         out = np.where((h % g == 0) & (h > g), np.minimum(out, hier), out)
         out = np.where(h <= g, inside, out)
     return np.where((h > 1) & (w > 0), out, 0.0)

@@ -143,6 +143,18 @@ class P2PFit:
     quantile: float
 
 
+def _exchange_s(rank: int, buf: torch.Tensor) -> float:
+    """One round trip of ``buf`` between ranks 0 and 1 (0 sends first); returns half of it [s]."""
+    t0 = time.perf_counter()
+    if rank == 0:
+        dist.isend(buf, 1).wait()
+        dist.irecv(buf, 1).wait()
+    else:
+        dist.irecv(buf, 0).wait()
+        dist.isend(buf, 0).wait()
+    return (time.perf_counter() - t0) / 2
+
+
 def _p2p_rank(rank: int, world_size: int, port: int, sizes: Sequence[int], warmup: int,
               repeats: int) -> dict[int, list[float]]:
     init_gloo(rank, world_size, port)
@@ -153,15 +165,9 @@ def _p2p_rank(rank: int, world_size: int, port: int, sizes: Sequence[int], warmu
             times = []
             for i in range(warmup + repeats):
                 dist.barrier()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.isend(buf, 1).wait()
-                    dist.irecv(buf, 1).wait()
-                else:
-                    dist.irecv(buf, 0).wait()
-                    dist.isend(buf, 0).wait()
+                one_way = _exchange_s(rank, buf)
                 if i >= warmup:
-                    times.append((time.perf_counter() - t0) / 2)
+                    times.append(one_way)
             out[n] = times
     finally:
         dist.destroy_process_group()
@@ -259,20 +265,12 @@ def _pingpong_rank(rank: int, _world: int, port: int, iters: int, compute_s: flo
         while time.perf_counter() < t_end:
             x @ x
         return None
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    init_gloo(rank, 2, port)
     buf = torch.zeros(16384)
     times = []
     try:
         for _ in range(iters):
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.isend(buf, 1).wait()
-                dist.irecv(buf, 1).wait()
-            else:
-                dist.irecv(buf, 0).wait()
-                dist.isend(buf, 0).wait()
-            times.append((time.perf_counter() - t0) / 2)
+            times.append(_exchange_s(rank, buf))
             c0 = time.thread_time()
             while time.thread_time() - c0 < compute_s:
                 pass
