@@ -146,8 +146,11 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
     per_node: dict[StageKind, int] = {}
     keep = 1.0 - SHRINK
 
+    opt_ids: dict[tuple[Link, ...], int] = {}
+
     def options(a: StageKind, b: StageKind, run: int | None):
-        """(priced, cheapest-of-any-binding, inter-node) link options of a boundary a -> b."""
+        """(priced, cheapest-of-any-binding, inter-node) link options of a boundary a -> b, each as
+        (id, links): the small int keys the memos below (hashing tuples of links is slow)."""
         got = links.get((a, b, run))
         if got is None:
             priced = tuple(priced_of(a, b, run))
@@ -158,7 +161,7 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 if t not in inter_of:
                     inter_of[t] = _inter_links(cluster, t)
                 inter = inter_of[t] or cheap
-            got = links[(a, b, run)] = (priced, cheap, inter)
+            got = links[(a, b, run)] = tuple((opt_ids.setdefault(o, len(opt_ids)), o) for o in (priced, cheap, inter))
         return got
 
     def stages_per_node(k: StageKind) -> int:
@@ -177,14 +180,14 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
 
     transfers: dict[tuple, float] = {}
 
-    def cheapest(k: StageKind, mbs: int, v: int, opts: tuple[Link, ...]) -> float:
-        """min over ``opts`` of the transfer of kind k's output after layer v-1 (memoised)."""
-        key = (k, mbs, v, opts)
+    def cheapest(k: StageKind, mbs: int, v: int, opts: tuple[int, tuple[Link, ...]]) -> float:
+        """min over the links ``opts`` (id, links) of the transfer of kind k's output after layer v-1 (memoised)."""
+        key = (k, mbs, v, opts[0])
         got = transfers.get(key)
         if got is None:
             e = entry(k, mbs)
             out_bytes = e.output_bytes[v - 1]
-            got = transfers[key] = min(p2p_transfer_s(e, link, out_bytes) for link in opts)
+            got = transfers[key] = min(p2p_transfer_s(e, link, out_bytes) for link in opts[1])
         return got
 
     def record(a: StageKind, b: StageKind, run: int | None, mbs: int, v: int):
@@ -193,7 +196,7 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
         got = recs.get(key)
         if got is None:
             priced, cheap, inter = options(a, b, run)
-            if priced == cheap and (a != b or inter == cheap):
+            if priced[0] == cheap[0] and (a != b or inter[0] == cheap[0]):
                 got = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
             else:
                 ka = p2p_waits_per_transfer(entry(a, mbs), config)
@@ -201,7 +204,7 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 pa, pb = cheapest(a, mbs, v, priced), cheapest(b, mbs, v, priced)
                 da = max(0.0, pa - cheapest(a, mbs, v, cheap))
                 db = max(0.0, pb - cheapest(b, mbs, v, cheap))
-                if inter is cheap:
+                if inter[0] == cheap[0]:
                     ia, ib = da, db
                 else:       # may be negative: the search priced it intra-node, a crossing costs more
                     ia = min(da, pa - cheapest(a, mbs, v, inter))

@@ -49,7 +49,7 @@ import numpy as np
 
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.formulation.heuristics import _fill_in_order, local_search
-from hpp.formulation.sync_floor import cluster_links, has_hierarchical, stage_sync_rate
+from hpp.formulation.sync_floor import cluster_links, has_hierarchical, stage_sync_rates
 
 __all__ = ["CopyBound", "copy_bound", "h_ranges"]
 
@@ -226,7 +226,7 @@ class _Search:
         type_links = {t: cluster_links(cl, t) for t in {k.device_type for _, _, k in largest}}
         # candidates whose largest stage has the same TP degree and node links share a sync rate table
         kind_id: dict[tuple, int] = {}
-        self.kinds: dict[int, tuple[int, tuple]] = {}
+        self.kinds: dict[int, tuple[int, tuple, tuple]] = {}
         kind = []
         for _, _, k in largest:
             links = type_links[k.device_type]
@@ -234,7 +234,7 @@ class _Search:
             i = kind_id.get(key)
             if i is None:
                 i = kind_id[key] = len(kind_id)
-                self.kinds[i] = (k.tp_degree, links)
+                self.kinds[i] = (k.tp_degree, links, key)
             kind.append(i)
         self.kind = np.array(kind, dtype=np.int64)
         self.node_max = max((nd.num_devices for nd in cl.nodes), default=1)
@@ -246,10 +246,13 @@ class _Search:
         pen = self.opt.copy()
         if a >= 2:
             bmax = float(self.beta_max.max(initial=1.0))
-            for key in np.unique(self.kind).tolist():
-                tp, links = self.kinds[key]
-                tops, rate, beta0 = stage_sync_rate(self.problem.cluster, a, b, tp, bmax, hierarchical=self.hier,
-                                                   links=links)
+            keys = np.unique(self.kind).tolist()
+            memo = ("sync_rates", tuple(self.kinds[k][2] for k in keys), a, b, bmax, self.hier)
+            rates = self.problem.ring_cache.get(memo)        # shared by the problem's restrictions
+            if rates is None:
+                rates = self.problem.ring_cache[memo] = stage_sync_rates(
+                    self.problem.cluster, a, b, [self.kinds[k][:2] for k in keys], bmax, hierarchical=self.hier)
+            for key, (tops, rate, beta0) in zip(keys, rates):
                 sel = self.kind == key
                 cap = np.minimum(np.maximum(self.w_stage[sel], beta0), self.beta_max[sel])
                 idx = np.minimum(np.searchsorted(tops, cap), len(tops) - 1)

@@ -11,13 +11,14 @@ counts; :mod:`hpp.formulation.copy_bound` uses it as the penalty of each candida
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
 from hpp.errors import HppInputError
 from hpp.profiles.cluster import Link
 
-__all__ = ["sync_rate_table", "stage_sync_rate", "ring_cost_increasing_from", "cluster_links", "has_hierarchical"]
+__all__ = ["sync_rate_table", "stage_sync_rate", "stage_sync_rates", "ring_cost_increasing_from", "cluster_links", "has_hierarchical"]
 
 _GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
 _GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
@@ -180,16 +181,49 @@ def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierar
     W times the least rate up to max(W, beta_0) (the blocks below beta_0 at the least rate up to
     beta_0), not up to the most bytes any candidate holds there.
     """
-    node_max, intra, inter = links or cluster_links(cluster)
-    g_max = max(1, node_max - tp + 1)
-    flat_links = intra + inter if a <= g_max else (inter or intra)
-    tops, rate = sync_rate_table(flat_links, a, b, beta_max)
-    used = list(flat_links)
-    g = min(g_max, b // 2)
-    if hierarchical and inter and g >= 2:
-        _, hier = sync_rate_table(inter, a, b, beta_max, factor=max(0.0, 2.0 / g - 2.0 / a),
-                                  latency_steps=max(0.0, 2.0 * (a / g - 1.0)))
-        rate = np.minimum(rate, hier)
-        used += inter
-    chunk0 = max(ring_cost_increasing_from(link, beta_max / max(a, 1)) for link in dict.fromkeys(used))
-    return tops, rate, min(beta_max, chunk0 * b)
+    return stage_sync_rates(cluster, a, b, [(tp, links or cluster_links(cluster))], beta_max,
+                            hierarchical=hierarchical)[0]
+
+
+def stage_sync_rates(cluster, a: int, b: int, kinds: Sequence[tuple[int, tuple[int, list[Link], list[Link]]]],
+                     beta_max: float, *, hierarchical: bool = True) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """:func:`stage_sync_rate` of several stage kinds ``(tp, links)`` at once, same values: the kinds share
+    the grid and the range [a, b], so each distinct link's bandwidth over the grid (and its
+    :func:`ring_cost_increasing_from`) is computed once rather than once per kind and form."""
+    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
+    tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
+    bots = np.r_[0.0, tops[:-1]]
+    bws: dict[Link, np.ndarray] = {}
+    rises: dict[Link, float] = {}
+
+    def table(used: list[Link], factor: float, steps: float) -> np.ndarray:
+        """:func:`sync_rate_table`'s running least rate on the shared grid."""
+        if a < 2 or factor <= 0 or not used:
+            return np.zeros(n)
+        rate = np.full(n, math.inf)
+        for link in used:
+            bw = bws.get(link)
+            if bw is None:
+                bw = bws[link] = _max_bw(link, bots / b, tops / a)
+            rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
+        return np.minimum.accumulate(rate)
+
+    out = []
+    for tp, (node_max, intra, inter) in kinds:
+        g_max = max(1, node_max - tp + 1)
+        flat_links = intra + inter if a <= g_max else (inter or intra)
+        rate = table(flat_links, 2.0 * (a - 1) / a, 2.0 * (a - 1))
+        used = list(flat_links)
+        g = min(g_max, b // 2)
+        if hierarchical and inter and g >= 2:
+            hier = table(inter, max(0.0, 2.0 / g - 2.0 / a), max(0.0, 2.0 * (a / g - 1.0)))
+            rate = np.minimum(rate, hier)
+            used += inter
+        chunk0 = 0.0
+        for link in dict.fromkeys(used):
+            r = rises.get(link)
+            if r is None:
+                r = rises[link] = ring_cost_increasing_from(link, beta_max / max(a, 1))
+            chunk0 = max(chunk0, r)
+        out.append((tops, rate, min(beta_max, chunk0 * b)))
+    return out

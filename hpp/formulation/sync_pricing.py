@@ -176,9 +176,14 @@ def block_rings_s(problem, used: list[int], h: int, counts: dict[int, int] | Non
             if 0 <= s < len(spec):
                 holders.append((spec[s][0], spec[s][1], n))
         w = max(sum(lb[lo:hi]) for *_, lb in specs)
-        if len({t for t, _, _ in holders}) == 1:
-            ring = problem.type_ring_s(holders[0][0], min(g for _, g, _ in holders), w, sum(n for *_, n in holders))
-        else:
-            ring = mixed_ring_s(w, holders, problem.cluster, problem.type_links, problem.ring_cache)
+        key = ("block", w, *holders)
+        ring = problem.ring_cache.get(key)
+        if ring is None:
+            if len({t for t, _, _ in holders}) == 1:
+                ring = problem.type_ring_s(holders[0][0], min(g for _, g, _ in holders), w,
+                                           sum(n for *_, n in holders))
+            else:
+                ring = mixed_ring_s(w, holders, problem.cluster, problem.type_links, problem.ring_cache)
+            problem.ring_cache[key] = ring
         out.append(ring)
     return out
