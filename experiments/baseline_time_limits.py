@@ -1,6 +1,6 @@
 """Measure that ``--baseline-time-limit S`` bounds the baseline phase to S + 1 s on every bundled scenario.
 
-Runs :func:`hpp.baselines.run_baselines` (what ``hpp plan`` runs before its search) with each time
+Runs :func:`hpp.baselines.single_shape.run_baselines` (what ``hpp plan`` runs before its search) with each time
 limit on each bundled scenario and prints one row per (scenario, limit): the phase's wall time, each
 baseline's time, whether it stopped at its deadline, and whether the phase kept to S + 1 s. Wall
 clock on a shared machine: a benchmark to read, not a unit test (issue 20.3).
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:                      # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from hpp.baselines import run_baselines  # noqa: E402
+from hpp.baselines.single_shape import run_baselines  # noqa: E402
 from hpp.cliparse import Parser  # noqa: E402
 from hpp.profiles.bundled import load_bundled_profile  # noqa: E402
 from hpp.scenarios import SCENARIOS  # noqa: E402

@@ -2,7 +2,7 @@
 
 Random small instances (``tests.test_certified.random_instance``: 2-4 device types of 11-96 GB, 6-12
 layers, 2-8 GPUs per type, nodes of 2 or 4, links drawn from the bundled public network fits, non-monotone
-ones included), each solved by the one solve path (:func:`hpp.solvers.solve`) and compared with the
+ones included), each solved by the one solve path (:func:`hpp.formulation.composition.solve.solve`) and compared with the
 exhaustive oracle over the unpruned candidates. Writes one CSV row per (instance, solver) and prints a
 summary; exit 1 on any violation.
 

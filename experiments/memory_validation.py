@@ -93,6 +93,8 @@ def _splits(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
+# The runtime (torch, ~4 s) is imported inside the jobs and the functions that measure: `--help` and the
+# cost-model side start without it.
 def _terms_job(name: str, b: int, tp: int, dtype: str) -> tuple[dict, float]:
     from hpp.runtime.memory_profile import memory_terms
     from hpp.runtime.zoo import load_runtime_model

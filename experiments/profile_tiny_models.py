@@ -42,7 +42,9 @@ import argparse
 import json
 import logging
 import platform
+import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -61,6 +63,7 @@ from hpp.profiles.model_profile import ModelProfile, load_profile, save_profile 
 from hpp.runtime.profiler import profile_model, scale_profile  # noqa: E402
 from hpp.runtime.time_profile import HostStepTerms, add_measured_time_terms, measure_host_step_terms  # noqa: E402
 from hpp.runtime.stage import build_stage  # noqa: E402
+from hpp.runtime.tensor_parallel import local_tensor, parallelize_stage  # noqa: E402
 from hpp.runtime.zoo import load_runtime_model  # noqa: E402
 
 log = logging.getLogger("profile_tiny_models")
@@ -102,7 +105,6 @@ def derive_tp(profile: ModelProfile, model, tp_degree: int) -> ModelProfile:
 def _tp_worker(rank: int, name: str, tp: int, sizes: Sequence[int], warmup: int, repeats: int, init: str,
                out_dir: str) -> None:
     """One TP rank: every layer sharded as hpp run shards it, timed at every micro-batch size."""
-    from hpp.runtime.tensor_parallel import local_tensor, parallelize_stage
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=tp)
     model = load_runtime_model(name)
@@ -127,8 +129,6 @@ def _tp_worker(rank: int, name: str, tp: int, sizes: Sequence[int], warmup: int,
 
 def _timed(layer, make_input, *, warmup: int, repeats: int) -> dict[str, float]:
     """Median forward/backward/optimizer CPU seconds of ``layer`` (hpp.runtime.profiler.measure_layer's loop)."""
-    import statistics
-    import time
     params = list(layer.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4)
     fwd, bwd, step = [], [], []

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from hpp.evaluation import results_markdown
+from hpp.bench.evaluation import results_markdown
 
 HERE = Path(__file__).resolve().parent
 README = HERE.parent / "README.md"

@@ -61,6 +61,8 @@ def _plan(model: str, num_layers: int, *, global_batch: int, micro_batch: int, s
 
 
 # ------------------------------------------------------------------ the plain script, one function per rank
+# Imports inside the rank functions and _preload are part of what is measured (what each forked rank loads
+# itself); keep them where they are.
 def _plain_rank(rank: int, port: int, model_name: str, plan_lo_hi: list, g: int, b: int, steps: int,
                 lr: float, out: str) -> None:
     import torch.distributed as dist
@@ -119,7 +121,7 @@ def _children_cpu_s() -> float:
 
 def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float) -> tuple[list[float], float]:
     """Per-step times [s] of the plain script (slowest rank per step), and its ranks' CPU seconds."""
-    from hpp.runtime.launch import free_port
+    from hpp.runtime.processes import free_port
     ctx = mp.get_context("fork")
     cpu0 = _children_cpu_s()
     with tempfile.TemporaryDirectory() as out:

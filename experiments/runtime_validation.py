@@ -1,6 +1,6 @@
 """Profile -> plan (HPP, uniform, single-shape) -> run -> predicted vs measured, on emulated CPU clusters.
 
-Thin: the logic is in :mod:`hpp.runtime.validation`. Besides the three emulated clusters it
+Thin: the logic is in :mod:`hpp.bench.runtime_validation`. Besides the three emulated clusters it
 runs scenario cpu-hetero-4's cluster without speed emulation (what ``hpp run PLAN --steps 8``
 does; ``--no-closed-loop`` skips it). Writes ``experiments/results/runtime_validation.csv``
 (one row per run), ``.png`` (measured and predicted throughput per plan and emulated
@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch  # noqa: F401  (the fork launcher needs torch imported in the parent)
 
-from hpp.runtime.validation import DEFAULT_CLUSTERS, QUICK_CLUSTERS, max_abs_error, validate
+from hpp.bench.runtime_validation import DEFAULT_CLUSTERS, QUICK_CLUSTERS, max_abs_error, validate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

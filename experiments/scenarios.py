@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from hpp.evaluation import plot_speedups, scenario_rows, write_rows
+from hpp.bench.evaluation import plot_speedups, scenario_rows, write_rows
 from hpp.scenarios import SCENARIOS
 
 RESULTS = Path(__file__).resolve().parent / "results"

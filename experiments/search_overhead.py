@@ -20,7 +20,7 @@ from typing import Sequence
 
 from hpp.cliparse import Parser
 from hpp.errors import HppInputError, InfeasibleError
-from hpp.search_bench import (ABLATIONS, measure_point, plot_rows, read_csv, scenario_points, summary_table,
+from hpp.bench.search_overhead import (ABLATIONS, measure_point, plot_rows, read_csv, scenario_points, summary_table,
                               sweep_points, write_csv)
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -21,7 +21,7 @@ from hpp.cliparse import Parser
 from hpp.errors import HppInputError
 from hpp.fileio import write_dataclass_csv
 from hpp.formulation.candidates import SearchSpace
-from hpp.search_bench import BaselineCheck, baseline_cases, baseline_check
+from hpp.bench.search_overhead import BaselineCheck, baseline_cases, baseline_check
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -41,13 +41,22 @@ from hpp.errors import HppInputError
 # package, so loading it here, before ``def plan`` below, leaves ``hpp.plan`` the function. Import the
 # module's names with ``from hpp.plan import Plan`` (``import hpp.plan as m`` would get the function).
 from hpp import plan as _plan_module  # noqa: E402,F401
+from hpp.interop import load_any_plan
+from hpp.plan import Plan
+from hpp.profiles.bundled import bundled_models, load_bundled_profile
+from hpp.profiles.cluster import Cluster, cluster_from_dict
+from hpp.profiles.cluster import load_cluster as _load_cluster_file
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import load_profile as _load_profile_file
+from hpp.resolve import load_plan, profile_ref_for, resolve_plan
+from hpp.scenarios import SCENARIOS, get_scenario
 
-if TYPE_CHECKING:       # the heavy modules (OR-Tools, numpy) load on first use, not on ``import hpp``
+# The search and the cost model (hpp.planner, hpp.baselines, hpp.formulation) load numpy, SciPy and
+# OR-Tools: about 1.4 s, against about 0.1 s for ``import hpp`` without them (measured with
+# python -X importtime). :func:`plan` and :func:`estimate` import them on first use ("lazy" below).
+if TYPE_CHECKING:
     from hpp.formulation.cost_model import PlanEstimate
-    from hpp.plan import Plan
     from hpp.planner import PlannerResult
-    from hpp.profiles.cluster import Cluster
-    from hpp.profiles.model_profile import ModelProfile
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "HppInputError", "load_cluster", "load_profile", "plan", "estimate"]
@@ -78,18 +87,14 @@ def load_cluster(source: "str | Path | Mapping[str, Any] | Cluster") -> "Cluster
     >>> load_cluster("opt350-a100x8-v100x8").count_by_type()
     {'A100-40': 8, 'V100-16': 8}
     """
-    from hpp.profiles.cluster import Cluster, cluster_from_dict
-    from hpp.profiles.cluster import load_cluster as _load
-
     if isinstance(source, Cluster):
         return source
     if isinstance(source, Mapping):
         return cluster_from_dict(source, source="<cluster object>")
     if isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
-        from hpp.scenarios import SCENARIOS, get_scenario
         if source in SCENARIOS:
             return get_scenario(source).cluster()
-    return _load(source)
+    return _load_cluster_file(source)
 
 
 def load_profile(source: "str | Path | ModelProfile") -> "ModelProfile":
@@ -115,15 +120,11 @@ def load_profile(source: "str | Path | ModelProfile") -> "ModelProfile":
     >>> load_profile("OPT-350").num_layers
     26
     """
-    from hpp.profiles.bundled import bundled_models, load_bundled_profile
-    from hpp.profiles.model_profile import ModelProfile
-    from hpp.profiles.model_profile import load_profile as _load
-
     if isinstance(source, ModelProfile):
         return source
     path = Path(source)
     if path.suffix == ".json" or path.exists():
-        return _load(path)
+        return _load_profile_file(path)
     if str(source) not in bundled_models() and not any(str(source).lower() == m.lower() for m in bundled_models()):
         raise HppInputError(f"{str(source)!r} is neither a bundled model nor a profile file", field="profile",
                             fix=f"use one of {list(bundled_models())} or a JSON file written by `hpp profile`")
@@ -173,10 +174,9 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
     InfeasibleError
         No plan fits memory (the message says by how much the best shape falls short).
     """
-    from hpp.formulation.candidates import SearchSpace
-    from hpp.formulation.composition import SolverSettings
-    from hpp.planner import check_micro_batch_sizes, plan_hpp
-    from hpp.resolve import profile_ref_for
+    from hpp.formulation.candidates import SearchSpace                   # lazy: numpy/OR-Tools (see the top)
+    from hpp.formulation.composition.settings import SolverSettings
+    from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
 
     cl, prof = load_cluster(cluster), load_profile(profile)
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
@@ -185,15 +185,15 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
     space = SearchSpace(micro_batch_sizes=tuple(micro_batch_sizes) if micro_batch_sizes else None, max_tp=max_tp,
                         max_stages=max_stages, max_types_per_pipeline=max_types_per_pipeline,
                         allow_recompute=allow_recompute, mixed_tp_pipelines=mixed_tp_pipelines)
-    settings = SolverSettings(max_time_in_seconds=time_limit_s, num_workers=workers, random_seed=seed)
+    config = PlannerConfig(space=space, solver=SolverSettings(max_time_in_seconds=time_limit_s,
+                                                              num_workers=workers, random_seed=seed))
     seeds = None
     if baselines:
-        from hpp.baselines import run_baselines
+        from hpp.baselines.single_shape import run_baselines                # lazy: numpy
         check_micro_batch_sizes(cl, prof, space)
         found = run_baselines(cl, prof, global_batch_size, space=space, time_budget_s=baseline_time_limit_s)
         seeds = {k: b.plan for k, b in found.items() if b.plan is not None}
-    return plan_hpp(cl, prof, global_batch_size, space=space, settings=settings, profile_ref=profile_ref_for(prof),
-                    seed_plans=seeds)
+    return plan_hpp(cl, prof, global_batch_size, config=config, profile_ref=profile_ref_for(prof), seed_plans=seeds)
 
 
 def estimate(plan_or_path: "Plan | str | Path", cluster: "str | Path | Mapping[str, Any] | Cluster | None" = None,
@@ -218,22 +218,14 @@ def estimate(plan_or_path: "Plan | str | Path", cluster: "str | Path | Mapping[s
     HppInputError
         A plan that is invalid on the cluster (the message names the field), a missing file.
     """
-    from hpp.formulation.cost_model import estimate_plan
-    from hpp.plan import Plan
-    from hpp.resolve import resolve_cluster, resolve_profile
-    from hpp.validate import validate_plan
+    from hpp.formulation.cost_model import estimate_plan                    # lazy: numpy (see the top)
 
     cl = load_cluster(cluster) if cluster is not None else None
     prof = load_profile(profile) if profile is not None else None
     if isinstance(plan_or_path, Plan):
-        p = plan_or_path
-        cl = cl or resolve_cluster(p.cluster_ref, base=Path("."), source="<plan>")
-        prof = prof or resolve_profile(p.profile_ref, base=Path("."), source="<plan>")
-        validate_plan(p, cl, prof, source="<plan>")
+        p, cl, prof = resolve_plan(plan_or_path, base=Path("."), source="<plan>", cluster=cl, profile=prof)
     elif cl is not None:                 # an hpp plan file on the given cluster
-        from hpp.resolve import load_plan_inputs
-        p, cl, prof = load_plan_inputs(Path(plan_or_path), profile=prof, cluster=cl)
+        p, cl, prof = load_plan(Path(plan_or_path), profile=prof, cluster=cl)
     else:
-        from hpp.interop import load_any_plan
         p, cl, prof = load_any_plan(Path(plan_or_path), profile=prof)
     return estimate_plan(p, cl, prof)

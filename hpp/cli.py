@@ -9,16 +9,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from hpp.cli_inputs import DEFAULT_GBS, check_plan_args, check_writable, left_out_types, plan_inputs
+from dataclasses import replace
+
+from hpp.cli_inputs import DEFAULT_GBS, check_writable, left_out_types, plan_inputs
 from hpp.cli_output import estimate_json, idle_devices_note, num, plan_source, print_estimate, print_memory_breakdown
-from hpp.cliparse import DefaultsRawFormatter, Parser
+from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.interop import load_any_plan
+from hpp.plan import plan_to_dict, write_plan_json
+from hpp.profiles.bundled import bundled_models, load_bundled_profile
+from hpp.profiles.cluster import CLUSTER_FORMAT_HELP, cluster_notes, cluster_to_dict
+from hpp.resolve import profile_ref_for
+from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
+from hpp.validate import validate_plan
+
+# The search (hpp.planner, hpp.replan, hpp.baselines, hpp.formulation's candidates, cost model and solver
+# settings) imports numpy, SciPy and OR-Tools: about 1.4 s, against 0.16 s for `hpp --help` without them
+# (measured: python -c "import hpp.cli" vs "import hpp.cli, hpp.planner, hpp.replan, hpp.baselines.single_shape").
+# So the commands that search or price a plan import them in their bodies ("lazy: numpy/OR-Tools" below).
 
 __all__ = ["main"]
 
@@ -28,22 +42,14 @@ log = logging.getLogger("hpp")
 DEFAULT_BASELINE_TIME_LIMIT_S = 10.0
 
 
-_num = num                      # older name, kept for callers
-
-
 # ----------------------------------------------------------------------------- commands
-
-
-_check_writable = check_writable           # older names, kept for callers
-_check_plan_args = check_plan_args
 
 
 def _seed_from_previous(inp, seeds: dict, say) -> float:
     """Add the surviving pipelines of ``--previous`` to ``seeds`` (as "previous"); returns the time taken [s]."""
     if inp.previous is None:
         return 0.0
-    from hpp.replan import SEED_NAME, seed_from_previous
-
+    from hpp.replan import SEED_NAME, seed_from_previous    # lazy: numpy/OR-Tools (see the module top)
     t = time.perf_counter()
     ids = inp.id_map if inp.id_map is not None else {d.device_id: d.device_id for d in inp.cluster.devices}
     seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
@@ -58,7 +64,7 @@ def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
     """``search.replan`` of the JSON output (None without --exclude-*/--previous)."""
     if not inp.excluded and inp.previous is None:
         return None
-    from hpp.replan import SEED_NAME
+    from hpp.replan import SEED_NAME    # lazy: numpy/OR-Tools
     return {"excluded_device_ids": sorted(inp.excluded), "devices_before": inp.full_cluster.num_devices,
             "devices_after": inp.cluster.num_devices,
             "device_map": {str(k): v for k, v in (inp.id_map or {}).items()},
@@ -67,20 +73,14 @@ def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
 
 
 def cmd_plan(args) -> int:
-    from dataclasses import replace
-
-    from hpp.baselines import run_baselines
+    from hpp.baselines.single_shape import run_baselines      # lazy: numpy/OR-Tools (see the module top)
     from hpp.formulation.candidates import SearchSpace
-    from hpp.formulation.composition import SolverSettings
-    from hpp.plan import plan_to_dict, write_plan_json
-    from hpp.planner import check_micro_batch_sizes, plan_hpp
-    from hpp.profiles.cluster import cluster_notes
-    from hpp.resolve import profile_ref_for
-    from hpp.validate import validate_plan
+    from hpp.formulation.composition.settings import SolverSettings, parse_cpsat_params
+    from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
+    from hpp.replan import SEED_NAME
 
     t0 = time.perf_counter()
     inp = plan_inputs(args)
-    config = _cost_config(args)
     cluster, profile, gbs, name, said = inp.cluster, inp.profile, inp.global_batch_size, inp.name, inp.said
     space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
@@ -89,6 +89,7 @@ def cmd_plan(args) -> int:
     settings = SolverSettings(solver=args.solver, max_time_in_seconds=args.time_limit, num_workers=args.workers,
                               random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
                               cpsat_params=args.cpsat_params or "")
+    planner = PlannerConfig(space=space, solver=settings, cost=_cost_config(args))
     try:
         left_out = left_out_types(cluster, profile, space)
     except HppInputError as e:
@@ -109,7 +110,7 @@ def cmd_plan(args) -> int:
     if not args.no_baselines:
         say(f"baselines (together at most {args.baseline_time_limit:g} s; --baseline-time-limit S, "
             f"--no-baselines)")
-    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space, config=config,
+    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space, config=planner.cost,
                                                                  time_budget_s=args.baseline_time_limit,
                                                                  progress=progress)
     base_s = time.perf_counter() - t_base
@@ -117,14 +118,13 @@ def cmd_plan(args) -> int:
     seed_s = _seed_from_previous(inp, seeds, say)
     det = settings.deterministic_time
     if settings.cpsat_params:                            # the override's limit is the one CP-SAT applies
-        from hpp.formulation.solver_settings import parse_cpsat_params
         params = parse_cpsat_params(settings.cpsat_params)
         if params.HasField("max_deterministic_time"):
             det = params.max_deterministic_time
     say(f"HPP search ({settings.solver}; " + (f"wall-clock limit {args.time_limit:g} s)" if args.time_limit else
         f"deterministic: CP-SAT stops at {det:g} work units; --time-limit S sets a wall limit)"))
-    res = plan_hpp(cluster, profile, gbs, space=space, settings=settings, config=config,
-                   profile_ref=profile_ref_for(profile), progress=progress, seed_plans=seeds)
+    res = plan_hpp(cluster, profile, gbs, config=planner, profile_ref=profile_ref_for(profile), progress=progress,
+                   seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
                  "throughput_samples_per_s": res.estimate.throughput_samples_per_s,
@@ -167,7 +167,6 @@ def cmd_plan(args) -> int:
           f"{comp.num_candidates} candidates{how}{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
     if inp.excluded or inp.previous is not None:
-        from hpp.replan import SEED_NAME
         print(f"re-plan: {inp.full_cluster.num_devices} -> {cluster.num_devices} devices in {seed_s + res.wall_s:.2f} s"
               f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
     for k, b in baselines.items():
@@ -193,21 +192,15 @@ def _add_memory_flags(p) -> None:
                         "the bundled GPU profiles keep their calibrated 16 bytes per parameter)")
 
 
-def _cost_config(args):
-    from hpp.formulation.cost_model import CostModelConfig
+def _cost_config(args) -> CostModelConfig:
     return CostModelConfig(memory_headroom=args.memory_headroom, optimizer=args.optimizer)
 
 
 def cmd_estimate(args) -> int:
-    from hpp.formulation.cost_model import estimate_plan
-    from hpp.interop import load_any_plan
-    from hpp.plan import write_plan_json
+    from hpp.formulation.cost_model import estimate_plan     # lazy: numpy (see the module top)
 
-    profile = None
-    if args.model:
-        from hpp.profiles.bundled import load_bundled_profile
-        profile = load_bundled_profile(args.model)
-    _check_writable(args.out)
+    profile = load_bundled_profile(args.model) if args.model else None
+    check_writable(args.out)
     plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
     est = estimate_plan(plan, cluster, profile, config=_cost_config(args))
     if args.out:
@@ -227,9 +220,6 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_scenarios(args) -> int:
-    from hpp.profiles.cluster import cluster_to_dict
-    from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
-
     if args.cluster:   # the scenario's cluster as a cluster file, to edit or to plan with your own profile
         print(json.dumps(cluster_to_dict(get_scenario(args.cluster).cluster()), indent=1))
         return 0
@@ -269,9 +259,6 @@ building the candidates (seconds at 4,096 GPUs) is outside both.
 
 
 def _parser() -> argparse.ArgumentParser:
-    from hpp.profiles.bundled import bundled_models
-    from hpp.profiles.cluster import CLUSTER_FORMAT_HELP
-
     ap = Parser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.",
                 epilog="Global options (-v, -vv) go before the command: hpp -v run PLAN.json --steps 1")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
@@ -331,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("plan", type=Path)
     e.add_argument("--model", help="bundled profile to use instead of the plan's")
     e.add_argument("--format", choices=["hpp", "sailor", "metis"],
-                   help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop.py)")
+                   help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop/)")
     e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     _add_memory_flags(e)
@@ -343,7 +330,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--cluster", metavar="NAME", help="print scenario NAME's cluster as a cluster JSON file")
     s.set_defaults(func=cmd_scenarios)
 
-    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench_cli before parsing
+    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
     sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
     sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
     sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
@@ -391,25 +378,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose, rest = _global_flags(argv)
     if rest and rest[0] in _DISPATCHED:
         _configure_logging(verbose)
-        if rest[0] in ("run", "profile"):       # runtime commands live in hpp.runtime (torch imported only there)
+        # lazy: each dispatched command loads its own module (hpp.bench.cli loads numpy: 0.36 s against 0.16 s
+        # for `import hpp.cli`, measured; hpp.runtime.cli keeps torch out of the planning commands)
+        if rest[0] in ("run", "profile"):
             from hpp.runtime.cli import main as runtime_main
             return runtime_main(rest)
-        from hpp.bench_cli import main as bench_main   # the solver-benchmark commands
+        from hpp.bench.cli import main as bench_main
         return bench_main(rest)
-    ap = _parser()
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
-    try:
-        return args.func(args)
-    except HppInputError as exc:
-        print(f"hpp {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"hpp {args.command}: interrupted", file=sys.stderr)
-        return 1
-    except BrokenPipeError:   # e.g. `hpp plan | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    return run_command(f"hpp {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":  # pragma: no cover

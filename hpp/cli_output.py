@@ -145,7 +145,7 @@ def print_estimate(est, plan, out=None) -> None:
 def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
     """(``search.source`` key, one sentence) saying where the returned plan came from.
 
-    ``comp`` is the search's :class:`~hpp.solvers.SolveResult`: its objective, bound, gap and status
+    ``comp`` is the search's :class:`~hpp.formulation.composition.solve.SolveResult`: its objective, bound, gap and status
     describe the returned plan whatever its source (the search's heuristic incumbent, the exact
     solver's answer, a baseline's plan or the surviving pipelines of ``--previous``).
     """

@@ -1,5 +1,8 @@
 """argparse with the project's one-line errors and defaults shown in ``--help``.
 
+:func:`run_command` is the one error wrapper of every command (``hpp``, ``hpp run``, the
+benchmark commands): bad input is one line ``PROG: error: MESSAGE`` on stderr and exit code 2.
+
 A parse error (an unknown flag, a value of the wrong type, a missing argument) prints
 ``PROG: error: MESSAGE. Fix: see PROG --help`` on stderr and exits with 2, like every
 other bad input of the command-line tools, instead of argparse's usage block.
@@ -12,9 +15,41 @@ text already says ``default``; flags (``store_true``) and unset (None) defaults 
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import os
+import sys
+from typing import Callable, NoReturn
 
-__all__ = ["Parser", "DefaultsFormatter", "DefaultsRawFormatter"]
+from hpp.errors import HppInputError
+
+__all__ = ["Parser", "DefaultsFormatter", "DefaultsRawFormatter", "run_command"]
+
+
+def run_command(prog: str, command: Callable[[], int]) -> int:
+    """Run ``command()`` and return its exit code, with the project's one-line errors.
+
+    :class:`~hpp.errors.HppInputError` -> ``PROG: error: MESSAGE`` on stderr, exit 2;
+    Ctrl-C -> ``PROG: interrupted``, exit 1; a closed stdout (``hpp plan | head``) -> quiet exit 1.
+    Errors of other types propagate (a command that handles its own, e.g. ``hpp run``, catches
+    them inside ``command``).
+
+    Examples
+    --------
+    >>> def bad() -> int:
+    ...     raise HppInputError("no such thing", field="--x", fix="give another")
+    >>> run_command("hpp demo", bad)      # prints "hpp demo: error: field ..." on stderr
+    2
+    """
+    try:
+        return command()
+    except HppInputError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 1
+    except BrokenPipeError:   # e.g. `hpp plan | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 class DefaultsFormatter(argparse.HelpFormatter):

@@ -11,11 +11,11 @@ import json
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 
-__all__ = ["read_json", "write_dataclass_csv"]
+__all__ = ["read_json", "check_header", "write_rows_csv", "write_dataclass_csv"]
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -55,18 +55,60 @@ def read_json(path: str | PathLike, *, what: str) -> Any:
                             fix="give each entry once") from None
 
 
+def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, format_fix: str,
+                 shape_fix: str) -> None:
+    """Refuse a JSON document that is not an object, or whose ``format`` / ``version`` are not ``fmt`` / ``version``.
+
+    The one header check of every versioned file (plans, profiles, benchmark instances).
+
+    Parameters
+    ----------
+    d : the parsed JSON document.
+    fmt, version : the expected ``"format"`` and ``"version"`` values.
+    what : the article and noun of the error for a non-object (``"a plan"``).
+    source : the file (or object) the document came from.
+    format_fix, shape_fix : the fix named for a wrong format and for a non-object.
+
+    Raises
+    ------
+    HppInputError
+        Naming ``source`` and the field (``format`` or ``version``).
+
+    Examples
+    --------
+    >>> check_header({"format": "x", "version": 2}, fmt="x", version=1, what="an x", source="f.json",
+    ...              format_fix="-", shape_fix="-")
+    Traceback (most recent call last):
+    ...
+    hpp.errors.HppInputError: f.json: field 'version': version 2 is not supported. Fix: use version 1
+    """
+    if not isinstance(d, Mapping):
+        raise HppInputError(f"{what} must be a JSON object", source=source, fix=shape_fix)
+    if d.get("format") != fmt:
+        raise HppInputError(f"format is {d.get('format')!r}, expected {fmt!r}", source=source, field="format",
+                            fix=format_fix)
+    if d.get("version") != version:
+        raise HppInputError(f"version {d.get('version')!r} is not supported", source=source, field="version",
+                            fix=f"use version {version}")
+
+
+def write_rows_csv(rows: Iterable[Mapping[str, Any]], path: str | PathLike, *, columns: Sequence[str]) -> None:
+    """Write ``rows`` (mappings with the keys ``columns``) as CSV, header ``columns``, via a temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    tmp.replace(path)
+
+
 def write_dataclass_csv(rows: Sequence[Any], path: str | PathLike, *, row_type: type | None = None) -> None:
     """Write dataclass ``rows`` as CSV (header from the dataclass fields) via a temporary file.
 
     ``row_type`` gives the header when ``rows`` may be empty.
     """
-    path = Path(path)
     kind = row_type or type(rows[0])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(kind)])
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
-    tmp.replace(path)
+    write_rows_csv((asdict(r) for r in rows), path, columns=[fl.name for fl in fields(kind)])

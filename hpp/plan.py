@@ -28,20 +28,44 @@ recomputation of the stage's layers).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.fileio import read_json
+from hpp.fileio import check_header, read_json
 
 __all__ = ["Stage", "Pipeline", "Plan", "RECOMPUTE_MODES", "SCHEDULES", "PLAN_FORMAT", "PLAN_VERSION",
-           "plan_from_dict", "plan_to_dict", "read_plan_json", "write_plan_json", "default_schedule"]
+           "plan_from_dict", "plan_to_dict", "read_plan_json", "write_plan_json", "default_schedule",
+           "make_pipeline"]
 
 PLAN_FORMAT = "hpp-plan"
 PLAN_VERSION = 1
 RECOMPUTE_MODES = ("none", "full", "selective")
 SCHEDULES = ("1F1B", "GPipe")
+
+
+def _is_int(v: Any, minimum: int) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= minimum
+
+
+def _need_int(v: Any, field_name: str, minimum: int, source: str | None = None) -> int:
+    if not _is_int(v, minimum):
+        raise HppInputError(f"{v!r} is not an integer >= {minimum}", source=source, field=field_name,
+                            fix=f"give an integer >= {minimum}")
+    return v
+
+
+@contextmanager
+def _within(prefix: str, source: str | None = None) -> Iterator[None]:
+    """Re-raise a construction check's :class:`HppInputError` with ``prefix`` before its field (and ``source``)."""
+    try:
+        yield
+    except HppInputError as exc:
+        raise HppInputError(exc.message, source=exc.source or source,
+                            field=f"{prefix}{exc.field}" if exc.field else prefix.rstrip(".") or None,
+                            fix=exc.fix) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +92,26 @@ class Stage:
     device_ids: tuple[int, ...]
     recompute: str = "none"
 
+    def __post_init__(self) -> None:
+        """Check what needs no other input: a non-empty layer range, one device id per TP rank, the mode.
+        Raises HppInputError naming the field (``layers``, ``tp_degree``, ``device_ids``, ``recompute``)."""
+        if not (_is_int(self.layer_start, 0) and _is_int(self.layer_stop, 0)):
+            raise HppInputError(f"layers=[{self.layer_start!r}, {self.layer_stop!r})", field="layers",
+                                fix="give [start, stop) as two integers >= 0")
+        if self.layer_start >= self.layer_stop:
+            raise HppInputError(f"empty stage: layers [{self.layer_start}, {self.layer_stop})", field="layers",
+                                fix="give every stage at least one layer, start < stop")
+        _need_int(self.tp_degree, "tp_degree", 1)
+        if not isinstance(self.device_ids, tuple) or not all(_is_int(d, 0) for d in self.device_ids):
+            raise HppInputError(f"device_ids={self.device_ids!r}", field="device_ids",
+                                fix="give a tuple of integer device ids >= 0")
+        if self.tp_degree != len(self.device_ids):
+            raise HppInputError(f"tp_degree={self.tp_degree} but {len(self.device_ids)} device ids",
+                                field="device_ids", fix="give exactly tp_degree device ids")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise HppInputError(f"recompute={self.recompute!r}", field="recompute",
+                                fix=f"use one of {list(RECOMPUTE_MODES)}")
+
     @property
     def num_layers(self) -> int:
         return self.layer_stop - self.layer_start
@@ -76,6 +120,32 @@ class Stage:
 def default_schedule(num_micro_batches: int, num_stages: int) -> str:
     """``"1F1B"``, or ``"GPipe"`` when ``num_micro_batches < num_stages`` (Schedule1F1B refuses that)."""
     return "GPipe" if num_micro_batches < num_stages else "1F1B"
+
+
+def make_pipeline(boundaries: Sequence[int], device_types: Sequence[str], tp_degrees: Sequence[int],
+                  device_ids: Sequence[tuple[int, ...]], recompute: Sequence[bool | str], micro_batch_size: int,
+                  num_samples: int) -> "Pipeline":
+    """The pipeline whose stage ``i`` holds layers ``[boundaries[i], boundaries[i + 1])`` on ``device_ids[i]``.
+
+    ``recompute[i]``: a mode of :data:`RECOMPUTE_MODES`, or a bool (True: ``"full"``, False: ``"none"``).
+    The schedule is :func:`default_schedule`'s. Every planner and baseline builds its stages here.
+
+    Raises
+    ------
+    HppInputError
+        The construction checks of :class:`Stage` and :class:`Pipeline`.
+
+    Examples
+    --------
+    >>> p = make_pipeline((0, 2, 3), ("A", "B"), (1, 2), ((0,), (4, 5)), (False, True), 2, 2)
+    >>> [(s.layer_start, s.layer_stop, s.recompute) for s in p.stages], p.schedule
+    ([(0, 2, 'none'), (2, 3, 'full')], 'GPipe')
+    """
+    stages = tuple(Stage(boundaries[i], boundaries[i + 1], device_types[i], tp_degrees[i], device_ids[i],
+                         r if isinstance(r, str) else ("full" if r else "none"))
+                   for i, r in enumerate(recompute))
+    return Pipeline(stages, micro_batch_size, num_samples,
+                    default_schedule(-(-num_samples // micro_batch_size), len(stages)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +167,27 @@ class Pipeline:
     micro_batch_size: int
     num_samples: int
     schedule: str = "1F1B"
+
+    def __post_init__(self) -> None:
+        """Check what needs no other input: stages present and contiguous, sizes, the schedule. Raises
+        HppInputError naming the field (``stages[s].layers``, ``micro_batch_size``, ``schedule``, ...)."""
+        if not isinstance(self.stages, tuple) or not self.stages:
+            raise HppInputError("pipeline has no stages", field="stages", fix="give a tuple of at least one stage")
+        _need_int(self.micro_batch_size, "micro_batch_size", 1)
+        _need_int(self.num_samples, "num_samples", 0)
+        for s in range(1, len(self.stages)):
+            start, expect = self.stages[s].layer_start, self.stages[s - 1].layer_stop
+            if start != expect:
+                what = "skips" if start > expect else "repeats"
+                raise HppInputError(f"stage starts at layer {start} but the previous one stopped at {expect}: "
+                                    f"the pipeline {what} layers", field=f"stages[{s}].layers",
+                                    fix=f"start this stage at layer {expect}")
+        if self.schedule not in SCHEDULES:
+            raise HppInputError(f"schedule={self.schedule!r}", field="schedule", fix=f"use one of {list(SCHEDULES)}")
+        m = self.num_micro_batches
+        if self.schedule == "1F1B" and 0 < m < len(self.stages):
+            raise HppInputError(f"1F1B needs at least as many micro-batches as stages ({m} < {len(self.stages)})",
+                                field="schedule", fix="use schedule 'GPipe' or more micro-batches")
 
     @property
     def num_micro_batches(self) -> int:
@@ -148,6 +239,40 @@ class Plan:
     cluster_ref: Mapping[str, Any] = field(default_factory=dict)
     predicted: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Check what needs no cluster or profile: every pipeline covers layers ``[0, num_layers)``, no device
+        is used twice, the samples add up to ``global_batch_size``. Raises HppInputError naming the field."""
+        _need_int(self.num_layers, "num_layers", 1)
+        _need_int(self.global_batch_size, "global_batch_size", 1)
+        if not isinstance(self.pipelines, tuple) or not self.pipelines:
+            raise HppInputError("no pipelines", field="pipelines", fix="give a tuple of at least one pipeline")
+        used: dict[int, str] = {}
+        for p, pipe in enumerate(self.pipelines):
+            if not isinstance(pipe, Pipeline):
+                raise HppInputError(f"{type(pipe).__name__} is not a Pipeline", field=f"pipelines[{p}]",
+                                    fix="give hpp.plan.Pipeline objects")
+            first, last = pipe.stages[0].layer_start, pipe.stages[-1].layer_stop
+            if first != 0:
+                raise HppInputError(f"stage starts at layer {first} but the previous one stopped at 0: the pipeline "
+                                    f"skips layers", field=f"pipelines[{p}].stages[0].layers",
+                                    fix="start this stage at layer 0")
+            if last != self.num_layers:
+                raise HppInputError(f"the pipeline stops at layer {last} but the model has {self.num_layers} layers",
+                                    field=f"pipelines[{p}].stages", fix=f"cover layers [0, {self.num_layers}) "
+                                                                        f"exactly once")
+            for s, st in enumerate(pipe.stages):
+                where = f"pipelines[{p}].stages[{s}]"
+                for d in st.device_ids:
+                    if d in used:
+                        raise HppInputError(f"device {d} is used twice (also by {used[d]})",
+                                            field=f"{where}.device_ids", fix="bind every device to at most one stage")
+                    used[d] = where
+        total = sum(pipe.num_samples for pipe in self.pipelines)
+        if total != self.global_batch_size:
+            raise HppInputError(f"the pipelines' samples add up to {total}, not the global batch size "
+                                f"{self.global_batch_size}", field="pipelines[*].num_samples",
+                                fix="make the samples sum to global_batch_size")
+
     @property
     def num_pipelines(self) -> int:
         return len(self.pipelines)
@@ -171,13 +296,6 @@ def _req(d: Mapping[str, Any], key: str, *, source: str, where: str, fix: str) -
     return d[key]
 
 
-def _int(v: Any, *, source: str, field_name: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise HppInputError(f"{v!r} is not an integer >= {minimum}", source=source, field=field_name,
-                            fix=f"give an integer >= {minimum}")
-    return v
-
-
 def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
     layers = _req(d, "layers", source=source, where=where, fix="give the stage's layer range as [start, stop)")
     if (not isinstance(layers, list) or len(layers) != 2
@@ -185,16 +303,12 @@ def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
         raise HppInputError(f"layers={layers!r}", source=source, field=f"{where}layers",
                             fix="give [start, stop) as two integers")
     dtype = _req(d, "device_type", source=source, where=where, fix="name the stage's device type")
-    tp = _int(d.get("tp_degree", 1), source=source, field_name=f"{where}tp_degree", minimum=1)
     ids = _req(d, "device_ids", source=source, where=where, fix="list the stage's device ids")
     if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
         raise HppInputError(f"device_ids={ids!r}", source=source, field=f"{where}device_ids",
                             fix="give a list of integer device ids")
-    rec = d.get("recompute", "none")
-    if rec not in RECOMPUTE_MODES:
-        raise HppInputError(f"recompute={rec!r}", source=source, field=f"{where}recompute",
-                            fix=f"use one of {list(RECOMPUTE_MODES)}")
-    return Stage(layers[0], layers[1], str(dtype), tp, tuple(ids), rec)
+    with _within(where, source):      # the rest: Stage's own checks
+        return Stage(layers[0], layers[1], str(dtype), d.get("tp_degree", 1), tuple(ids), d.get("recompute", "none"))
 
 
 def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
@@ -206,28 +320,21 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
         Wrong format or version, missing or mistyped fields, inconsistent
         ``num_micro_batches`` (naming the file and the field).
     """
-    if not isinstance(d, Mapping):
-        raise HppInputError("a plan must be a JSON object", source=source, fix="see hpp/plan.py")
-    if d.get("format") != PLAN_FORMAT:
-        raise HppInputError(f"format is {d.get('format')!r}, expected {PLAN_FORMAT!r}", source=source,
-                            field="format", fix="for Sailor or Metis plans pass --format sailor|metis")
-    if d.get("version") != PLAN_VERSION:
-        raise HppInputError(f"version {d.get('version')!r} is not supported", source=source, field="version",
-                            fix=f"use version {PLAN_VERSION}")
+    check_header(d, fmt=PLAN_FORMAT, version=PLAN_VERSION, what="a plan", source=source,
+                 format_fix="for Sailor or Metis plans pass --format sailor|metis", shape_fix="see hpp/plan.py")
     pipes_raw = _req(d, "pipelines", source=source, where="", fix="list the pipelines")
     if not isinstance(pipes_raw, list) or not pipes_raw:
         raise HppInputError("no pipelines", source=source, field="pipelines", fix="give at least one pipeline")
     pipelines = []
     for p, pd in enumerate(pipes_raw):
         where = f"pipelines[{p}]."
-        b = _int(_req(pd, "micro_batch_size", source=source, where=where, fix="give the micro-batch size"),
-                 source=source, field_name=f"{where}micro_batch_size", minimum=1)
+        b = _need_int(_req(pd, "micro_batch_size", source=source, where=where, fix="give the micro-batch size"),
+                      f"{where}micro_batch_size", 1, source)
         if "num_samples" in pd:
-            n = _int(pd["num_samples"], source=source, field_name=f"{where}num_samples", minimum=0)
+            n = _need_int(pd["num_samples"], f"{where}num_samples", 0, source)
         else:
-            m = _int(_req(pd, "num_micro_batches", source=source, where=where,
-                          fix="give num_samples or num_micro_batches"),
-                     source=source, field_name=f"{where}num_micro_batches", minimum=0)
+            m = _need_int(_req(pd, "num_micro_batches", source=source, where=where,
+                               fix="give num_samples or num_micro_batches"), f"{where}num_micro_batches", 0, source)
             n = m * b
         stages_raw = _req(pd, "stages", source=source, where=where, fix="list the stages")
         if not isinstance(stages_raw, list) or not stages_raw:
@@ -240,32 +347,23 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
             raise HppInputError(f"num_micro_batches={pd['num_micro_batches']!r} but num_samples={n} at "
                                 f"micro_batch_size={b} needs ceil({n}/{b})={m}", source=source,
                                 field=f"{where}num_micro_batches", fix=f"set it to {m} or fix num_samples")
-        schedule = pd.get("schedule", default_schedule(m, len(stages)))
-        if schedule not in SCHEDULES:
-            raise HppInputError(f"schedule={schedule!r}", source=source, field=f"{where}schedule",
-                                fix=f"use one of {list(SCHEDULES)}")
-        pipelines.append(Pipeline(stages, b, n, schedule))
-    num_layers = _int(_req(d, "num_layers", source=source, where="", fix="give the model's layer count"),
-                      source=source, field_name="num_layers", minimum=1)
-    gbs = _int(_req(d, "global_batch_size", source=source, where="", fix="give the global batch size"),
-               source=source, field_name="global_batch_size", minimum=1)
-    return Plan(model=str(d.get("model", "")), num_layers=num_layers, global_batch_size=gbs,
-                pipelines=tuple(pipelines), sequence_length=int(d.get("sequence_length", 1)),
-                profile_ref=dict(d.get("profile", {})), cluster_ref=dict(d.get("cluster", {})),
-                predicted=dict(d.get("predicted", {})))
+        with _within(where, source):
+            pipelines.append(Pipeline(stages, b, n, pd.get("schedule", default_schedule(m, len(stages)))))
+    num_layers = _req(d, "num_layers", source=source, where="", fix="give the model's layer count")
+    gbs = _req(d, "global_batch_size", source=source, where="", fix="give the global batch size")
+    with _within("", source):
+        return Plan(model=str(d.get("model", "")), num_layers=num_layers, global_batch_size=gbs,
+                    pipelines=tuple(pipelines), sequence_length=int(d.get("sequence_length", 1)),
+                    profile_ref=dict(d.get("profile", {})), cluster_ref=dict(d.get("cluster", {})),
+                    predicted=dict(d.get("predicted", {})))
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """JSON object of ``plan`` (inverse of :func:`plan_from_dict`)."""
     return {
-        "format": PLAN_FORMAT,
-        "version": PLAN_VERSION,
-        "model": plan.model,
-        "num_layers": plan.num_layers,
-        "global_batch_size": plan.global_batch_size,
-        "sequence_length": plan.sequence_length,
-        "profile": dict(plan.profile_ref),
-        "cluster": dict(plan.cluster_ref),
+        "format": PLAN_FORMAT, "version": PLAN_VERSION, "model": plan.model, "num_layers": plan.num_layers,
+        "global_batch_size": plan.global_batch_size, "sequence_length": plan.sequence_length,
+        "profile": dict(plan.profile_ref), "cluster": dict(plan.cluster_ref),
         "pipelines": [
             {"micro_batch_size": p.micro_batch_size, "num_micro_batches": p.num_micro_batches,
              "num_samples": p.num_samples, "schedule": p.schedule,

@@ -1,7 +1,7 @@
 """The HPP planner: hierarchical balance (stage balance -> data balance -> composition).
 
 ``plan_hpp`` runs the one solve path: candidates (:func:`make_problem`: shapes stage-balanced by
-the memoised DP, batched over all shapes, pruned) -> :func:`hpp.solvers.solve` (incumbent, LP
+the memoised DP, batched over all shapes, pruned) -> :func:`hpp.formulation.composition.solve.solve` (incumbent, LP
 bound, CP-SAT or MILP on the bound problem) -> bind -> estimate. Every figure of the result
 (objective, bound, gap, status) describes the returned plan: the objective is the cost model's
 predicted iteration time of that plan, the bound a proven lower bound of it over all candidates
@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -22,26 +21,65 @@ from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
-from hpp.formulation.bound_model import lower_bound_candidates
+from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.composition import CompositionProblem, SyncFloor
-from hpp.formulation.collectives import p2p_link_options
+from hpp.formulation.collectives import pipeline_link
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
-from hpp.formulation.solver_settings import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
 from hpp.plan import Plan
-from hpp.profiles.cluster import Cluster, Link, cluster_to_dict
+from hpp.profiles.cluster import Cluster, cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
-from hpp.pruning.memo import StageCostCache
+from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.formulation.stage_balance import StageBalancer
-from hpp.solvers import SolveResult, certify, solve
+from hpp.formulation.composition.solve import SolveResult, certify, solve
 
-__all__ = ["PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes", "SOLVERS"]
+__all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes",
+           "SOLVERS"]
 
 log = logging.getLogger(__name__)
 
-#: Deprecated: solver names (see :data:`hpp.solvers.SOLVER_NAMES`; ``greedy`` = ``heuristic``).
+#: Deprecated: solver names (see :data:`hpp.formulation.composition.solve.SOLVER_NAMES`; ``greedy`` = ``heuristic``).
 SOLVERS = ("cp-sat", "milp", "heuristic", "greedy")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Every option of a search, as one tree: what :func:`plan_hpp` and :func:`make_problem` take.
+
+    Attributes
+    ----------
+    space : SearchSpace
+        Which pipelines are candidates (micro-batch sizes, TP degrees, stages, types per pipeline).
+    pruning : PruningOptions
+        The pruning rules' switches (all on by default; the ablations turn them off).
+    solver : SolverSettings
+        The composition solver and its limits (time, workers, seed, CP-SAT parameters).
+    cost : CostModelConfig
+        The cost model's constants (memory headroom, optimizer, ...).
+
+    Examples
+    --------
+    >>> cfg = PlannerConfig.of(space=SearchSpace(max_stages=4))
+    >>> cfg.space.max_stages, cfg.solver == SolverSettings()
+    (4, True)
+    """
+
+    space: SearchSpace = field(default_factory=SearchSpace)
+    pruning: PruningOptions = field(default_factory=PruningOptions)
+    solver: SolverSettings = field(default_factory=SolverSettings)
+    cost: CostModelConfig = field(default_factory=CostModelConfig)
+
+    @classmethod
+    def of(cls, config: "PlannerConfig | CostModelConfig | None" = None, *, space: SearchSpace | None = None,
+           pruning: PruningOptions | None = None, solver: SolverSettings | None = None,
+           cost: CostModelConfig | None = None) -> "PlannerConfig":
+        """``config`` (a PlannerConfig, or a CostModelConfig: the older ``config=`` keyword) with the parts given
+        replaced; the rest are the defaults."""
+        base = config if isinstance(config, PlannerConfig) else cls(cost=config or CostModelConfig())
+        parts = {"space": space, "pruning": pruning, "solver": solver, "cost": cost}
+        return replace(base, **{k: v for k, v in parts.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -74,27 +112,20 @@ class PlannerResult:
         return self.search
 
 
-def pipeline_link(cluster: Cluster) -> Link:
-    """The link the planner assumes between pipeline stages and among gradient holders.
-
-    The inter-node link (the slower one) unless the cluster is a single node.
-    """
-    if len(cluster.nodes) == 1:
-        return cluster.nodes[0].intra_node
-    return cluster.inter_node
-
-
 def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
-                 space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
-                 config: CostModelConfig = CostModelConfig(), workers: int = 1,
+                 config: PlannerConfig | CostModelConfig | None = None, space: SearchSpace | None = None,
+                 pruning: PruningOptions | None = None, workers: int = 1,
                  profile_ref: Mapping[str, Any] | None = None) -> tuple[CompositionProblem, dict[str, Any]]:
     """Build the candidates (stage balance + pruning) of an instance, with its bound problem and estimator.
+
+    ``config``: a :class:`PlannerConfig` (its space, pruning and cost parts are used) or, as before, the
+    :class:`CostModelConfig`; ``space`` / ``pruning``, given, replace its parts.
 
     ``workers``: processes for the stage balance (0: one per usable core; see
     :func:`~hpp.formulation.candidates.build_candidates`; the candidates are the same for any value).
     The problem's ``estimator`` binds counts to devices and prices the plan with the cost model
     (``profile_ref``: how the plan names its profile, default ``{"name": profile.model}``); its
-    ``bound`` problem has the candidates' lower-bound times (:mod:`hpp.formulation.bound_model`).
+    ``bound`` problem has the candidates' lower-bound times (:mod:`hpp.formulation.composition.bound_model`).
 
     Returns
     -------
@@ -109,12 +140,13 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     """
     if global_batch_size < 1:
         raise HppInputError(f"global batch size {global_batch_size}", field="--gbs", fix="give a positive integer")
+    cfg = PlannerConfig.of(config, space=space, pruning=pruning)
+    space, pruning, config = cfg.space, cfg.pruning, cfg.cost
     t0 = time.perf_counter()
     left_out = check_micro_batch_sizes(cluster, profile, space)
-    link = pipeline_link(cluster)
-    caps = {t: d.memory_bytes for t, d in cluster.device_types.items()}
-    cache = StageCostCache(profile, caps, link, config, enabled=pruning.memoise, global_batch_size=global_batch_size,
-                           pair_links=partial(p2p_link_options, cluster) if cluster.per_pair else None)
+    cache = StageCostCache.for_cluster(cluster, profile, config, enabled=pruning.memoise,
+                                       global_batch_size=global_batch_size)
+    link = cache.link
     balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
     cands, stats = build_candidates(cluster, profile, balancer, space, pruning, workers=workers)
     stats["candidates_s"] = time.perf_counter() - t0
@@ -221,8 +253,8 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
 
 @gc_paused()
 def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
-             space: SearchSpace = SearchSpace(), pruning: PruningOptions = PruningOptions(),
-             settings: SolverSettings = SolverSettings(), config: CostModelConfig = CostModelConfig(),
+             config: PlannerConfig | CostModelConfig | None = None, space: SearchSpace | None = None,
+             pruning: PruningOptions | None = None, settings: SolverSettings | None = None,
              solver: str | None = None, profile_ref: Mapping[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
              seed_plans: Mapping[str, Plan] | None = None) -> PlannerResult:
@@ -233,7 +265,10 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     cluster, profile : the inventory and the model's per-layer profile.
     global_batch_size : int
         G, samples per iteration; any positive integer (no divisibility needed).
-    space, pruning, settings, config : search space, pruning switches, solver settings, cost-model constants.
+    config : PlannerConfig
+        Every search option (:class:`PlannerConfig`); a :class:`CostModelConfig` is taken as its ``cost`` part.
+    space, pruning, settings : optional; given, they replace ``config``'s search space, pruning switches and
+        solver settings (the keywords of the calls made before :class:`PlannerConfig`).
     solver : deprecated; overrides ``settings.solver`` when given (``"greedy"`` = ``"heuristic"``).
     profile_ref : how the plan names its profile (default ``{"name": profile.model}``).
     seed_plans : optional valid plans (e.g. the baselines'); one inside the search space (checked:
@@ -256,13 +291,15 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     if not isinstance(cluster, Cluster):
         raise TypeError(f"plan_hpp: cluster must be a Cluster, got {type(cluster).__name__}"
                         + ("; call it (e.g. scenario.cluster())" if callable(cluster) else ""))
+    cfg = PlannerConfig.of(config, space=space, pruning=pruning, solver=settings)
+    space, pruning, settings, config = cfg.space, cfg.pruning, cfg.solver, cfg.cost
     if solver is not None:
         settings = SolverSettings(**{**settings.__dict__, "solver": solver})
     if not pruning.incumbent_bound and settings.warm_start:
         settings = SolverSettings(**{**settings.__dict__, "warm_start": False})
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
-    problem, stats = make_problem(cluster, profile, global_batch_size, space=space, pruning=pruning, config=config,
+    problem, stats = make_problem(cluster, profile, global_batch_size, config=cfg,
                                   workers=settings.num_workers, profile_ref=profile_ref)
     if stats.get("types_left_out"):
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "

@@ -161,15 +161,15 @@ def seed_from_previous(previous: Plan, cluster: Cluster, new_cluster: Cluster, i
             kept.append(replace(pipe, stages=stages, num_samples=max(pipe.num_samples, pipe.micro_batch_size)))
     if not kept:
         return None
-    draft = Plan(previous.model, previous.num_layers, global_batch_size, tuple(kept), previous.sequence_length,
-                 dict(previous.profile_ref), cluster_to_dict(new_cluster))
+    draft = Plan(previous.model, previous.num_layers, sum(p.num_samples for p in kept), tuple(kept),  # their sum:
+                 previous.sequence_length, dict(previous.profile_ref), cluster_to_dict(new_cluster))  # checked
     est = estimate_plan(draft, new_cluster, profile, config=config, estimate_missing=False)
     taus = [pe.bottleneck_s for pe in est.pipelines]
     fills = [pe.time_s - (pe.num_micro_batches - 1) * pe.bottleneck_s for pe in est.pipelines]
     split = balance_data(taus, fills, [p.micro_batch_size for p in kept], global_batch_size)
     pipes = tuple(replace(p, num_samples=n, schedule=default_schedule(-(-n // p.micro_batch_size), p.num_stages))
                   for p, n in zip(kept, split.num_samples) if n > 0)
-    return replace(draft, pipelines=pipes)
+    return replace(draft, global_batch_size=global_batch_size, pipelines=pipes)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,12 @@
-"""Resolve the files a plan names: its cluster and its profile.
+"""Load a plan file in one trip: read, build (checked), resolve its cluster and profile, validate.
 
 A plan written by ``hpp plan --out`` embeds its cluster and names (or embeds) its
 profile, so that ``hpp estimate PLAN.json`` and ``hpp run PLAN.json`` need nothing
-else. Paths inside a plan are relative to the plan file.
+else. Paths inside a plan are relative to the plan file. :func:`load_plan` is the one
+loader of every command that reads a plan (``hpp run``, ``hpp estimate``, ``--previous``):
+the JSON is read once, the :class:`~hpp.plan.Plan` checks itself when built (layers,
+TP degrees, devices used once, samples), and :func:`~hpp.validate.validate_plan` checks
+it once against the cluster and profile.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from typing import Any, Mapping
 
 from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_from_dict, read_plan_json
+from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster, cluster_from_dict, load_cluster
-from hpp.profiles.model_profile import ModelProfile, load_profile, profile_from_dict
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict
 from hpp.validate import validate_plan
 
-__all__ = ["resolve_profile", "resolve_cluster", "load_plan_inputs", "profile_ref_for"]
+__all__ = ["resolve_profile", "resolve_cluster", "resolve_plan", "load_plan", "profile_ref_for"]
 
 
 def resolve_profile(ref: Mapping[str, Any], *, base: Path, source: str) -> ModelProfile:
@@ -32,7 +38,6 @@ def resolve_profile(ref: Mapping[str, Any], *, base: Path, source: str) -> Model
     if "path" in ref:
         return load_profile(base / str(ref["path"]))
     if "name" in ref:
-        from hpp.profiles.bundled import load_bundled_profile
         try:
             return load_bundled_profile(str(ref["name"]))
         except HppInputError as exc:
@@ -58,16 +63,42 @@ def resolve_cluster(ref: Mapping[str, Any], *, base: Path, source: str) -> Clust
 
 def profile_ref_for(profile: ModelProfile) -> dict[str, Any]:
     """How a plan should refer to ``profile``: by name when bundled, else embedded."""
-    from hpp.profiles.bundled import bundled_models, load_bundled_profile
     if profile.model in bundled_models() and load_bundled_profile(profile.model) is profile:
         return {"name": profile.model}
-    from hpp.profiles.model_profile import profile_to_dict
     return {"embedded": profile_to_dict(profile)}
 
 
-def load_plan_inputs(path: str | Path, *, profile: ModelProfile | None = None,
-                     cluster: Cluster | None = None) -> tuple[Plan, Cluster, ModelProfile]:
-    """Read a plan file, resolve its cluster and profile (unless given), and validate it.
+def resolve_plan(plan: Plan, *, base: Path, source: str, cluster: Cluster | None = None,
+                 profile: ModelProfile | None = None, require_profile: bool = True
+                 ) -> tuple[Plan, Cluster, ModelProfile | None]:
+    """``plan`` with its cluster and profile (those given, else the ones it names), validated once.
+
+    ``require_profile=False``: a plan that names no profile is allowed (the profile is then None).
+
+    Raises
+    ------
+    HppInputError
+        A reference that cannot be resolved, or an invariant :func:`~hpp.validate.validate_plan` refuses.
+    """
+    if cluster is None:
+        cluster = resolve_cluster(plan.cluster_ref, base=base, source=source)
+    if profile is None and (require_profile or plan.profile_ref):
+        profile = resolve_profile(plan.profile_ref, base=base, source=source)
+    validate_plan(plan, cluster, profile, source=source)
+    return plan, cluster, profile
+
+
+def load_plan(path: str | Path, *, profile: ModelProfile | None = None, cluster: Cluster | None = None,
+              require_profile: bool = True, data: Mapping[str, Any] | None = None
+              ) -> tuple[Plan, Cluster, ModelProfile | None]:
+    """Read a plan file and return it checked, with its cluster and profile (unless given): one trip.
+
+    Parameters
+    ----------
+    path : the plan file (references inside it are relative to its folder).
+    profile, cluster : optional; given, they replace the ones the plan names.
+    require_profile : False allows a plan that names no profile (``hpp run``: no prediction then).
+    data : the file's JSON object when the caller already read it (e.g. to detect its format).
 
     Returns
     -------
@@ -79,11 +110,6 @@ def load_plan_inputs(path: str | Path, *, profile: ModelProfile | None = None,
         Any problem with the file, its references or its invariants (naming the file and field).
     """
     path = Path(path)
-    data = read_plan_json(path)
-    plan = plan_from_dict(data, source=str(path))
-    if cluster is None:
-        cluster = resolve_cluster(plan.cluster_ref, base=path.parent, source=str(path))
-    if profile is None:
-        profile = resolve_profile(plan.profile_ref, base=path.parent, source=str(path))
-    validate_plan(plan, cluster, profile, source=str(path))
-    return plan, cluster, profile
+    plan = plan_from_dict(read_plan_json(path) if data is None else data, source=str(path))
+    return resolve_plan(plan, base=path.parent, source=str(path), cluster=cluster, profile=profile,
+                        require_profile=require_profile)

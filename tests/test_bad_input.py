@@ -7,7 +7,7 @@ import pytest
 from hpp.cli import main
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan, Stage, plan_from_dict
-from hpp.resolve import load_plan_inputs
+from hpp.resolve import load_plan
 from hpp.validate import validate_plan
 from tests.synthetic import toy_cluster, toy_profile
 
@@ -19,19 +19,35 @@ def _plan(stages_list, samples, gbs):
     return Plan("toy", 3, gbs, tuple(Pipeline(tuple(st), 1, n) for st, n in zip(stages_list, samples)))
 
 
+def _plan_dict(stages_list, samples, gbs):
+    """A plan JSON object: stages as (lo, hi, type, tp, ids) tuples (invalid ones are refused when built)."""
+    return {"format": "hpp-plan", "version": 1, "model": "toy", "num_layers": 3, "global_batch_size": gbs,
+            "pipelines": [{"micro_batch_size": 1, "num_samples": n, "schedule": "GPipe",
+                           "stages": [{"layers": [lo, hi], "device_type": t, "tp_degree": tp, "device_ids": list(ids)}
+                                      for lo, hi, t, tp, ids in st]}
+                          for st, n in zip(stages_list, samples)]}
+
+
 @pytest.mark.parametrize("stages, samples, gbs, pattern", [
-    ([[Stage(0, 1, "X", 1, (0,)), Stage(2, 3, "X", 1, (1,))]], [3], 3, r"pipelines\[0\]\.stages\[1\]\.layers.*skips"),
-    ([[Stage(0, 2, "X", 1, (0,)), Stage(1, 3, "X", 1, (1,))]], [3], 3, r"repeats"),
-    ([[Stage(0, 1, "X", 1, (0,)), Stage(1, 1, "X", 1, (1,)), Stage(1, 3, "X", 1, (2,))]], [3], 3, r"empty stage"),
-    ([[Stage(0, 3, "X", 1, (0,))], [Stage(0, 3, "X", 1, (0,))]], [1, 2], 3, r"device 0 is used twice"),
-    ([[Stage(0, 3, "X", 1, (0,))]], [2], 3, r"add up to 2, not the global batch size 3"),
-    ([[Stage(0, 2, "X", 1, (0,))]], [3], 3, r"stops at layer 2 but the model has 3 layers"),
-    ([[Stage(0, 3, "X", 1, (9,))]], [3], 3, r"device 9 does not exist"),
-    ([[Stage(0, 3, "X", 2, (0,))]], [3], 3, r"tp_degree=2 but 1 device ids"),
+    ([[(0, 1, "X", 1, (0,)), (2, 3, "X", 1, (1,))]], [3], 3, r"pipelines\[0\]\.stages\[1\]\.layers.*skips"),
+    ([[(0, 2, "X", 1, (0,)), (1, 3, "X", 1, (1,))]], [3], 3, r"repeats"),
+    ([[(0, 1, "X", 1, (0,)), (1, 1, "X", 1, (1,)), (1, 3, "X", 1, (2,))]], [3], 3, r"empty stage"),
+    ([[(0, 3, "X", 1, (0,))], [(0, 3, "X", 1, (0,))]], [1, 2], 3, r"device 0 is used twice"),
+    ([[(0, 3, "X", 1, (0,))]], [2], 3, r"add up to 2, not the global batch size 3"),
+    ([[(0, 2, "X", 1, (0,))]], [3], 3, r"stops at layer 2 but the model has 3 layers"),
+    ([[(0, 3, "X", 2, (0,))]], [3], 3, r"tp_degree=2 but 1 device ids"),
 ])
-def test_validator_messages(stages, samples, gbs, pattern):
+def test_structure_messages(stages, samples, gbs, pattern):
+    """What needs no cluster is refused when the plan is built (hpp.plan), naming the file and the field."""
     with pytest.raises(HppInputError, match=pattern) as info:
-        validate_plan(_plan(stages, samples, gbs), CLUSTER, PROFILE, source="plan.json")
+        plan_from_dict(_plan_dict(stages, samples, gbs), source="plan.json")
+    assert "plan.json" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_validator_messages():
+    """What needs the cluster is refused by validate_plan."""
+    with pytest.raises(HppInputError, match=r"device 9 does not exist") as info:
+        validate_plan(_plan([[Stage(0, 3, "X", 1, (9,))]], [3], 3), CLUSTER, PROFILE, source="plan.json")
     assert "plan.json" in str(info.value) and "Fix:" in str(info.value)
 
 
@@ -51,9 +67,9 @@ def test_plan_json_structure_errors(tmp_path):
     f = tmp_path / "broken.json"
     f.write_text("{not json")
     with pytest.raises(HppInputError, match=r"broken.json.*not valid JSON"):
-        load_plan_inputs(f)
+        load_plan(f)
     with pytest.raises(HppInputError, match=r"missing.json.*cannot read"):
-        load_plan_inputs(tmp_path / "missing.json")
+        load_plan(tmp_path / "missing.json")
 
 
 def test_cli_exit_code_2_and_one_line(tmp_path, capsys):

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from hpp.baselines import (_group_orders, _group_splits, _metis_merged_blocks, _single_shape_candidates,
-                           single_shape_baseline)
+from hpp.baselines.shapes import group_orders, group_splits, metis_merged_blocks
+from hpp.baselines.single_shape import _single_shape_candidates, single_shape_baseline
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.cost_model import estimate_plan
@@ -23,13 +23,13 @@ MIXED = SearchSpace(mixed_tp_pipelines=True)
 
 def test_three_groups_under_the_limit_give_every_distinct_order():
     # 3 blocks <= 4: no merging; the multiset {1, 1, 2} has 3!/2! = 3 orders
-    assert _metis_merged_blocks((2, 1, 1), 4) == [(1,), (1,), (2,)]
-    assert list(_group_orders((2, 1, 1), 4)) == [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
-    assert list(_group_orders((1, 2, 1), 4)) == list(_group_orders((2, 1, 1), 4))     # the input order does not matter
+    assert metis_merged_blocks((2, 1, 1), 4) == [(1,), (1,), (2,)]
+    assert list(group_orders((2, 1, 1), 4)) == [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+    assert list(group_orders((1, 2, 1), 4)) == list(group_orders((2, 1, 1), 4))     # the input order does not matter
 
 
 def test_four_unequal_groups_are_all_permuted():
-    orders = list(_group_orders((4, 2, 2, 1), 4))
+    orders = list(group_orders((4, 2, 2, 1), 4))
     assert len(orders) == 12                                              # 4! / 2!
     assert set(orders) == set(itertools.permutations((4, 2, 2, 1)))
     assert orders[0] == (4, 2, 2, 1)                                      # non-increasing first
@@ -38,33 +38,33 @@ def test_four_unequal_groups_are_all_permuted():
 def test_six_ones_and_a_two_merge_into_pairs():
     # 7 blocks, 3 over the limit; 6 leading (1,) blocks, the first other at index 6 -> 7 // 2 = 3 pairs:
     # (1,1) (1,1) (1,1) (2) -> the 2 in each of 4 positions
-    assert _metis_merged_blocks((2, 1, 1, 1, 1, 1, 1), 4) == [(1, 1), (1, 1), (1, 1), (2,)]
-    assert list(_group_orders((2, 1, 1, 1, 1, 1, 1), 4)) == [
+    assert metis_merged_blocks((2, 1, 1, 1, 1, 1, 1), 4) == [(1, 1), (1, 1), (1, 1), (2,)]
+    assert list(group_orders((2, 1, 1, 1, 1, 1, 1), 4)) == [
         (2, 1, 1, 1, 1, 1, 1), (1, 1, 2, 1, 1, 1, 1), (1, 1, 1, 1, 2, 1, 1), (1, 1, 1, 1, 1, 1, 2)]
 
 
 def test_run_of_smallest_groups_is_merged_evenly_past_the_limit():
     # Metis's own example (max_permute_len 6): 1 block over the limit, but the run of 1s gives 7 // 2 = 3 pairs
-    assert _metis_merged_blocks((2, 1, 1, 1, 1, 1, 1), 6) == [(1, 1), (1, 1), (1, 1), (2,)]
+    assert metis_merged_blocks((2, 1, 1, 1, 1, 1, 1), 6) == [(1, 1), (1, 1), (1, 1), (2,)]
 
 
 def test_second_pass_merges_a_pair_block_with_an_equal_group():
     # pass 1: 6 blocks, 2 over; lead = 2 + 1 -> 1 pair, so max(2, 1) = 2 pairs tried: (1,1) merges, (2)(2) do
     # not (not the smallest) -> (1,1) (2) (2) (2) (2); pass 2: smallest sum 2, 1 pair: (1,1)+(2) -> (1,1,2).
-    assert _metis_merged_blocks((2, 2, 2, 2, 1, 1), 4) == [(1, 1, 2), (2,), (2,), (2,)]
-    orders = list(_group_orders((2, 2, 2, 2, 1, 1), 4))
+    assert metis_merged_blocks((2, 2, 2, 2, 1, 1), 4) == [(1, 1, 2), (2,), (2,), (2,)]
+    orders = list(group_orders((2, 2, 2, 2, 1, 1), 4))
     assert orders == [(2, 2, 2, 1, 1, 2), (2, 2, 1, 1, 2, 2), (2, 1, 1, 2, 2, 2), (1, 1, 2, 2, 2, 2)]
     assert (2, 2, 2, 2, 1, 1) not in orders     # a merged block keeps Metis's non-decreasing inner order
 
 
 def test_max_permute_len_one_merges_equal_groups_but_permutes_unequal_ones():
-    assert list(_group_orders((4, 2, 1, 1), 1)) == [(1, 1, 2, 4)]               # (1,1) -> (1,1,2) -> (1,1,2,4)
-    assert list(_group_orders((2, 1), 1)) == [(2, 1), (1, 2)]                   # 1 and 2 never merge
+    assert list(group_orders((4, 2, 1, 1), 1)) == [(1, 1, 2, 4)]               # (1,1) -> (1,1,2) -> (1,1,2,4)
+    assert list(group_orders((2, 1), 1)) == [(2, 1), (1, 2)]                   # 1 and 2 never merge
 
 
 def test_orders_that_flatten_alike_are_kept_as_metis_evaluates_them():
-    assert _metis_merged_blocks((1, 1, 1, 1, 1), 4) == [(1, 1), (1, 1), (1,)]
-    assert list(_group_orders((1, 1, 1, 1, 1), 4)) == [(1, 1, 1, 1, 1)] * 3
+    assert metis_merged_blocks((1, 1, 1, 1, 1), 4) == [(1, 1), (1, 1), (1,)]
+    assert list(group_orders((1, 1, 1, 1, 1), 4)) == [(1, 1, 1, 1, 1)] * 3
 
 
 def test_max_permute_len_must_be_positive():
@@ -90,7 +90,7 @@ def _canonical_shapes(cl, prof, space):
     for dp in range(1, min(inv.values()) + 1):
         if any(n % dp for n in inv.values()):
             continue
-        splits = {t: _group_splits(n // dp, [k.tp_degree for k in kinds[t]]) for t, n in inv.items()}
+        splits = {t: group_splits(n // dp, [k.tp_degree for k in kinds[t]]) for t, n in inv.items()}
         for order in itertools.permutations(sorted(inv)):
             for choice in itertools.product(*(splits[t] for t in order)):
                 out.append((dp, tuple(StageKind(t, s) for t, grp in zip(order, choice) for s in grp)))

@@ -1,7 +1,7 @@
 """The bound model's forced node crossings (issue 21, G2): tighter, still a lower bound of the cost model.
 
 A run of n stages of one kind (TP t) on nodes of at most K devices crosses nodes at least
-ceil(n / (K // t)) - 1 times (:mod:`hpp.formulation.bound_model`). Checked per pipeline against the
+ceil(n / (K // t)) - 1 times (:mod:`hpp.formulation.composition.bound_model`). Checked per pipeline against the
 cost model of bound plans (random plans of random small instances with up to 4 stages on 2-4 GPU nodes),
 and against the search's own prices; a control shows the crossings are what makes it tighter.
 """
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from hpp.formulation.bound_model import _inter_links, lower_bound_candidates
+from hpp.formulation.composition.bound_model import _inter_links, lower_bound_candidates
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.stage_balance import StageKind
 from hpp.planner import make_problem

@@ -11,14 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpp.baselines import exhaustive_composition
+from hpp.baselines.single_shape import exhaustive_composition
 from hpp.errors import HppInputError
-from hpp.formulation.composition import composition_objective_s
-from hpp.formulation.copy_bound import _StepLP, copy_bound, h_ranges
-from hpp.formulation.sync_floor import ring_cost_increasing_from, sync_rate_table
+from hpp.formulation.composition.objective import composition_objective_s
+from hpp.formulation.composition.copy_bound import copy_bound
+from hpp.formulation.composition.step_lp import StepLP, h_ranges
+from hpp.formulation.composition.sync_floor import ring_cost_increasing_from, sync_rate_table
 from hpp.formulation.cost_model import ring_allreduce_s
-from hpp.formulation.heuristics import best_incumbent, fill_heuristic, greedy_composition
-from hpp.instances import InstanceOptions, SyntheticSpec, synthetic_instance
+from hpp.formulation.composition.heuristics import best_incumbent, fill_heuristic, greedy_composition
+from hpp.bench.instances import InstanceOptions, SyntheticSpec, synthetic_instance
 from hpp.profiles.cluster import Link
 
 #: A concave fit (GB/s at log2(chunk / 1 MB)) that peaks near 64 MB chunks and falls for larger ones.
@@ -49,7 +50,7 @@ def test_copy_bound_never_above_the_exhaustive_optimum(seed):
 
 
 def test_copy_bound_is_tighter_than_the_sync_class_lp_and_deterministic():
-    from hpp.formulation.lp_bound import composition_bounds
+    from hpp.formulation.composition.lp_bound import composition_bounds
 
     problem = _small_problem(3)
     _, best, _ = exhaustive_composition(problem, max_evaluations=3000)
@@ -92,7 +93,7 @@ def test_h_ranges_cover_every_count_once():
 
 def test_step_lp_matches_a_hand_solved_lp():
     # max 3 x0 + 2 x1 s.t. 2 x0 + x1 <= 4 (type A), x0 + x1 <= 3 (type B), x0 + x1 <= 10 (copies)
-    lp = _StepLP(np.array([[2.0, 1.0], [1.0, 1.0]]), np.array([4.0, 3.0]), 10)
+    lp = StepLP(np.array([[2.0, 1.0], [1.0, 1.0]]), np.array([4.0, 3.0]), 10)
     val, x = lp.solve(np.array([3.0, 2.0]))
     assert val == pytest.approx(7.0) and x == pytest.approx([1.0, 2.0])
     val, x = lp.solve(np.array([3.0, 0.5]))                   # warm start from the last basis

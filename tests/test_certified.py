@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpp.baselines import exhaustive_composition
+from hpp.baselines.single_shape import exhaustive_composition
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SyncFloor, composition_objective_s
 from hpp.formulation.cost_model import ring_allreduce_s
-from hpp.formulation.solver_settings import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
 from hpp.plan import plan_to_dict
 from hpp.planner import make_problem, plan_hpp
@@ -35,7 +35,7 @@ from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import SCENARIOS
-from hpp.solvers import OPTIMUM_ATOL_S, OPTIMUM_RTOL, gap, solve, status_of
+from hpp.formulation.composition.solve import OPTIMUM_ATOL_S, OPTIMUM_RTOL, gap, solve, status_of
 
 GB = 10**9
 NO_PRUNING = PruningOptions(memory_infeasible=False, dominated=False, incumbent_bound=False, symmetry=False,
@@ -206,7 +206,7 @@ def test_status_and_gap_vocabulary():
 
 def test_cpsat_params_text_is_parsed_and_bad_text_refused():
     s = SolverSettings(cpsat_params="num_workers:1,random_seed:7")
-    from hpp.formulation.composition_cpsat import cpsat_solver
+    from hpp.formulation.composition.cpsat import cpsat_solver
     assert cpsat_solver(s).parameters.random_seed == 7
     with pytest.raises(HppInputError, match="cpsat-params|CP-SAT parameters"):
         SolverSettings(cpsat_params="no_such_field:3")
@@ -232,7 +232,7 @@ def test_bundled_scenarios_bound_below_prediction_and_runs_identical(name):
 
 
 def test_limits_hold_for_baselines_seeds_and_the_returned_plan():
-    from hpp.baselines import run_baselines, uniform_baseline
+    from hpp.baselines.single_shape import run_baselines, uniform_baseline
     sc = SCENARIOS["opt350-a100x4-v100x4"]
     cl, prof = sc.cluster(), load_bundled_profile(sc.model)
     wide = uniform_baseline(cl, prof, sc.global_batch_size, space=SearchSpace(max_stages=8))
@@ -252,7 +252,7 @@ def test_control_the_old_per_stage_sync_relaxation_is_not_a_bound():
     """The issue's false OPTIMAL: on this instance (non-monotone fits) the old CP-SAT model's per-stage sync prices
     the best plan 2 % ABOVE its block-wise objective; the bound model's sync floor does not (found by
     experiments/certify_check.py)."""
-    from hpp.solvers import model_objective_s
+    from hpp.formulation.composition.solve import model_objective_s
     cluster, profile, gbs, space = random_instance(91)
     full, _ = make_problem(cluster, profile, gbs, space=space, pruning=NO_PRUNING)
     full.estimator = None

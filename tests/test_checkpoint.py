@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from hpp.errors import HppInputError
 from hpp.runtime import checkpoint as ck
-from hpp.runtime.launch import free_port
+from hpp.runtime.processes import free_port
 from hpp.runtime.model_api import synthetic_batch
 from hpp.runtime.models import LegacyGPT, ModelConfig
 from hpp.runtime.stage import build_stage

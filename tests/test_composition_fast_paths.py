@@ -8,9 +8,9 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hpp.formulation import heuristics as comp
+from hpp.formulation.composition import heuristics as comp
 from hpp.formulation.composition import SolverSettings, composition_objective_s
-from hpp.formulation.heuristics import solo_objective_s
+from hpp.formulation.composition.heuristics import solo_objective_s
 from hpp.formulation.data_balance import least_time_s
 from hpp.planner import make_problem, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
@@ -115,7 +115,7 @@ def test_capacity_lp_equals_scipy_linprog_after_every_change_of_t(problem):
     """The model-builder LP (objective cleared and set anew per T) against scipy's HiGHS on a fresh model."""
     import numpy as np
     from scipy.optimize import linprog
-    from hpp.formulation.lp_bound import _CapacityLP
+    from hpp.formulation.composition.lp_bound import _CapacityLP
     lp = _CapacityLP(problem, range(len(problem.candidates)))
     types = list(problem.inventory)
     A = np.array([[c.devices.get(t, 0) for c in lp.cands] for t in types], dtype=float)
@@ -187,7 +187,7 @@ def test_plan_cli_refuses_a_baseline_time_limit_that_is_not_positive(capsys, fla
 
 
 def test_bound_classes_in_two_processes_equal_one(monkeypatch):
-    from hpp.formulation import lp_bound
+    from hpp.formulation.composition import lp_bound
     sc = get_scenario("opt350-3types-40")
     problem = make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=1)[0]
     one = lp_bound.composition_bounds(problem, workers=1)

@@ -117,7 +117,7 @@ def test_memo_tables_price_stages_exactly_like_the_cost_model(key):
     from hpp.formulation.cost_model import CostModelConfig, stage_memory_bytes, stage_time_s
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.profiles.network import default_inter_node_link
-    from hpp.pruning.memo import build_stage_cost_table
+    from hpp.formulation.stage_costs import build_stage_cost_table
 
     prof = load_bundled_profile("OPT-350")
     e = prof.layer_profile(*key, estimate=False)

@@ -272,7 +272,7 @@ def test_metis_import_reports_the_layer_coverage_beside_another_defect():
 # --------------------------------------------------------------------------- 5. bench-solvers output
 
 def test_bench_solvers_writes_its_own_folder_and_never_over_existing_files(tmp_path, monkeypatch, capsys):
-    from hpp import bench_cli
+    from hpp.bench import cli as bench_cli
     results = ROOT / "experiments" / "results"
     before = {p: p.stat().st_mtime_ns for p in results.glob("bench_solvers*")}
     monkeypatch.chdir(tmp_path)
@@ -283,7 +283,7 @@ def test_bench_solvers_writes_its_own_folder_and_never_over_existing_files(tmp_p
     assert {Path(p).parent for p in res["files"].values()} == {Path("bench_solvers_out")}
     assert all((tmp_path / p).is_file() for p in res["files"].values())
     # a second run refuses before solving anything
-    monkeypatch.setattr("hpp.solver_bench.run_bench", lambda *a, **k: pytest.fail("solved before refusing"))
+    monkeypatch.setattr("hpp.bench.solvers.run_bench", lambda *a, **k: pytest.fail("solved before refusing"))
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "bench_solvers_out/bench_solvers.csv exists" in err and "--force" in err

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from hpp.baseline_shapes import group_splits, iter_group_splits, lazy_product, type_orders
-from hpp.baseline_uniform import (_even_split, _make_plan, _price, _uniform_groups, _uniform_layout,
+from hpp.baselines.shapes import group_splits, iter_group_splits, lazy_product, type_orders
+from hpp.baselines.uniform import (_even_split, _make_plan, _price, _uniform_groups, _uniform_layout,
                                   _uniform_pipe_bound_s, _uniform_pipeline, _uniform_sync_s, _uniform_time_s)
-from hpp.baselines import _single_shape_candidates, run_baselines, shape_label, single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import _single_shape_candidates, run_baselines, shape_label, single_shape_baseline, uniform_baseline
 from hpp.cli import main
 from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes
 from hpp.formulation.cost_model import CostModelConfig
@@ -106,7 +106,7 @@ def test_a_zero_budget_stops_both_baselines_before_any_work():
 
 
 def test_searches_report_progress_while_they_run(monkeypatch):
-    import hpp.baseline_uniform as bu
+    import hpp.baselines.uniform as bu
     monkeypatch.setattr(bu._Clock.__init__, "__defaults__", (0.0,))       # a line at every check, not every 2 s
     said = []
     cl = make_cluster("c", {"A100-40": 8, "V100-16": 8})

@@ -1,4 +1,4 @@
-"""The instance format, the library and the seeded generators (hpp/instances.py)."""
+"""The instance format, the library and the seeded generators (hpp/bench/instances.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.instances import (FAMILIES, InstanceOptions, SyntheticSpec, get_instance, instance_from_dict,
+from hpp.bench.instances import (FAMILIES, InstanceOptions, SyntheticSpec, get_instance, instance_from_dict,
                            instance_to_dict, library, load_instance, save_instance, scenario_instance,
                            synthetic_instance)
 from hpp.profiles.model_profile import save_profile

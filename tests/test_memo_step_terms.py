@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_time_s
 from hpp.profiles.cluster import Link
 from hpp.profiles.model_profile import LayerProfile
-from hpp.pruning.memo import build_stage_cost_table
+from hpp.formulation.stage_costs import build_stage_cost_table
 
 CFG = CostModelConfig(framework_bytes=())
 L = 5

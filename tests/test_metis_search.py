@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hpp.baselines import _bind_replicas
+from hpp.baselines.single_shape import _bind_replicas
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import Candidate, SearchSpace
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.metis_search import (_next_strategy, _Pricer, metis_device_groups, metis_search, price_metis_config)
-from hpp.planner import pipeline_link, plan_hpp
+from hpp.baselines.metis import MetisPricer, _next_strategy, metis_device_groups, metis_search, price_metis_config
+from hpp.formulation.collectives import pipeline_link
+from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import make_cluster
 
@@ -83,7 +84,7 @@ def test_partition_dp_equals_brute_force(data):
                     C[u, v] = float(rng.integers(1, 9))
         p2p = np.concatenate([rng.integers(0, 3, L).astype(float), [0.0]])
         stages.append((C, None, p2p, None))
-    pricer = _Pricer.__new__(_Pricer)
+    pricer = MetisPricer.__new__(MetisPricer)
     pricer.profile = type("P", (), {"num_layers": L})()
     got = pricer.partition(stages)
     best = None
@@ -106,7 +107,7 @@ def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
     # one inter-node link for every pair (v1): the ported Metis search prices that network
     cl = make_cluster("t", {"A100-40": 8, "V100-16": 8}, per_pair=False)
     space, config = SearchSpace(), CostModelConfig()
-    pricer = _Pricer(cl, opt350, space, config)
+    pricer = MetisPricer(cl, opt350, space, config)
     # 4 replicas of [V100 TP2 | A100 TP2] (groups of 8 = 4 x 2), m = 8 micro-batches of 64/8 = 8 -> b = 2
     types = [("V100-16",), ("A100-40",)]
     strategies, m, b = [(4, 2), (4, 2)], 8, 2
@@ -130,7 +131,7 @@ def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
 
 def test_a_straddling_group_runs_at_its_slowest_type(opt350):
     cl = make_cluster("t", {"A100-40": 4, "V100-16": 4})
-    pricer = _Pricer(cl, opt350, SearchSpace(), CostModelConfig())
+    pricer = MetisPricer(cl, opt350, SearchSpace(), CostModelConfig())
     both = pricer.stage(("A100-40", "V100-16"), 1, 2, 1, memory=False)[0]
     a = pricer.stage(("A100-40",), 1, 2, 1, memory=False)[0]
     v = pricer.stage(("V100-16",), 1, 2, 1, memory=False)[0]
@@ -182,7 +183,7 @@ def test_caps_shrink_the_search_and_recomputation_is_one_mode_per_stage(opt350):
     assert all(tp <= 2 for _, tp in small.best.strategies)
     # a straddling stage recomputes on every type or on none: with recomputation allowed, the stage's
     # time is the slowest type's in the one mode where every type fits
-    pricer = _Pricer(cl, opt350, SearchSpace(), CostModelConfig(), 4, 4)
+    pricer = MetisPricer(cl, opt350, SearchSpace(), CostModelConfig(), 4, 4)
     C, full_mask, _, tabs = pricer.stage(("A100-40", "V100-16"), 1, 4, 8, memory=True)
     fits = [t.memory_bytes(8, False) <= t.capacity_bytes for t in tabs]
     both = fits[0] & fits[1]

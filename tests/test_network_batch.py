@@ -16,7 +16,7 @@ from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import balance_pairs
 from hpp.planner import pipeline_link
 from hpp.profiles.bundled import load_bundled_profile
-from hpp.pruning.memo import StageCostCache
+from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import get_scenario
 

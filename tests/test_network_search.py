@@ -19,7 +19,7 @@ from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.profiles.cluster import cluster_from_dict
 from hpp.profiles.model_profile import ModelProfile
-from hpp.pruning.memo import StageCostCache
+from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from tests.synthetic import toy_profile
 

@@ -6,7 +6,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hpp.baselines import exhaustive_composition, single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import exhaustive_composition, single_shape_baseline, uniform_baseline
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SolverSettings
@@ -14,7 +14,7 @@ from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.planner import make_problem, plan_hpp, pipeline_link
 from hpp.formulation.cost_model import estimate_plan
-from hpp.pruning.memo import StageCostCache
+from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario

@@ -86,11 +86,15 @@ def other_six_layers():
     ("optimizer", ["--lr", "-1"], "training lr = -1.0"),
 ])
 def test_bad_input_is_refused_before_any_process(tmp_path, capsys, no_launch, profile_ref, case, args, needle):
-    kw = {"tp": {"tp": 3}, "invalid": {"stages0": ((0, 2), (3, 6))},
+    kw = {"tp": {"tp": 3},
           "layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7))},
           "profile-layers": {"num_layers": 7, "stages0": ((0, 3), (3, 7)), "profile": profile_ref},
           "selective": {"recompute": "selective"}}.get(case, {})
     path = _plan(tmp_path / "p.json", **kw)
+    if case == "invalid":           # a file a Plan cannot hold (stages [0, 2) then [3, 6)): refused on load
+        doc = json.loads(Path(path).read_text())
+        doc["pipelines"][0]["stages"][0]["layers"] = [0, 2]
+        Path(path).write_text(json.dumps(doc))
     if "SHORT" in args:
         (tmp_path / "short.txt").write_bytes(b"x" * 1000)
         args = [a if a != "SHORT" else str(tmp_path / "short.txt") for a in args]

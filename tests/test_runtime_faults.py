@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import descendants, kill_tree, launch_forked, launch_torchrun
+from hpp.runtime.launch import launch_forked, launch_torchrun
+from hpp.runtime.processes import descendants, kill_tree
 from hpp.runtime.models import ModelConfig
 from hpp.runtime.worker import WorkerConfig
 

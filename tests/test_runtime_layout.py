@@ -87,10 +87,10 @@ def test_tp_degrees_that_differ_within_a_pipeline_are_refused():
 
 
 def test_samples_that_miss_the_global_batch_are_refused_before_any_rank_runs():
-    # a plan built in Python (not read from JSON): 5 of 13 samples would train on a partial batch
-    plan = Plan("micro", 6, 13, (Pipeline((_st(0, 6, 0),), 3, 5),))
+    # a plan built in Python (not read from JSON): 5 of 13 samples would train on a partial batch; such a
+    # Plan cannot be built (hpp.plan.Plan checks at construction), so no rank ever gets one
     with pytest.raises(HppInputError) as exc:
-        rank_roles(plan)
+        Plan("micro", 6, 13, (Pipeline((_st(0, 6, 0),), 3, 5),))
     assert "add up to 5, not the global batch size 13" in str(exc.value)
     assert exc.value.field == "pipelines[*].num_samples" and exc.value.fix
 

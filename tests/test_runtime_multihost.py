@@ -25,7 +25,7 @@ import pytest
 
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
-from hpp.runtime.launch import free_port
+from hpp.runtime.processes import free_port
 from hpp.runtime.models import LegacyGPT, ModelConfig
 from hpp.runtime.stage import build_stage
 

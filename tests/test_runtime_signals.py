@@ -11,7 +11,7 @@ complete checkpoint still resumes.
   time, the killed host's torchrun agent and workers follow it (parent-death signal), no process
   left, no half checkpoint, the last complete checkpoint resumes.
 
-Processes are followed through ``/proc`` (:func:`hpp.runtime.launch.descendants`: pid and start time,
+Processes are followed through ``/proc`` (:func:`hpp.runtime.processes.descendants`: pid and start time,
 so a recycled pid is not mistaken for a survivor).
 """
 
@@ -29,7 +29,7 @@ import pytest
 
 from hpp.runtime.checkpoint import latest_checkpoint, read_checkpoint_meta
 from hpp.runtime.cli import run_main
-from hpp.runtime.launch import _proc_stat, descendants
+from hpp.runtime.processes import _proc_stat, descendants
 from tests.test_runtime_multihost import MODEL, ROOT, VERIFY, finish, start_hosts, two_node_plan
 
 pytestmark = pytest.mark.distributed

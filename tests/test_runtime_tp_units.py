@@ -9,7 +9,7 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan, Stage
-from hpp.runtime.gradsync import _param_entries, sync_units
+from hpp.runtime.gradsync_units import _param_entries, sync_units
 from hpp.runtime.layout import ShardGroups, group_layout, rank_roles
 from hpp.runtime.stage import build_stage
 from hpp.runtime.training import (TrainingConfig, clip_by_global_norm, lr_factor, make_lr_scheduler, make_optimizer,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hpp.errors import HppInputError
-from hpp import search_bench
-from hpp.search_bench import BenchRow, read_csv, scenario_points, summary_table, sweep_points, target_lines
+from hpp.bench import search_overhead as search_bench
+from hpp.bench.search_overhead import SearchRow, read_csv, scenario_points, summary_table, sweep_points, target_lines
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "search_overhead.py"
 
@@ -70,7 +70,7 @@ def test_script_stops_before_measuring_anything(monkeypatch, tmp_path, capsys):
 
 
 def _row(point, gpus, types, method, wall, it, status="FEASIBLE"):
-    return BenchRow(point, gpus, types, method, wall, f"{wall:.3f}", 10, 0.5, it, 0.1, status)
+    return SearchRow(point, gpus, types, method, wall, f"{wall:.3f}", 10, 0.5, it, 0.1, status)
 
 
 def test_a_rounded_size_is_said_before_measuring(monkeypatch, tmp_path, capsys):
@@ -164,7 +164,7 @@ def test_an_infeasible_point_is_skipped_with_its_reason(monkeypatch, tmp_path, c
 
 
 def test_measure_point_runs_every_method_on_one_input():
-    from hpp.search_bench import measure_point
+    from hpp.bench.search_overhead import measure_point
     p = next(iter(sweep_points([8], [2])))
     rows = measure_point(p, repeats=1, ablations=("memoise",), single_shape_budget_s=30.0, metis_budget_s=30.0)
     by = {r.method: r for r in rows}
@@ -189,7 +189,7 @@ def test_quick_writes_its_own_files_by_default(monkeypatch, capsys):
 
 
 def _hpp_row(point, gpus, types, wall, gap):
-    return BenchRow(point, gpus, types, "hpp", wall, "", 10, 0.5, 1.0, gap, "FEASIBLE")
+    return SearchRow(point, gpus, types, "hpp", wall, "", 10, 0.5, 1.0, gap, "FEASIBLE")
 
 
 def test_search_targets_name_the_inputs_that_miss():

@@ -1,4 +1,4 @@
-"""The one solve path (hpp/solvers.py): interchangeable solvers, the MILP, the bench and its CLI."""
+"""The one solve path (hpp/formulation/composition/solve.py): interchangeable solvers, the MILP, the bench and its CLI."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from google.protobuf import text_format
 from ortools.sat import cp_model_pb2
 from ortools.sat.python import cp_model
 
-from hpp.baselines import exhaustive_composition
-from hpp.bench_cli import main as bench_main
+from hpp.baselines.single_shape import exhaustive_composition
+from hpp.bench.cli import main as bench_main
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import US_PER_S, composition_objective_s
-from hpp.instances import get_instance, library
+from hpp.bench.instances import get_instance, library
 from hpp.planner import make_problem
-from hpp.solver_bench import check_consistency, run_bench, summary_table
-from hpp.solvers import (SOLVER_NAMES, SolverSettings, bench_settings, export_cpsat_model, model_objective_s, solve,
+from hpp.bench.solvers import check_consistency, run_bench, summary_table
+from hpp.formulation.composition.solve import (SOLVER_NAMES, SolverSettings, bench_settings, export_cpsat_model, model_objective_s, solve,
                          within_tolerance)
 from tests.synthetic import toy_cluster, toy_profile
 
@@ -100,7 +100,7 @@ def test_time_limit_returns_best_solution_and_bound_never_raises():
 def test_unknown_solver_and_bad_options():
     problem, _ = get_instance("syn-t2-g16-l16-m4-s3-r1").problem()
     with pytest.raises(HppInputError) as exc:
-        solve(problem, "gurobi")
+        solve(problem, SolverSettings(solver="gurobi"))
     assert "unknown solver 'gurobi'" in str(exc.value) and "['cp-sat', 'milp', 'heuristic']" in str(exc.value)
     with pytest.raises(HppInputError, match="time limit -1"):
         SolverSettings(max_time_in_seconds=-1)
@@ -109,7 +109,7 @@ def test_unknown_solver_and_bad_options():
 
 def test_exported_cpsat_model_is_the_solved_model(tmp_path):
     problem, _ = get_instance("syn-t3-g8-l16-m4-s3-r1").problem()
-    desc = export_cpsat_model(problem, tmp_path / "m.pb", options=SolverSettings(warm_start=False))
+    desc = export_cpsat_model(problem, tmp_path / "m.pb", settings=SolverSettings(warm_start=False))
     assert (tmp_path / "m.pb").stat().st_size > 0 and desc["objective_unit"] == "microseconds"
     proto = cp_model_pb2.CpModelProto()                  # what another solver's reader sees
     proto.ParseFromString((tmp_path / "m.pb").read_bytes())

@@ -9,7 +9,7 @@ from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.planner import make_problem, pipeline_link
 from hpp.profiles.bundled import load_bundled_profile
-from hpp.pruning.memo import StageCostCache
+from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import get_scenario
 from tests.test_planner import instances

@@ -1,4 +1,4 @@
-"""The search model's per-type gradient-sync price (hpp.formulation.sync_pricing), by hand.
+"""The search model's per-type gradient-sync price (hpp.formulation.composition.sync_pricing), by hand.
 
 Cluster: types X and Z, two nodes of 2 devices each; inter links X-X 100 B/s, X-Z 200 B/s,
 Z-Z 800 B/s; intra X 1000 B/s, Z 2000 B/s; no latency, no fit. A ring all-reduce of B bytes among
@@ -80,3 +80,23 @@ def test_vectorised_tables_match_the_scalar_price_on_a_bundled_per_pair_scenario
         want = [problem.sync_s(c, h) * 1e6 for h in range(1, 13)]
         assert all(abs(got - w) <= 1.0 for got, w in zip(row, want))
         assert all(got >= w - 1e-3 for got, w in zip(row, want))          # rounded up
+
+
+def test_vectorised_bandwidth_is_the_link_fit_bit_for_bit():
+    """bandwidth_np (the one numpy form of Link.bandwidth_bytes_per_s) equals the scalar fit exactly on the
+    bundled network's links, fits that fall at large messages and empty messages included."""
+    import numpy as np
+
+    from hpp.formulation.collectives import bandwidth_np, ring_allreduce_np, ring_allreduce_s
+    from hpp.scenarios import get_scenario
+    cluster = get_scenario("opt350-3types-40").cluster()
+    links = {n.intra_node for n in cluster.nodes} | {cluster.inter_node}
+    links |= {cluster.type_link(a, b) for a in cluster.count_by_type() for b in cluster.count_by_type()}
+    sizes = np.r_[0.0, 0.5, 1.0, np.geomspace(1.0, 1e11, 97)]
+    assert any(link.fit_gb_per_s is not None for link in links)
+    for link in links:
+        assert bandwidth_np(link, sizes).tolist() == [link.bandwidth_bytes_per_s(float(v)) for v in sizes]
+        w = np.geomspace(1e3, 1e10, 15)
+        for h in (2, 3, 8):
+            want = [ring_allreduce_s(float(v), h, link) for v in w]
+            assert ring_allreduce_np(w, np.float64(h), link).tolist() == want

@@ -31,7 +31,7 @@ from hpp.formulation.binding_rules import best_fit_assign, packed_assign
 from hpp.formulation.binding_score import BindingScore, BindingScorer, node_crossings
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.data_balance import balance_data
-from hpp.plan import Pipeline, Plan, Stage, default_schedule
+from hpp.plan import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 
 __all__ = ["bind_devices", "bind_nodes", "build_plan", "node_crossings", "EXACT_MAX_STAGES", "EXACT_MAX_NODES",
@@ -128,11 +128,8 @@ def build_plan(cluster: Cluster, *, model: str, num_layers: int, sequence_length
     bound = bind_devices(cluster, [c for c, _ in kept])
     pipelines = []
     for (cand, n), ids in zip(kept, bound):
-        bnd = cand.partition.boundaries
-        stages = tuple(Stage(bnd[i], bnd[i + 1], k.device_type, k.tp_degree, ids[i],
-                             "full" if cand.partition.recompute[i] else "none")
-                       for i, k in enumerate(cand.shape))
-        m = -(-n // cand.micro_batch_size)
-        pipelines.append(Pipeline(stages, cand.micro_batch_size, n, default_schedule(m, len(stages))))
+        pipelines.append(make_pipeline(cand.partition.boundaries, [k.device_type for k in cand.shape],
+                                       [k.tp_degree for k in cand.shape], ids, cand.partition.recompute,
+                                       cand.micro_batch_size, n))
     return Plan(model=model, num_layers=num_layers, global_batch_size=global_batch_size, pipelines=tuple(pipelines),
                 sequence_length=sequence_length, profile_ref=dict(profile_ref), cluster_ref=dict(cluster_ref))

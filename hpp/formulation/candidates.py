@@ -1,7 +1,8 @@
 """Candidate pipelines: shapes enumerated over the inventory, each stage-balanced by the DP.
 
 A pipeline shape is an ordered tuple of :class:`StageKind`. The search space
-(:class:`SearchSpace`) holds shapes made of at most ``max_types_per_pipeline``
+(:class:`~hpp.formulation.space_limits.SearchSpace`, re-exported here with the stage kinds
+and micro-batch sizes it allows) holds shapes made of at most ``max_types_per_pipeline``
 device types, with one TP degree per device type inside a pipeline, at most
 ``max_stages`` stages, and stages of one type contiguous (type groups). With the
 ``canonical_order`` rule the groups are ordered by device memory, largest first;
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 
 import numpy as np
 from dataclasses import dataclass
@@ -23,60 +23,20 @@ from typing import Iterator
 
 from hpp.errors import HppInputError
 from hpp.forkshare import can_fork, run_shares, usable_cores
+from hpp.formulation.space_limits import (SearchSpace, common_micro_batch_sizes, model_head_counts,
+                                         runnable_tp_degrees, stage_kinds, tp_capacity)
 from hpp.formulation.stage_balance import Partition, StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.pruning.rules import PruningOptions
+from hpp.pruning.rules import (DominanceKeys, PruningOptions, dominance_order, ends_with_dead_suffix,
+                                type_group_orders, undominated_mask)
 
 __all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates",
            "remove_dominated", "tp_capacity", "model_head_counts", "runnable_tp_degrees",
            "common_micro_batch_sizes", "usable_cores", "PARALLEL_MIN_PAIRS"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SearchSpace:
-    """What the planner may build.
-
-    Attributes
-    ----------
-    micro_batch_sizes : tuple[int, ...] or None
-        Micro-batch sizes to consider; None = every size the profile measured.
-    max_tp : int or None
-        Largest TP degree; None = the largest measured that fits a node.
-    max_stages : int
-        Most stages in one pipeline.
-    max_types_per_pipeline : int
-        Most device types in one pipeline.
-    max_stages_mixed : int
-        Most stages of a pipeline of 3 or more device types (2-type pipelines keep ``max_stages``).
-        Such shapes multiply with the stage count (at 4 types x 8 stages: 9.6k shapes, 11 s of stage
-        balance at 64 GPUs; at 4 stages: 624 shapes, 0.36 s, measured); short ones are where they pay
-        (one stage per type, e.g. the 4-type single-shape plan of opt350-1024-4types).
-    allow_recompute : bool
-        Stages may use full activation recomputation (``--no-recompute`` forbids it).
-    mixed_tp_pipelines : bool
-        A pipeline's stages may have different TP degrees (e.g. A100 TP 2 then V100 TP 4).
-        Off by default: ``hpp run`` runs a pipeline as TP lanes (lane k = the k-th TP rank of
-        every stage, one ``torch.distributed.pipelining`` stage group per lane), which needs one
-        TP degree per pipeline; different pipelines may still have different TP degrees.
-        ``--mixed-tp-pipelines`` searches the wider space (plans that the runtime refuses).
-    """
-
-    micro_batch_sizes: tuple[int, ...] | None = None
-    max_tp: int | None = None
-    max_stages: int = 8
-    max_types_per_pipeline: int = 2
-    max_stages_mixed: int = 4
-    allow_recompute: bool = True
-    mixed_tp_pipelines: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_stages < 1 or self.max_types_per_pipeline < 1:
-            raise HppInputError(f"max_stages={self.max_stages}, max_types_per_pipeline={self.max_types_per_pipeline}",
-                                field="search space", fix="both must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,84 +70,6 @@ class Candidate:
                         for k, n in groups) + f" b={self.micro_batch_size}"
 
 
-def tp_capacity(cluster: Cluster, device_type: str, tp_degree: int) -> int:
-    """How many TP groups of ``tp_degree`` devices of ``device_type`` the nodes can hold."""
-    return sum(n.num_devices // tp_degree for n in cluster.nodes if n.device_type == device_type)
-
-
-def model_head_counts(profile: ModelProfile) -> tuple[int, ...]:
-    """The model's attention-head counts that a TP degree must divide, from the profile's meta.
-
-    Reads ``hyper_parameters.num_heads`` / ``num_kv_heads`` (profiles written by ``hpp
-    profile``) or ``heads`` (the converted public profiles); empty when the profile says none.
-
-    >>> from hpp.profiles.bundled import load_bundled_profile
-    >>> model_head_counts(load_bundled_profile("OPT-350"))
-    (16,)
-    """
-    hp = profile.meta.get("hyper_parameters") or {}
-    counts = [hp.get("num_heads", profile.meta.get("heads")), hp.get("num_kv_heads")]
-    return tuple(int(c) for c in counts if isinstance(c, int) and c > 0)
-
-
-def runnable_tp_degrees(profile: ModelProfile) -> tuple[int, ...]:
-    """The profile's TP degrees that divide every head count of the model (:func:`model_head_counts`).
-
-    A TP degree that does not divide the heads cannot be run (each TP rank holds whole heads), so
-    the planner never emits it.
-    """
-    heads = model_head_counts(profile)
-    return tuple(t for t in sorted({k[1] for k in profile.entries}) if all(h % t == 0 for h in heads))
-
-
-def _no_profile_fix(dtype: str, profile) -> str:
-    """The fix for a cluster type the profile lacks; an emulated CPU type (``cpu-2x``) names ``--emulate``."""
-    fix = f"profile {dtype} or use types in {list(profile.device_types)}"
-    m = re.fullmatch(r"cpu-(\d+(?:\.\d+)?)x", dtype)
-    if m:
-        fix += (f"; {dtype} is an emulated CPU type: rerun hpp profile ... --device cpu with "
-                f"--emulate {dtype}={m.group(1)} to add it")
-    return fix
-
-
-def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> dict[str, tuple[StageKind, ...]]:
-    """Stage kinds per device type of the cluster: every measured TP degree that fits a node and ``max_tp``.
-
-    A device type with no such TP degree is left out (not a key of the result; logged, and the
-    CLI says so); the input is refused only when every type is left out.
-
-    Raises
-    ------
-    HppInputError
-        A device type of the cluster has no profile (named), or no type has a usable TP degree.
-    """
-    out: dict[str, tuple[StageKind, ...]] = {}
-    unusable: list[str] = []
-    runnable = set(runnable_tp_degrees(profile))
-    for dtype in sorted(cluster.count_by_type()):
-        if dtype not in profile.device_types:
-            raise HppInputError(f"GPU type {dtype!r} of the cluster has no profile for {profile.model}",
-                                field="nodes[*].device_type",
-                                fix=_no_profile_fix(dtype, profile))
-        largest_node = max(n.num_devices for n in cluster.nodes if n.device_type == dtype)
-        tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)
-               and t in runnable]
-        if not tps:
-            unusable.append(f"{dtype} is profiled only at TP {list(profile.tp_degrees(dtype))}, nodes of {largest_node}")
-            log.info("%s left out: no measured TP degree fits its nodes and max_tp", dtype)
-            continue
-        out[dtype] = tuple(StageKind(dtype, t) for t in tps)
-    if not out:
-        raise HppInputError(f"no GPU type of the cluster has a TP degree of {profile.model} that fits its nodes "
-                            f"and --max-tp ({'; '.join(unusable)})", field="max_tp",
-                            fix="raise --max-tp or use larger nodes")
-    return out
-
-
-def _type_order(cluster: Cluster, types: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(sorted(types, key=lambda t: (-cluster.device_types[t].memory_bytes, t)))
-
-
 def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], space: SearchSpace,
                      pruning: PruningOptions, num_layers: int) -> Iterator[tuple[StageKind, ...]]:
     """Yield every shape of the search space (see the module docstring), shortest groups first."""
@@ -195,7 +77,8 @@ def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], 
     max_stages = min(space.max_stages, num_layers)
     for r in range(1, min(space.max_types_per_pipeline, len(types)) + 1):
         for subset in itertools.combinations(types, r):
-            orders = [_type_order(cluster, subset)] if pruning.canonical_order else list(itertools.permutations(subset))
+            orders = type_group_orders(subset, lambda t: cluster.device_types[t].memory_bytes,
+                                       pruning.canonical_order)
             for kind_choice in itertools.product(*(kinds[t] for t in subset)):
                 if not space.mixed_tp_pipelines and len({k.tp_degree for k in kind_choice}) > 1:
                     continue                          # one TP degree per pipeline (see SearchSpace)
@@ -208,18 +91,6 @@ def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], 
                     count_of = dict(zip(subset, counts))
                     for order in orders:
                         yield tuple(k for t in order for k in [by_type[t]] * count_of[t])
-
-
-def common_micro_batch_sizes(profile: ModelProfile, shape: tuple[StageKind, ...], space: SearchSpace) -> list[int]:
-    """Micro-batch sizes measured for every stage kind of ``shape`` (and allowed by ``space``), ascending."""
-    common = None
-    for k in set(shape):
-        sizes = set(profile.micro_batch_sizes(k.device_type, k.tp_degree))
-        common = sizes if common is None else common & sizes
-    sizes = sorted(common or ())
-    if space.micro_batch_sizes is not None:
-        sizes = [b for b in sizes if b in space.micro_batch_sizes]
-    return sizes
 
 
 def _balance_shapes(shapes: list[tuple[StageKind, ...]], sizes: list[list[int]], balancer: StageBalancer,
@@ -240,11 +111,9 @@ def _balance_shapes(shapes: list[tuple[StageKind, ...]], sizes: list[list[int]],
     dead: set = set()
     for i, b in pairs:
         shape = shapes[i]
-        if pruning.memory_infeasible and dead:
-            # every suffix whose row is empty kills all shapes ending with it
-            if any((b, shape[j:]) in dead for j in range(1, len(shape))):
-                stats["shapes_pruned_memory"] += 1
-                continue
+        if pruning.memory_infeasible and dead and ends_with_dead_suffix(dead, b, shape):
+            stats["shapes_pruned_memory"] += 1                # a suffix whose row is empty kills the shape
+            continue
         stats["balanced"] += 1
         part, few = balancer.balance_both(shape, b)
         if part is None:
@@ -283,43 +152,16 @@ def _split_sizes(sizes: list[list[int]], workers: int) -> list[frozenset]:
     return [frozenset(s) for _, s in bins if s]
 
 
-class _Usage:
-    """Per shape (given its :func:`_usage`): TP groups per (type, TP degree) as a count vector, the set of
-    those keys, and its devices."""
-
-    def __init__(self, usage: list[tuple[dict[str, int], dict[tuple[str, int], int]]]) -> None:
-        self.of = usage
-        keys = sorted({k for _, g in usage for k in g})
-        col = {k: j for j, k in enumerate(keys)}
-        self.counts = np.zeros((len(usage), len(keys)))
-        sets: dict[frozenset, int] = {}
-        self.keyset = np.zeros(len(usage), dtype=np.int64)
-        for i, (_, g) in enumerate(usage):
-            for k, n in g.items():
-                self.counts[i, col[k]] = n
-            self.keyset[i] = sets.setdefault(frozenset(g), len(sets))
-        self.num_devices = np.array([sum(d.values()) for d, _ in usage], dtype=np.int64)
-        by_id = list(sets)
-        #: subsets[j]: ids of the key sets contained in key set j (itself included)
-        self.subsets = [np.array([i for i, a in enumerate(by_id) if a <= b], dtype=np.int64) for b in by_id]
-
-
 def _visit_order(batch: PartitionBatch, num_devices: np.ndarray) -> np.ndarray:
-    """Rows by (bottleneck, fill, devices, shape index, size, variant): the order dominance visits them in."""
-    return np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index, num_devices[batch.shape_index],
-                       batch.fill_s, batch.bottleneck_s))
+    """Rows in the order dominance visits them (:func:`hpp.pruning.rules.dominance_order`)."""
+    return dominance_order(batch.bottleneck_s, batch.fill_s, num_devices[batch.shape_index], batch.shape_index,
+                           batch.micro_batch_size, batch.variant)
 
 
-def _undominated(batch: PartitionBatch, usage: _Usage) -> np.ndarray:
-    """Boolean mask of the rows no earlier row (in :func:`_visit_order`) dominates (rule ``dominated``).
-
-    Row x dominates row y when both have the same micro-batch size and x has no more TP groups of
-    any (type, TP degree) and no larger bottleneck, fill, optimizer step and largest stage gradient
-    (:func:`hpp.pruning.rules.dominates`). Only rows whose (type, TP) key set is a subset of y's
-    can have no more TP groups of every key, so each (size, key set) group is compared with its
-    subset groups only. Dominance is transitive, so "dominated by an earlier row" equals "dominated
-    by an earlier kept row", which is what a sequential pass keeps (tested).
-    """
+def _undominated(batch: PartitionBatch, usage: DominanceKeys) -> np.ndarray:
+    """Boolean mask of the rows no earlier row (in :func:`_visit_order`) dominates (rule ``dominated``,
+    :func:`hpp.pruning.rules.undominated_mask` on the rows' TP-group counts, bottleneck, fill, optimizer
+    step and largest stage gradient)."""
     R = len(batch)
     if not R:
         return np.zeros(0, dtype=bool)
@@ -328,24 +170,10 @@ def _undominated(batch: PartitionBatch, usage: _Usage) -> np.ndarray:
     pos[_visit_order(batch, usage.num_devices)] = np.arange(R)
     feat = np.column_stack([usage.counts[si], batch.bottleneck_s, batch.fill_s, batch.optimizer_s,
                             batch.stage_param_bytes.max(axis=1)])
-    nks = len(usage.subsets)
-    gid = batch.micro_batch_size * nks + usage.keyset[si]
-    order = np.argsort(gid, kind="stable")
-    bounds = np.flatnonzero(np.diff(gid[order])) + 1
-    members = {int(gid[seg[0]]): seg for seg in np.split(order, bounds)}
-    dominated = np.zeros(R, dtype=bool)
-    for g, ys in members.items():
-        b, ks = divmod(g, nks)
-        xs = np.concatenate([members[b * nks + j] for j in usage.subsets[ks].tolist() if b * nks + j in members])
-        fx, fy = feat[xs], feat[ys]
-        le = pos[xs][None, :] < pos[ys][:, None]             # (ys, xs): x visited earlier and no worse in ...
-        for f in range(feat.shape[1]):                       # ... every feature (one 2-D pass per feature)
-            le &= fx[:, f][None, :] <= fy[:, f][:, None]
-        dominated[ys] = le.any(axis=1)
-    return ~dominated
+    return undominated_mask(batch.micro_batch_size, usage.keyset[si], usage.subsets, feat, pos)
 
 
-def _share(shapes, sizes, balancer, pruning, keep_b, usage: _Usage):
+def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys):
     """One worker's share: its sizes balanced, then (rule on) its dominated rows removed.
 
     Dominance compares candidates of the same micro-batch size only, so removing it per share of
@@ -360,7 +188,7 @@ def _share(shapes, sizes, balancer, pruning, keep_b, usage: _Usage):
     return batch, stats
 
 
-def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: _Usage, finish):
+def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: DominanceKeys, finish):
     """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); ``finish(batch, stats)``
     of their rows and counters, merged (it runs while the children exit)."""
     def counters():
@@ -384,7 +212,7 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
     return run_shares(share, groups, merge=merge)
 
 
-def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: _Usage,
+def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys,
                           dominated: bool) -> list[Candidate]:
     """The candidates in the order one pass gives: the dominance visiting order with the rule on
     (ties by enumeration order), else enumeration order (shape, micro-batch size, variant)."""
@@ -430,7 +258,7 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     by_kinds: dict[frozenset, list[int]] = {}          # shapes of one kind set share their sizes
     sizes = [by_kinds[ks] if ks in by_kinds else by_kinds.setdefault(ks, common_micro_batch_sizes(profile, s, space))
              for s in shapes for ks in [frozenset(s)]]
-    usage = _Usage([_usage(s) for s in shapes])
+    usage = DominanceKeys([_usage(s) for s in shapes])
     n = usable_cores() if workers == 0 else max(1, workers)
     groups = _split_sizes(sizes, n) if n > 1 else []
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
@@ -458,6 +286,6 @@ def remove_dominated(cands: list[Candidate]) -> list[Candidate]:
         return []
     L = max(c.partition.boundaries[-1] for c in cands)
     batch = PartitionBatch.from_partitions([(i, c.micro_batch_size, 0, c.partition) for i, c in enumerate(cands)], L)
-    usage = _Usage([(c.devices, c.tp_groups) for c in cands])
+    usage = DominanceKeys([(c.devices, c.tp_groups) for c in cands])
     keep = _undominated(batch, usage)
     return [cands[i] for i in _visit_order(batch, usage.num_devices).tolist() if keep[i]]

@@ -34,19 +34,20 @@ than the flat ring.
 
 from __future__ import annotations
 
-import numpy as np
-
 import math
 from collections import Counter
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Sequence
 
+import numpy as np
+
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import LayerProfile
 
-__all__ = ["AllReduceCost", "ring_allreduce_s", "allreduce_s", "allreduce_lower_bound_s", "p2p_link_options",
+__all__ = ["AllReduceCost", "pipeline_link", "ring_allreduce_s", "ring_allreduce_np", "bandwidth_np", "fit_x",
+           "fit_gb_per_s", "allreduce_s", "allreduce_lower_bound_s", "p2p_link_options",
            "p2p_transfer_s", "p2p_waits_per_transfer", "stage_p2p_wait_s", "EXACT_CLASS_ORDERS_UP_TO"]
 
 #: Up to this many node classes the ring's class order is searched exhaustively ((c-1)! orders).
@@ -91,15 +92,40 @@ def ring_allreduce_s(num_bytes: float, num_ranks: int, link: Link) -> float:
     return 2.0 * (num_ranks - 1) / num_ranks * num_bytes / bw + 2.0 * (num_ranks - 1) * link.latency_s
 
 
+def fit_x(message_bytes: np.ndarray) -> np.ndarray:
+    """The abscissa of a link's bandwidth fit, ``L = log2(max(bytes, 1) / 1e6)`` (elementwise; see
+    :class:`~hpp.profiles.cluster.Link`)."""
+    return np.log2(np.maximum(message_bytes, 1.0) / 1e6)
+
+
+def fit_gb_per_s(link: Link, x):
+    """``a L^2 + b L + c`` [GB/s], the raw quadratic fit of ``link`` at ``x = L`` (elementwise; not capped;
+    ``link.fit_gb_per_s`` must be set)."""
+    a, b, c = link.fit_gb_per_s
+    return a * x * x + b * x + c
+
+
+def bandwidth_np(link: Link, message_bytes: np.ndarray) -> np.ndarray:
+    """:meth:`Link.bandwidth_bytes_per_s <hpp.profiles.cluster.Link.bandwidth_bytes_per_s>` vectorised over
+    ``message_bytes`` [bytes/s] (same floats): the fit capped at the peak, the peak where the fit is not
+    positive, where there is none, or for an empty message.
+
+    >>> link = Link(10e9, 0.0, fit_gb_per_s=(0.0, 1.0, 2.0))
+    >>> bandwidth_np(link, np.array([0.0, 1e6, 2e6, 1e12])).tolist() == [link.bandwidth_bytes_per_s(v)
+    ...                                                                  for v in (0.0, 1e6, 2e6, 1e12)]
+    True
+    """
+    message_bytes = np.asarray(message_bytes, dtype=np.float64)
+    peak = link.max_bytes_per_s
+    if link.fit_gb_per_s is None:
+        return np.full(message_bytes.shape, peak)
+    fit = fit_gb_per_s(link, fit_x(message_bytes)) * 1e9
+    return np.where((fit > 0) & (message_bytes > 0), np.minimum(fit, peak), peak)
+
+
 def ring_allreduce_np(w: np.ndarray, h: np.ndarray, link: Link) -> np.ndarray:
     """:func:`ring_allreduce_s` vectorised over broadcast ``w`` [bytes] and ``h`` (>= 2) ranks [s] (same floats)."""
-    chunk = w / h
-    bw = np.full(np.broadcast(chunk, chunk).shape, link.max_bytes_per_s)
-    if link.fit_gb_per_s is not None:
-        a, b, c = link.fit_gb_per_s
-        x = np.log2(np.maximum(chunk, 1.0) / 1e6)
-        fit = (a * x * x + b * x + c) * 1e9
-        bw = np.where(fit > 0, np.minimum(fit, link.max_bytes_per_s), link.max_bytes_per_s)
+    bw = bandwidth_np(link, w / h)
     return 2.0 * (h - 1) / h * w / bw + 2.0 * (h - 1) * link.latency_s
 
 
@@ -317,3 +343,13 @@ def stage_p2p_wait_s(e: LayerProfile, lo: int, hi: int, *, link_in: Link | None,
     c_out = (p2p_transfer_s(e, link_out, e.output_bytes[hi - 1]) if hi < e.num_layers and link_out is not None
              else 0.0)
     return p2p_waits_per_transfer(e, config) * (c_in + c_out)
+
+
+def pipeline_link(cluster: Cluster) -> Link:
+    """The link the planner assumes between pipeline stages and among gradient holders.
+
+    The inter-node link (the slower one) unless the cluster is a single node.
+    """
+    if len(cluster.nodes) == 1:
+        return cluster.nodes[0].intra_node
+    return cluster.inter_node

@@ -1,7 +1,26 @@
 """Memory of one device of a stage: the calibrated formula and the runtime step's terms (pure functions).
 
 Split out of :mod:`hpp.formulation.cost_model` (which re-exports every name; its module docstring
-gives the formulas and their sources).
+gives the calibrated formula and its sources).
+
+Memory from the runtime step's own terms (profiles measured by ``hpp profile``,
+:mod:`hpp.runtime.memory_profile`; :func:`stage_memory_breakdown`): with P the stage's
+parameter bytes (fp32 masters also under bf16 mixed precision), n the optimizer's
+states per parameter (AdamW 2, SGD 0; a tied pair held by one stage counted once), K = sum of ``step_activation_bytes[lo:hi]``
+(``first_stage_step_activation_bytes`` on a first stage where measured)
+(+ ``loss_activation_bytes`` on the last stage), buffers = m x input bytes (non-first
+stage) + m x output bytes (non-last): the pipelining library's receive buffers, one
+per micro-batch, for activations and gradients:
+
+    backward phase:  P (2 + n) + buffers + k_i K + g + max_l (T_l - sum_{j > l} K_j)
+    optimizer phase: P (2 + n) + buffers + o P
+
+g = one input gradient still held from the previous backward (non-first stage,
+m > k_i), T_l = ``backward_transient_bytes[l]``, K_j the per-layer terms of the
+layers after l in the stage (freed by the time l runs backward), o the optimizer
+step's temporaries per parameter byte. Peak = R_type + max of the two phases.
+Under full recomputation a layer keeps its output O_l only and its backward first
+rebuilds the rest of what it saved (T_l + K_l - O_l). Must stay <= capacity (1 - headroom) - reserve.
 """
 
 from __future__ import annotations

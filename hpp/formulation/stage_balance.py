@@ -19,10 +19,9 @@ Rows are memoised per (micro-batch size, suffix of the shape): shapes that share
 suffix share work, and a suffix that cannot hold [u, L) for any u proves every shape
 ending with it memory-infeasible (the pruning rule ``memory_infeasible``).
 
-Per stage, activation recomputation is chosen inside the DP: for each layer range
-the cheapest mode that fits memory (no recomputation if it fits, else full
-recomputation when allowed); for a fixed range "none" is never slower than "full",
-so this choice keeps the DP exact.
+Per stage, activation recomputation is chosen inside the DP: for each layer range the cheapest mode
+that fits memory (no recomputation if it fits, else full recomputation when allowed); for a fixed
+range "none" is never slower than "full", so this choice keeps the DP exact.
 
 A plain numpy DP over dense (L+1, L+1) tables; measured here to be ~140x faster than
 a networkx path search for 96 layers x 8 stages. The candidate search runs the same DP
@@ -38,7 +37,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hpp.pruning.memo import StageCostCache
+from hpp.formulation.stage_costs import StageCostCache
+from hpp.pruning.rules import holds_no_layers
 
 __all__ = ["StageKind", "Partition", "StageBalancer", "least_fill_within"]
 
@@ -312,8 +312,9 @@ class StageBalancer:
         return row
 
     def suffix_infeasible(self, shape: tuple[StageKind, ...], micro_batch_size: int) -> bool:
-        """True if the shape cannot hold layers [u, L) for any u: every extension is infeasible too."""
-        return not np.isfinite(self._row(micro_batch_size, shape, "bottleneck")[0]).any()
+        """True if the shape cannot hold layers [u, L) for any u: every extension is infeasible too
+        (rule ``memory_infeasible``, :func:`hpp.pruning.rules.holds_no_layers`)."""
+        return holds_no_layers(self._row(micro_batch_size, shape, "bottleneck")[0])
 
     def _threshold_fill(self, shape: tuple[StageKind, ...], b: int, limit: float):
         """Min-fill partition with every stage's compute <= ``limit`` (phase 2 of the bottleneck objective)."""
@@ -362,16 +363,14 @@ class StageBalancer:
         HppInputError
             The profile lacks (device type, TP, micro-batch size) of a stage.
         """
-        L = self.num_layers
-        b = micro_batch_size
+        L, b = self.num_layers, micro_batch_size
         if not shape or len(shape) > L:
             return None
         if objective == "bottleneck":
             tau = self._row(b, shape, "bottleneck")[0][0]
             if not np.isfinite(tau):
                 return None
-            phi, choices = self._threshold_fill(shape, b, tau * (1.0 + _REL_TIE))
-            steps = choices
+            phi, steps = self._threshold_fill(shape, b, tau * (1.0 + _REL_TIE))
         elif objective == "fill":
             rb, rs, _, _ = self._row(b, shape, "fill")
             if not np.isfinite(rs[0]):
@@ -380,21 +379,15 @@ class StageBalancer:
             steps = [self._row(b, shape[i:], "fill", self.links(shape, i)[0])[2:] for i in range(len(shape))]
         else:
             raise ValueError(f"objective must be 'bottleneck' or 'fill', got {objective!r}")
-        bounds = [0]
-        rec = []
-        u = 0
+        bounds, rec, u = [0], [], 0
         for v_arr, full_arr in steps:
             v = int(v_arr[u])
             rec.append(bool(full_arr[u]))
             bounds.append(v)
             u = v
         assert bounds[-1] == L, bounds
-        opt = 0.0
-        params = []
-        mems = []
-        layer_params: list[float] = []
-        S = len(shape)
-        bott = 0.0
+        S, opt, bott = len(shape), 0.0, 0.0
+        params, mems, layer_params = [], [], []
         for i, kind in enumerate(shape):
             tab = self.table(kind, micro_batch_size, *self.links(shape, i))
             lo, hi = bounds[i], bounds[i + 1]

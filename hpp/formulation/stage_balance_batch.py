@@ -29,6 +29,7 @@ import numpy as np
 
 from hpp.formulation.stage_balance import _REL_TIE, Partition, StageBalancer, StageKind
 from hpp.formulation.stage_balance_trie import SuffixTrie as _Trie
+from hpp.pruning.rules import dead_suffix_mask
 
 __all__ = ["PartitionBatch", "balance_pairs"]
 
@@ -191,7 +192,7 @@ def balance_pairs(balancer: StageBalancer, shapes: list[tuple[StageKind, ...]], 
     for d in range(1, int(trie.level.max()) + 1):
         ids = np.flatnonzero(trie.level == d)
         if prune_dead_suffixes and d > 1:
-            dead[ids] = dead[trie.parent[ids]] | ~np.isfinite(RB[trie.parent[ids]]).any(axis=1)
+            dead[ids] = dead_suffix_mask(dead[trie.parent[ids]], RB[trie.parent[ids]])
             ids = ids[~dead[ids]]
         # the band: a suffix of d stages starts at u <= L - d, its first stage ends at 1 <= v <= L - d + 1
         # (rows outside stay inf; the first-index argmin of a row with a finite entry lies inside)

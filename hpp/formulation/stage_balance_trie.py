@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.pruning.memo import stacked_times_on_links
+from hpp.formulation.stage_costs import stacked_times_on_links
 
 __all__ = ["SuffixTrie"]
 

@@ -16,7 +16,8 @@ import json
 from importlib import resources
 
 from hpp.errors import HppInputError
-from hpp.profiles.model_profile import ModelProfile, profile_from_dict
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import profile_from_dict
 
 __all__ = ["bundled_models", "load_bundled_profile", "bundled_profile_filename"]
 

@@ -65,19 +65,14 @@ class Link:
             raise HppInputError(f"latency must be >= 0 s, got {self.latency_s}", fix="give latency_s >= 0")
 
     def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
-        """Effective bandwidth [bytes/s] for one message of ``message_bytes`` bytes.
-
-        Source: Sailor's network fits (``network/multizone_bandwidths_het.json``).
-        Falls back to the peak when no fit is given or the fit is not positive.
-        """
+        """Effective bandwidth [bytes/s] for one message of ``message_bytes`` bytes (Sailor's network fits,
+        ``network/multizone_bandwidths_het.json``; the peak when no fit is given or the fit is not positive)."""
         if self.fit_gb_per_s is None or message_bytes <= 0:
             return self.max_bytes_per_s
         x = math.log2(max(message_bytes, 1.0) / 1e6)
         a, b, c = self.fit_gb_per_s
         bw = (a * x * x + b * x + c) * _BYTES_PER_GB
-        if bw <= 0:
-            return self.max_bytes_per_s
-        return min(bw, self.max_bytes_per_s)
+        return self.max_bytes_per_s if bw <= 0 else min(bw, self.max_bytes_per_s)
 
     def transfer_s(self, message_bytes: float) -> float:
         """Time [s] to send one message of ``message_bytes`` bytes: latency + bytes / bandwidth."""
@@ -366,9 +361,8 @@ class Cluster:
 def cluster_notes(cluster: Cluster) -> list[str]:
     """What the planner makes of unusual but valid nodes, one line each (empty list if nothing to say).
 
-    A node with more devices than its type's ``gpus_per_node`` is accepted and planned as one
-    node of that many devices: TP groups may be as large as the node allows (and the profile
-    measured), and every pair of its devices uses the node's intra-node link.
+    A node with more devices than its type's ``gpus_per_node`` is planned as one node of that many devices:
+    TP groups as large as the node allows (and the profile measured), its intra-node link between all.
 
     Examples
     --------
@@ -393,13 +387,12 @@ def cluster_notes(cluster: Cluster) -> list[str]:
     return out
 
 
-
-
 _FORMAT_NAMES = ("CLUSTER_FORMAT_HELP", "cluster_from_dict", "cluster_to_dict", "load_cluster", "save_cluster")
 
 
 def __getattr__(name: str):
-    """The JSON forms live in :mod:`hpp.profiles.cluster_format` (it needs the classes above): lazy re-export."""
+    """The JSON forms live in :mod:`hpp.profiles.cluster_format` (it needs the classes above): lazy re-export
+    (an import cycle, not a start-up cost, keeps the import inside this function)."""
     if name in _FORMAT_NAMES:
         from hpp.profiles import cluster_format
         return getattr(cluster_format, name)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.fileio import read_json
-from hpp.profiles.cluster import DEFAULT_LATENCY_S, Cluster, Link, Node
+from hpp.profiles.cluster import DEFAULT_LATENCY_S, Cluster, Link, NetworkLinks, Node, _pair, _slowest
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict, device_type_to_dict
+from hpp.profiles.network import default_intra_node_link, default_pair_link, has_measurements
 
 __all__ = ["CLUSTER_FORMAT_HELP", "cluster_from_dict", "cluster_to_dict", "load_cluster", "save_cluster"]
 
@@ -197,7 +199,6 @@ def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluste
                                                  field_name=f"nodes[{i}].intra_node_bandwidth_bytes_per_s"))
                           for i, (dt, k, intra, _) in enumerate(raw_nodes))
             return Cluster(str(d.get("name", Path(source).stem)), types, nodes, inter)
-        from hpp.profiles.network import network_from_dict
         nodes, net, slowest = network_from_dict(d, raw_nodes, source=source, latency_s=latency)
         return Cluster(str(d.get("name", Path(source).stem)), types, nodes, slowest, net)
     except HppInputError as exc:
@@ -292,3 +293,100 @@ def load_cluster(path: str | Path) -> Cluster:
 def save_cluster(c: Cluster, path: str | Path) -> None:
     """Write ``c`` as JSON to ``path``."""
     Path(path).write_text(json.dumps(cluster_to_dict(c), indent=2) + "\n")
+
+
+def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, Any, Any]], *, source: str,
+                      latency_s: float) -> tuple[tuple[Node, ...], NetworkLinks, Link]:
+    """The nodes, links and slowest inter-node link of a version-2 cluster object (``cluster_format``).
+
+    ``raw_nodes``: per node (device type, count, its own intra-node link value or None, zone or None).
+    Links the object leaves out are the measured defaults for bundled types (measured pairs only).
+
+    Raises
+    ------
+    HppInputError
+        Unknown keys, zones or device types in ``links``, a repeated pair, a bad link; a node whose
+        type has no intra-node link. (Missing pairs are refused by :class:`Cluster`.)
+    """
+    zones = d.get("zones", [])
+    if not isinstance(zones, list) or not all(isinstance(z, str) for z in zones) or len(set(zones)) != len(zones):
+        raise HppInputError(f"zones={zones!r}", source=source, field="zones", fix="give a list of distinct zone names")
+    links = d.get("links", {})
+    if not isinstance(links, Mapping):
+        raise HppInputError("links must be an object", source=source, field="links",
+                            fix='give {"intra_node": {...}, "inter_node": [...], "zones": [...]}')
+    _check_keys(links, _LINKS_KEYS, source=source, where="links.")
+    known = set(d.get("device_types") or {}) | set(BUNDLED_DEVICE_TYPES)
+    present = sorted({t for t, *_ in raw_nodes})
+
+    def link(value: Any, where: str) -> Link:
+        return _link_from(value, source=source, field_name=where, default_latency_s=latency_s)
+
+    intra_by_type = links.get("intra_node", {})
+    if not isinstance(intra_by_type, Mapping):
+        raise HppInputError("links.intra_node must be an object {device type: link}", source=source,
+                            field="links.intra_node", fix='e.g. {"A100-40": 2.4e11}')
+    for t in intra_by_type:
+        if t not in known:
+            raise HppInputError(f"unknown device type {t!r}", source=source, field=f"links.intra_node.{t}",
+                                fix=f"use one of {present}")
+
+    def pairs(key: str, names: set[str], what: str) -> dict[tuple[str, str], Link]:
+        out: dict[tuple[str, str], Link] = {}
+        entries = links.get(key, [])
+        if not isinstance(entries, list):
+            raise HppInputError(f"links.{key} must be a list", source=source, field=f"links.{key}",
+                                fix='give [{"between": [A, B], "link": BYTES_PER_S}, ...]')
+        for k, e in enumerate(entries):
+            where = f"links.{key}[{k}]"
+            if not isinstance(e, Mapping) or "between" not in e or "link" not in e:
+                raise HppInputError(f"expected {{\"between\": [A, B], \"link\": ...}}, got {str(e)[:60]}",
+                                    source=source, field=where, fix="give the pair and its link")
+            _check_keys(e, _PAIR_KEYS, source=source, where=f"{where}.")
+            pair = e["between"]
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                raise HppInputError(f"between={pair!r}", source=source, field=f"{where}.between",
+                                    fix=f"name two {what}s")
+            for x in pair:
+                if x not in names:
+                    raise HppInputError(f"unknown {what} {x!r}", source=source, field=f"{where}.between",
+                                        fix=f"use one of {sorted(names)}" + (" or declare it under zones"
+                                                                              if what == "zone" else ""))
+            if what == "zone" and pair[0] == pair[1]:
+                raise HppInputError(f"a zone link joins two different zones, got {pair}", source=source,
+                                    field=f"{where}.between",
+                                    fix="nodes of one zone use links.inter_node; drop this entry")
+            key2 = _pair(*pair)
+            if key2 in out:
+                raise HppInputError(f"the pair {list(key2)} is given twice", source=source, field=where,
+                                    fix="give each pair once (order does not matter)")
+            out[key2] = link(e["link"], f"{where}.link")
+        return out
+
+    inter = pairs("inter_node", known, "device type")
+    zone_links = pairs("zones", set(zones), "zone")
+    measured = [t for t in present if has_measurements(t)]
+    for i, a in enumerate(measured):
+        for b in measured[i:]:
+            if (a, b) not in inter:
+                got = default_pair_link(a, b, latency_s=latency_s)
+                if got is not None:
+                    inter[(a, b)] = got
+    nodes = []
+    for i, (t, k, own, zone) in enumerate(raw_nodes):
+        if own is not None:
+            intra = link(own, f"nodes[{i}].intra_node_bandwidth_bytes_per_s")
+        elif t in intra_by_type:
+            intra = link(intra_by_type[t], f"links.intra_node.{t}")
+        elif has_measurements(t):
+            intra = default_intra_node_link(t, k, latency_s=latency_s)
+        else:
+            raise HppInputError(f"no intra-node link for device type {t!r} (no measurement to default to)",
+                                source=source, field=f"links.intra_node.{t}",
+                                fix=f'add "{t}": BYTES_PER_S under links.intra_node')
+        nodes.append(Node(t, k, intra, zone))
+    used = [l for (a, b), l in inter.items() if a in present and b in present]
+    used += [l for (a, b), l in zone_links.items() if any(n.zone == a for n in nodes) and any(n.zone == b
+                                                                                             for n in nodes)]
+    slowest = _slowest(used) if used else nodes[0].intra_node
+    return tuple(nodes), NetworkLinks(MappingProxyType(inter), MappingProxyType(zone_links), tuple(zones)), slowest

@@ -38,7 +38,8 @@ and the cost model then uses its calibrated formula on ``activation_bytes``):
 
 Precondition for the planner: every entry of one profile has the same layer count.
 
-Native JSON format (version 1)::
+Native JSON format (version 1; read and written by :mod:`hpp.profiles.profile_format`, whose
+functions this module re-exports)::
 
     {"format": "hpp-profile", "version": 1, "model": "OPT-350", "num_layers": 26,
      "sequence_length": 2048, "source": "...", "licence": "...",
@@ -60,14 +61,11 @@ report that uses it says so.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.fileio import read_json
 from hpp.profiles.step_time import StepTimeTerms
 
 __all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict", "load_profile",
@@ -202,7 +200,14 @@ class ModelProfile:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        """Check what needs no other input: a positive layer count, every entry of that many layers and
+        filed under its own ``(device_type, tp_degree, micro_batch_size)``. Raises HppInputError."""
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise HppInputError(f"num_layers={self.num_layers!r}", field="num_layers", fix="give a positive integer")
         for key, e in self.entries.items():
+            if tuple(key) != e.key:
+                raise HppInputError(f"the entry filed under {tuple(key)} is of {e.key}", field="entries",
+                                    fix="file each entry under its (device_type, tp_degree, micro_batch_size)")
             if e.num_layers != self.num_layers:
                 raise HppInputError(
                     f"{e.device_type} (tp {e.tp_degree}, micro-batch {e.micro_batch_size}) has {e.num_layers} "
@@ -318,122 +323,13 @@ def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int
                    note=f"estimated from measured micro-batch sizes {sorted({b0, near[1] if e1 else b0})}")
 
 
-def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerProfile:
-    try:
-        opt = {name: (tuple(int(x) for x in d[name]) if d.get(name) is not None else None)
-               for name in _OPTIONAL_PER_LAYER_FIELDS}
-        scalars = {name: (int(d[name]) if d.get(name) is not None else None) for name in _OPTIONAL_SCALAR_FIELDS}
-        e = LayerProfile(
-            device_type=str(d["device_type"]), tp_degree=int(d["tp_degree"]),
-            micro_batch_size=int(d["micro_batch_size"]),
-            forward_s=tuple(float(x) for x in d["forward_s"]),
-            backward_s=tuple(float(x) for x in d["backward_s"]),
-            optimizer_s=tuple(float(x) for x in d["optimizer_s"]),
-            param_bytes=tuple(int(x) for x in d["param_bytes"]),
-            activation_bytes=tuple(int(x) for x in d["activation_bytes"]),
-            output_bytes=tuple(int(x) for x in d["output_bytes"]),
-            **opt, **scalars,
-            step_time=(StepTimeTerms.from_dict(d["step_time"], source=source, where=f"{where}.step_time")
-                       if d.get("step_time") is not None else None),
-            estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
-    except KeyError as exc:
-        raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
-                            fix="add it (see the native profile format in hpp/profiles/model_profile.py)") from None
-    except (TypeError, ValueError) as exc:
-        raise HppInputError(f"bad value ({exc})", source=source, field=where,
-                            fix="use numbers, one per layer") from None
-    e.validate(source=source, where=where)
-    return e
+_FORMAT_NAMES = ("profile_from_dict", "profile_to_dict", "load_profile", "save_profile")
 
 
-def profile_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> ModelProfile:
-    """Build a :class:`ModelProfile` from the native JSON object.
-
-    Raises
-    ------
-    HppInputError
-        Wrong format/version, missing fields, a layer count that differs between
-        entries (device types) of the model, duplicate entries, bad values.
-    """
-    if not isinstance(d, Mapping):
-        raise HppInputError("a profile must be a JSON object", source=source, fix="see the native profile format")
-    if d.get("format") != PROFILE_FORMAT:
-        raise HppInputError(f"format is {d.get('format')!r}, expected {PROFILE_FORMAT!r}", source=source,
-                            field="format", fix="convert Sailor or Metis files with hpp.profiles.public loaders")
-    if d.get("version") != PROFILE_VERSION:
-        raise HppInputError(f"version {d.get('version')!r} is not supported", source=source, field="version",
-                            fix=f"use version {PROFILE_VERSION}")
-    for name in ("model", "num_layers", "entries"):
-        if name not in d:
-            raise HppInputError(f"missing field {name!r}", source=source, field=name, fix="add it")
-    num_layers = d["num_layers"]
-    if not isinstance(num_layers, int) or num_layers < 1:
-        raise HppInputError(f"num_layers={num_layers!r}", source=source, field="num_layers",
-                            fix="give a positive integer")
-    entries: dict[Key, LayerProfile] = {}
-    for i, ed in enumerate(d["entries"]):
-        e = _entry_from_dict(ed, source=source, where=f"entries[{i}]")
-        if e.num_layers != num_layers:
-            raise HppInputError(f"{e.device_type} (tp {e.tp_degree}, micro-batch {e.micro_batch_size}) has "
-                                f"{e.num_layers} layers but num_layers is {num_layers}", source=source,
-                                field=f"entries[{i}].forward_s",
-                                fix="every device type of one model must profile the same layers")
-        if e.key in entries:
-            raise HppInputError(f"duplicate entry {e.key}", source=source, field=f"entries[{i}]",
-                                fix="give each (device_type, tp_degree, micro_batch_size) once")
-        entries[e.key] = e
-    return ModelProfile(model=str(d["model"]), num_layers=num_layers,
-                        sequence_length=int(d.get("sequence_length", 1)), entries=entries,
-                        source=str(d.get("source", "")), licence=str(d.get("licence", "")),
-                        meta=dict(d.get("meta", {})))
-
-
-def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
-    """Native JSON object of ``p`` (inverse of :func:`profile_from_dict`)."""
-    entries = []
-    for key in sorted(p.entries):
-        e = p.entries[key]
-        ed: dict[str, Any] = {"device_type": e.device_type, "tp_degree": e.tp_degree,
-                              "micro_batch_size": e.micro_batch_size}
-        for name in _PER_LAYER_FIELDS:
-            ed[name] = list(getattr(e, name))
-        for name in _OPTIONAL_PER_LAYER_FIELDS:
-            if getattr(e, name) is not None:
-                ed[name] = list(getattr(e, name))
-        for name in _OPTIONAL_SCALAR_FIELDS:
-            if getattr(e, name) is not None:
-                ed[name] = getattr(e, name)
-        if e.step_time is not None:
-            ed["step_time"] = e.step_time.to_dict()
-        if e.estimated:
-            ed["estimated"] = True
-        if e.note:
-            ed["note"] = e.note
-        entries.append(ed)
-    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": p.model, "num_layers": p.num_layers,
-            "sequence_length": p.sequence_length, "source": p.source, "licence": p.licence,
-            "meta": dict(p.meta), "entries": entries}
-
-
-def load_profile(path: str | Path) -> ModelProfile:
-    """Read a native profile JSON file.
-
-    Raises
-    ------
-    HppInputError
-        Missing file, invalid JSON, or validation failure (names the file and the field).
-    """
-    p = Path(path)
-    data = read_json(p, what="profile file")
-    try:
-        return profile_from_dict(data, source=str(p))
-    except HppInputError as exc:
-        raise exc.with_source(str(p)) from None
-
-
-def save_profile(p: ModelProfile, path: str | Path) -> None:
-    """Write ``p`` as native JSON (written to a temporary file, then renamed: never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(profile_to_dict(p), separators=(",", ":")) + "\n")
-    tmp.replace(path)
+def __getattr__(name: str):
+    """The JSON form lives in :mod:`hpp.profiles.profile_format` (it needs the classes above): lazy re-export
+    (an import cycle, not a start-up cost, keeps it inside this function)."""
+    if name in _FORMAT_NAMES:
+        from hpp.profiles import profile_format
+        return getattr(profile_format, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,28 +1,37 @@
 """Named pruning rules of the HPP search, each switchable for ablation.
 
 Each rule says why it cannot remove the optimum of the planner's model, or says
-that it can. "The planner's model" is the search space of
-:class:`hpp.formulation.candidates.SearchSpace` costed as in
-:mod:`hpp.formulation.composition`.
+that it can, and names the function the search calls for it. "The planner's model" is the
+search space of :class:`hpp.formulation.space_limits.SearchSpace` costed as in
+:mod:`hpp.formulation.composition.problem`. Each rule is switched by the field of
+:class:`PruningOptions` of its name. The functions take plain arrays, tuples and callables:
+this module imports nothing from :mod:`hpp.formulation`.
 
 - ``memory_infeasible``: a shape suffix that cannot hold layers [u, L) for any u
   (with the in-flight micro-batches of its positions) makes every shape ending with
   it infeasible: adding stages in front never changes the suffix's positions from
-  the end. Exact.
+  the end. Exact. :func:`holds_no_layers` (a suffix's DP row), :func:`dead_suffix_mask`
+  (the batched search's trie level), :func:`ends_with_dead_suffix` (the one-shape-at-a-time
+  ablation: a shape is skipped when a proper suffix was found dead at its micro-batch size).
 - ``dominated``: candidate c dominates c' when both have the same micro-batch size,
   c uses no more devices of any type and no more TP groups of any size, and c is no
   worse in bottleneck, fill, optimizer step and per-stage gradient bytes. Replacing
   every copy of c' by a copy of c keeps the plan feasible and no slower. Exact.
+  :func:`dominates` (one pair), :func:`undominated_mask` (all rows at once, visited in
+  :func:`dominance_order`, keys from :class:`DominanceKeys`).
 - ``incumbent_bound``: a candidate whose single-micro-batch time (its fill) already
   exceeds the incumbent iteration time cannot be in a better plan (every used
   pipeline gets >= 1 micro-batch, and sync and optimizer time are >= 0). Exact.
+  :func:`exceeds_incumbent`.
 - ``symmetry``: identical pipelines are one integer count instead of one boolean per
   copy, and devices of one type are counted, not enumerated (devices of a type are
   interchangeable up to the node packing, which is checked exactly). Exact.
+  :func:`copy_order_pairs` (the copies' order in a model with variables per copy).
 - ``canonical_order``: a shape orders its device types by memory capacity, largest
   first (the first stage holds the most in-flight micro-batches). This CAN remove
   the optimum in rare cases (e.g. when the head layer's memory makes a small device
   better at the front); switch it off to search every order of the type groups.
+  :func:`type_group_orders`.
 - ``memoise`` (not a pruning rule): stage-cost tables and DP rows are cached; the DP rows
   of all shapes' shared suffixes are computed once, together (batched). Off, each shape
   is balanced on its own with nothing shared (the ablation).
@@ -30,9 +39,15 @@ that it can. "The planner's model" is the search space of
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields
+from typing import Callable, Hashable, Sequence
 
-__all__ = ["PruningOptions", "dominates", "exceeds_incumbent"]
+import numpy as np
+
+__all__ = ["PruningOptions", "dominates", "exceeds_incumbent", "holds_no_layers", "dead_suffix_mask",
+           "ends_with_dead_suffix", "type_group_orders", "DominanceKeys", "dominance_order",
+           "undominated_mask", "copy_order_pairs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +93,117 @@ def dominates(a, b) -> bool:
 def exceeds_incumbent(candidate, incumbent_s: float) -> bool:
     """True if even one micro-batch on ``candidate`` takes longer than ``incumbent_s`` (rule ``incumbent_bound``)."""
     return candidate.partition.fill_s > incumbent_s
+
+
+# --- rule ``memory_infeasible`` (and its sequential form, the dead suffix) -------------------------------
+
+def holds_no_layers(bottleneck_rows: np.ndarray) -> np.ndarray | bool:
+    """True for each suffix whose least-bottleneck DP row (last axis: first layer u) is inf everywhere.
+
+    Such a suffix cannot hold layers [u, L) for any u, so every shape ending with it is infeasible
+    (rule ``memory_infeasible``). One row (1-D) gives a bool; (N, L+1) rows give an (N,) mask.
+    """
+    dead = ~np.isfinite(bottleneck_rows).any(axis=-1)
+    return bool(dead) if np.ndim(dead) == 0 else dead
+
+
+def dead_suffix_mask(parent_dead: np.ndarray, parent_rows: np.ndarray) -> np.ndarray:
+    """(N,) trie nodes to skip: the parent suffix (one stage shorter) is dead or holds no layers.
+
+    ``parent_dead`` (N,) bool, ``parent_rows`` (N, L+1) the parents' least-bottleneck rows.
+    """
+    return parent_dead | holds_no_layers(parent_rows)
+
+
+def ends_with_dead_suffix(dead: set, micro_batch_size: int, shape: Sequence[Hashable]) -> bool:
+    """True if a proper suffix ``shape[j:]`` (j >= 1) is in ``dead`` (keys ``(micro_batch_size, suffix)``)."""
+    return any((micro_batch_size, shape[j:]) in dead for j in range(1, len(shape)))
+
+
+# --- rule ``canonical_order`` (not exact) ----------------------------------------------------------------
+
+def type_group_orders(types: tuple[str, ...], memory_bytes: Callable[[str], int], canonical: bool
+                ) -> list[tuple[str, ...]]:
+    """The orders of a pipeline's device-type groups to search.
+
+    ``canonical``: only the largest-memory-first order (ties by name); else every permutation.
+    """
+    if canonical:
+        return [tuple(sorted(types, key=lambda t: (-memory_bytes(t), t)))]
+    return list(itertools.permutations(types))
+
+
+# --- rule ``dominated`` ----------------------------------------------------------------------------------
+
+class DominanceKeys:
+    """Per shape: TP groups per (type, TP degree) as a count vector, the id of its key set, its devices.
+
+    Built from ``usage``: one ``(devices per type, TP groups per (type, TP))`` pair of dicts per shape
+    (kept as ``of``). ``subsets[j]``: ids of the key sets contained in key set j (itself included): only
+    rows whose key set is a subset of y's can have no more TP groups of every key than y.
+    """
+
+    def __init__(self, usage: list[tuple[dict[str, int], dict[tuple[str, int], int]]]) -> None:
+        self.of = usage
+        keys = sorted({k for _, g in usage for k in g})
+        col = {k: j for j, k in enumerate(keys)}
+        self.counts = np.zeros((len(usage), len(keys)))
+        sets: dict[frozenset, int] = {}
+        self.keyset = np.zeros(len(usage), dtype=np.int64)
+        for i, (_, g) in enumerate(usage):
+            for k, n in g.items():
+                self.counts[i, col[k]] = n
+            self.keyset[i] = sets.setdefault(frozenset(g), len(sets))
+        self.num_devices = np.array([sum(d.values()) for d, _ in usage], dtype=np.int64)
+        by_id = list(sets)
+        self.subsets = [np.array([i for i, a in enumerate(by_id) if a <= b], dtype=np.int64) for b in by_id]
+
+
+def dominance_order(bottleneck_s: np.ndarray, fill_s: np.ndarray, num_devices: np.ndarray,
+                    shape_index: np.ndarray, micro_batch_size: np.ndarray, variant: np.ndarray) -> np.ndarray:
+    """Row indices by (bottleneck, fill, devices, shape index, size, variant): the order dominance visits."""
+    return np.lexsort((variant, micro_batch_size, shape_index, num_devices, fill_s, bottleneck_s))
+
+
+def undominated_mask(micro_batch_size: np.ndarray, keyset: np.ndarray, subsets: list[np.ndarray],
+                     features: np.ndarray, visit_pos: np.ndarray) -> np.ndarray:
+    """(R,) bool: the rows that no row visited earlier dominates (rule ``dominated``; exact).
+
+    Row x dominates row y when both have the same micro-batch size, x's key set (id ``keyset``) is a
+    subset of y's (``subsets``, :class:`DominanceKeys`) and x is no larger in every column of
+    ``features`` (R, F): TP-group counts, bottleneck, fill, optimizer step, largest stage gradient
+    (:func:`dominates`). ``visit_pos``: each row's rank in :func:`dominance_order`. Dominance is
+    transitive, so "dominated by an earlier row" equals "dominated by an earlier kept row", which is
+    what a sequential pass keeps (tested).
+    """
+    R = len(micro_batch_size)
+    if not R:
+        return np.zeros(0, dtype=bool)
+    nks = len(subsets)
+    gid = micro_batch_size * nks + keyset
+    order = np.argsort(gid, kind="stable")
+    bounds = np.flatnonzero(np.diff(gid[order])) + 1
+    members = {int(gid[seg[0]]): seg for seg in np.split(order, bounds)}
+    dominated = np.zeros(R, dtype=bool)
+    for g, ys in members.items():
+        b, ks = divmod(g, nks)
+        xs = np.concatenate([members[b * nks + j] for j in subsets[ks].tolist() if b * nks + j in members])
+        fx, fy = features[xs], features[ys]
+        le = visit_pos[xs][None, :] < visit_pos[ys][:, None]   # (ys, xs): x visited earlier and no worse in ...
+        for f in range(features.shape[1]):                     # ... every feature (one 2-D pass per feature)
+            le &= fx[:, f][None, :] <= fy[:, f][:, None]
+        dominated[ys] = le.any(axis=1)
+    return ~dominated
+
+
+# --- rule ``symmetry`` -----------------------------------------------------------------------------------
+
+def copy_order_pairs(num_copies: int) -> list[tuple[int, int]]:
+    """(later, earlier) copy index pairs that order identical copies (present first, most micro-batches first).
+
+    With the rule on, a model with one variable set per copy adds ``later <= earlier`` for each pair.
+
+    >>> copy_order_pairs(3)
+    [(1, 0), (2, 1)]
+    """
+    return [(j, j - 1) for j in range(1, num_copies)]

@@ -6,4 +6,4 @@ registry :mod:`hpp.runtime.models`, and the launchers in :mod:`hpp.runtime.launc
 Submodules import torch; this package module does not import them eagerly.
 """
 
-__all__ = ["models", "layout", "gradsync", "emulation", "worker", "launch", "run", "profiler", "timeline", "validation", "cli"]
+__all__ = ["models", "layout", "gradsync", "emulation", "worker", "launch", "run", "profiler", "timeline", "cli"]

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
+from hpp.fileio import read_json
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster, cluster_from_dict
 
@@ -126,7 +127,7 @@ def plan_cluster(plan: Plan, cluster: Cluster | None = None) -> Cluster:
     if "nodes" in plan.cluster_ref:
         return cluster_from_dict(plan.cluster_ref, source="plan: cluster")
     raise HppInputError("the plan does not embed its cluster", field="cluster",
-                        fix="load the plan's cluster (hpp.resolve.load_plan_inputs) and pass it")
+                        fix="load the plan's cluster (hpp.resolve.load_plan) and pass it")
 
 
 def rank_bindings(plan: Plan, cluster: Cluster | None = None) -> tuple[RankBinding, ...]:
@@ -204,7 +205,6 @@ def load_device_rules(table_file: str | Path | None = None) -> tuple[DeviceRule,
     path = table_file or os.environ.get(TABLE_ENV)
     if not path:
         return BUNDLED_DEVICE_RULES
-    from hpp.fileio import read_json
     data = read_json(Path(path), what="device type table")
     if not isinstance(data, list):
         raise HppInputError("a device type table is a JSON list of rules", source=str(path),
@@ -250,7 +250,7 @@ def detect_node_devices(*, emulate: str | None = None, table_file: str | Path | 
         if count:
             return NodeDevices((kind,) * int(count), int(count), emulated=True)
         return NodeDevices((kind,), None, emulated=True)
-    import torch
+    import torch   # not on top: 2-9 s to import (-X importtime); the binding itself needs no torch
     if not torch.cuda.is_available():
         return None
     rules = load_device_rules(table_file)

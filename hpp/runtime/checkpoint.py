@@ -23,11 +23,9 @@ the lowest rank, chosen from an ``all_gather_object`` of every rank's names, so
 copies are never mixed (a TP-2 shard and a TP-1 full copy of one name would make
 overlapping DCP chunks). On load every holder reads it.
 
-Directory layout (``DIR`` is on a file system every rank sees)::
-
-    DIR/.tmp-step-K/   written by all ranks (DCP files, then the JSON)
-    DIR/step-K/        after the rename, by rank 0
-    DIR/step-K/complete  written last: a checkpoint without it is never loaded
+Directory layout, metadata and durable writes: :mod:`hpp.runtime.checkpoint_store` (its
+public names are this module's too): ``DIR/step-K`` with a ``complete`` marker written
+last, so a checkpoint without it is never loaded.
 
 Export (:func:`export_checkpoint`, in :mod:`hpp.runtime.checkpoint_export`; one process,
 no process group): the model alone, full float32 tensors by global name, as a
@@ -44,7 +42,6 @@ import logging
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -53,95 +50,17 @@ import torch.distributed as dist
 from torch import nn
 
 from hpp.errors import HppInputError
+from hpp.runtime.checkpoint_export import export_checkpoint
+from hpp.runtime.checkpoint_store import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, COMPLETE_MARKER, META_FILE,
+                                          MODEL_PREFIX, OPTIM_PREFIX, dcp_io, fsync_dir, is_distributed,
+                                          latest_checkpoint, read_checkpoint_meta, resolve_checkpoint, step_dir,
+                                          stored_entries, tmp_step_dir, write_synced)
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "META_FILE", "COMPLETE_MARKER", "MODEL_PREFIX", "OPTIM_PREFIX",
            "step_dir", "latest_checkpoint", "resolve_checkpoint", "read_checkpoint_meta", "stored_entries",
            "save_checkpoint", "load_checkpoint", "export_checkpoint"]
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_FORMAT = "hpp-checkpoint"
-CHECKPOINT_VERSION = 1
-META_FILE = "hpp_checkpoint.json"
-COMPLETE_MARKER = "complete"
-_STEP, _TMP = "step-", ".tmp-step-"
-MODEL_PREFIX, OPTIM_PREFIX = "model.", "optim."
-
-
-# ----------------------------------------------------------------------------- directories
-
-
-def step_dir(root: str | Path, step: int) -> Path:
-    """``root/step-<step>``: where :func:`save_checkpoint` puts the checkpoint of ``step``."""
-    return Path(root) / f"{_STEP}{step}"
-
-
-def _is_complete(path: Path) -> bool:
-    return (path / COMPLETE_MARKER).is_file() and (path / META_FILE).is_file()
-
-
-def _steps(root: Path) -> Iterator[tuple[int, Path]]:
-    if root.is_dir():
-        for child in root.iterdir():
-            tail = child.name[len(_STEP):]
-            if child.name.startswith(_STEP) and tail.isdigit() and child.is_dir():
-                yield int(tail), child
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The complete checkpoint of the highest step under ``root`` (``root/step-K`` with its marker), or None."""
-    done = [(k, p) for k, p in _steps(Path(root)) if _is_complete(p)]
-    return max(done)[1] if done else None
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The complete checkpoint ``path`` names: a ``step-K`` directory, or a root holding some.
-
-    Raises
-    ------
-    HppInputError
-        ``path`` is missing, is an incomplete checkpoint, or holds no complete one
-        (names the directory, the incomplete ones found and the fix).
-    """
-    p = Path(path)
-    if not p.exists():
-        raise HppInputError("no such checkpoint directory", source=str(p), field="--resume",
-                            fix="give the --save directory of an earlier run (or one of its step-K folders)")
-    if (p / META_FILE).exists() or (p / ".metadata").exists() or p.name.startswith((_STEP, _TMP)):
-        if _is_complete(p):
-            return p
-        raise HppInputError(f"incomplete checkpoint (no '{COMPLETE_MARKER}' marker: the save did not finish)",
-                            source=str(p), field="--resume",
-                            fix=f"resume from the last complete one, {latest_checkpoint(p.parent) or 'none found'}")
-    found = latest_checkpoint(p)
-    if found is None:
-        partial = sorted(c.name for c in p.iterdir() if c.name.startswith((_STEP, _TMP)))
-        what = f"only incomplete ones ({', '.join(partial[:4])})" if partial else "none"
-        raise HppInputError(f"no complete checkpoint in this directory: {what}", source=str(p), field="--resume",
-                            fix="give the --save directory of a run that saved at least once")
-    return found
-
-
-def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
-    """The JSON metadata of the complete checkpoint ``path`` names (:func:`resolve_checkpoint`).
-
-    Raises
-    ------
-    HppInputError
-        Not a complete checkpoint, or metadata of another format or version.
-    """
-    p = resolve_checkpoint(path)
-    try:
-        meta = json.loads((p / META_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise HppInputError(f"unreadable {META_FILE} ({exc})", source=str(p), field="--resume",
-                            fix="resume from another checkpoint") from None
-    if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
-        raise HppInputError(f"not an {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} checkpoint "
-                            f"(format {meta.get('format')!r}, version {meta.get('version')!r})", source=str(p),
-                            field="--resume", fix="resume from a checkpoint written by this hpp version")
-    meta["path"] = str(p)
-    return meta
 
 
 # ----------------------------------------------------------------------------- state dicts
@@ -243,21 +162,6 @@ def _load_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer | None, sav
             group["lr"] = lr
 
 
-def _dist() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _dcp(op: str, state: dict[str, Any], path: Path) -> None:
-    """``dcp.save`` / ``dcp.load`` of ``state`` at ``path``; in one process when no process group is up."""
-    import torch.distributed.checkpoint as dcp
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        if op == "save":
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=not _dist())
-        else:
-            dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not _dist())
-
-
 # ----------------------------------------------------------------------------- save
 
 
@@ -291,9 +195,9 @@ def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer
     aside first, so a crash leaves one of the two complete).
     """
     root = Path(root)
-    distributed = _dist()
+    distributed = is_distributed()
     rank = dist.get_rank() if distributed else 0
-    tmp, final = root / f"{_TMP}{step}", step_dir(root, step)
+    tmp, final = tmp_step_dir(root, step), step_dir(root, step)
     t0 = time.perf_counter()
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -306,7 +210,7 @@ def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer
     for name, _p, st in _optim_entries(module, optimizer):
         if name in chosen:
             state.update({f"{OPTIM_PREFIX}{name}.{k}": v for k, v in st.items()})
-    _dcp("save", state, tmp)
+    dcp_io("save", state, tmp)
     if rank == 0:
         groups = len(optimizer.param_groups) if optimizer is not None else 1
         meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": model_name,
@@ -316,47 +220,21 @@ def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer
                 "rng": _rng_state(), "extra": dict(extra or {}),
                 "world_size": dist.get_world_size() if distributed else 1,
                 "torch_version": torch.__version__, "saved_unix_s": time.time()}
-        _write_synced(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
+        write_synced(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
         old = root / f".old-step-{step}-{os.getpid()}"
         if final.exists():
             final.rename(old)
         tmp.rename(final)
         shutil.rmtree(old, ignore_errors=True)
-        _write_synced(final / COMPLETE_MARKER, f"{step}\n")
-        _fsync_dir(root)
+        write_synced(final / COMPLETE_MARKER, f"{step}\n")
+        fsync_dir(root)
     if distributed:
         dist.barrier()
     logger.info("checkpoint of step %d saved to %s in %.2f s", step, final, time.perf_counter() - t0)
     return final
 
 
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ----------------------------------------------------------------------------- load
-
-
-def stored_entries(path: Path) -> Mapping[str, Any]:
-    """DCP's metadata of each stored key (``TensorStorageMetadata``: size, dtype, chunks) of checkpoint ``path``."""
-    import torch.distributed.checkpoint as dcp
-    return dcp.FileSystemReader(path).read_metadata().state_dict_metadata
 
 
 def _check_identity(meta: Mapping[str, Any], path: Path, model_name: str | None, num_layers: int | None,
@@ -435,7 +313,7 @@ def load_checkpoint(path: str | Path, *, module: nn.Module, optimizer: torch.opt
             state[key] = t
             new_state.setdefault(id(param), {})[key[len(prefix):]] = t
             params[id(param)] = param
-    _dcp("load", state, p)
+    dcp_io("load", state, p)
     with torch.no_grad():
         module.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in state.items() if k.startswith(MODEL_PREFIX)})
     if optimizer is not None:
@@ -447,11 +325,3 @@ def load_checkpoint(path: str | Path, *, module: nn.Module, optimizer: torch.opt
         _set_rng_state(meta.get("rng", {}))
     logger.info("resumed step %d from %s", meta["step"], p)
     return int(meta["step"])
-
-
-def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str = "torch",
-                      dtype: torch.dtype = torch.float32) -> dict[str, tuple[int, ...]]:
-    """The model of checkpoint ``path`` as one file of full tensors by global name: see
-    :func:`hpp.runtime.checkpoint_export.export_checkpoint`."""
-    from hpp.runtime.checkpoint_export import export_checkpoint as export
-    return export(path, out_file, format=format, dtype=dtype)

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from hpp.errors import HppInputError
-from hpp.runtime.checkpoint import MODEL_PREFIX, stored_entries, read_checkpoint_meta, resolve_checkpoint
+from hpp.runtime.checkpoint_store import MODEL_PREFIX, read_checkpoint_meta, resolve_checkpoint, stored_entries
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint", "main"]
 
@@ -64,7 +64,7 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str = "
     meta = read_checkpoint_meta(p)
     state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
              for k, m in stored_entries(p).items() if k.startswith(MODEL_PREFIX)}
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp   # here, not on top: 2-3.5 s to import (-X importtime)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=dcp.FileSystemReader(p), no_dist=True)   # one process, even inside a group

@@ -15,8 +15,9 @@ import shlex
 import sys
 from typing import Sequence
 
-from hpp.cliparse import Parser
+from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
+from hpp.runtime.processes import RunInterrupted, interrupt_signals
 
 __all__ = ["run_main", "profile_main", "main"]
 
@@ -133,16 +134,21 @@ def _verify_line(v: dict) -> str:
 
 
 def run_main(argv: Sequence[str] | None = None) -> int:
-    """``hpp run PLAN.json --steps N [...]``; exit 1 if ``--verify`` finds a difference above 1e-9."""
-    from hpp.runtime.launch import RunInterrupted, interrupt_signals
-    from hpp.runtime.run import RunFailedError, run_plan
+    """``hpp run PLAN.json --steps N [...]``; exit 1 if ``--verify`` finds a difference above 1e-9.
+
+    Bad input: ``hpp run: error: ...`` and exit 2 (:func:`hpp.cliparse.run_command`).
+    """
     args = _run_parser().parse_args(argv)
+    return run_command("hpp run", lambda: _run_command(args))
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """Run the plan and print the report; a failed run exits 1, a stopped one 130 / 143."""
+    # here, not on top: torch and the runtime take 2-6 s to import (-X importtime); --help stays instant
+    from hpp.runtime.run import RunFailedError, run_plan
     try:
         with interrupt_signals():
             rep = _run(args, run_plan)
-    except HppInputError as exc:
-        sys.stderr.write(f"hpp run: error: {exc}\n")
-        return 2
     except RunFailedError as exc:
         sys.stderr.write(f"hpp run: error: run failed: {exc}\n")
         return 1
@@ -231,29 +237,34 @@ def _parse_emulate(items: list[str]) -> dict[str, float]:
 
 
 def profile_main(argv: Sequence[str] | None = None) -> int:
-    """``hpp profile --model NAME --device cpu|cuda --micro-batch-sizes 1,2,4 --out PROFILE.json``."""
-    from hpp.runtime.profiler import profile_model, scale_profile, write_profile
+    """``hpp profile --model NAME --device cpu|cuda --micro-batch-sizes 1,2,4 --out PROFILE.json``.
+
+    Bad input: ``hpp profile: error: ...`` and exit 2 (:func:`hpp.cliparse.run_command`).
+    """
     args = _profile_parser().parse_args(argv)
+    return run_command("hpp profile", lambda: _profile_command(args))
+
+
+def _profile_command(args: argparse.Namespace) -> int:
+    """Measure, write and summarise the profile."""
+    # here, not on top: torch and the runtime take 2-6 s to import (-X importtime); --help stays instant
+    from hpp.runtime.profiler import profile_model, scale_profile, write_profile
+    from hpp.runtime.time_profile import add_measured_time_terms
     time_terms = args.device == "cpu" if args.time_terms is None else args.time_terms
-    try:
-        if time_terms and args.device != "cpu":
-            raise HppInputError("--time-terms with --device cuda", field="time_terms",
-                                fix="drop --time-terms: the time terms are measured on this host's CPU and gloo "
-                                    "(profile on the CPU host you will run on)")
-        emulate = _parse_emulate(args.emulate)
-        prof = profile_model(args.model, device=args.device, micro_batch_sizes=_parse_sizes(args.micro_batch_sizes),
-                             tp_degree=args.tp, device_type=args.device_type, warmup=args.warmup,
-                             repeats=args.repeats, num_threads=args.threads,
-                             mixed_precision=args.dtype == "bfloat16", memory_terms=not args.no_memory_terms)
-        if time_terms:                   # before the emulated types: they get the base's terms, emulated
-            from hpp.runtime.time_profile import add_measured_time_terms
-            prof = add_measured_time_terms(prof, model=args.model, quick=args.quick_time_terms)
-        if emulate:
-            prof = scale_profile(prof, emulate, base_device_type=args.device_type or args.device)
-        write_profile(prof, args.out)
-    except HppInputError as exc:
-        sys.stderr.write(f"hpp profile: error: {exc}\n")
-        return 2
+    if time_terms and args.device != "cpu":
+        raise HppInputError("--time-terms with --device cuda", field="time_terms",
+                            fix="drop --time-terms: the time terms are measured on this host's CPU and gloo "
+                                "(profile on the CPU host you will run on)")
+    emulate = _parse_emulate(args.emulate)
+    prof = profile_model(args.model, device=args.device, micro_batch_sizes=_parse_sizes(args.micro_batch_sizes),
+                         tp_degree=args.tp, device_type=args.device_type, warmup=args.warmup,
+                         repeats=args.repeats, num_threads=args.threads,
+                         mixed_precision=args.dtype == "bfloat16", memory_terms=not args.no_memory_terms)
+    if time_terms:                   # before the emulated types: they get the base's terms, emulated
+        prof = add_measured_time_terms(prof, model=args.model, quick=args.quick_time_terms)
+    if emulate:
+        prof = scale_profile(prof, emulate, base_device_type=args.device_type or args.device)
+    write_profile(prof, args.out)
     summary = {"out": args.out, "model": prof.model, "num_layers": prof.num_layers,
                "entries": [list(k) for k in sorted(prof.entries)], "time_terms": time_terms,
                "forward_backward_s": {f"{k[0]}/mb{k[2]}": sum(e.forward_s) + sum(e.backward_s)

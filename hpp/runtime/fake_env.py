@@ -24,6 +24,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from hpp.errors import HppInputError
 from hpp.runtime.model_api import RuntimeModel
+from hpp.runtime.stage import build_stage, tie_within
+from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
 
 __all__ = ["StepTracker", "fake_world", "isolated", "clear_dtensor_caches", "build_fake_stage", "warm_up_sharding"]
 
@@ -155,8 +157,6 @@ def build_fake_stage(model: RuntimeModel, lo: int, hi: int, *, fake_mode: FakeTe
     inside ``fake_mode`` (``.to()`` of fake parameters is not supported by torch, ``to_empty``
     is, but unties tied parameters: a stage holding both ends of a pair gets them tied again).
     """
-    from hpp.runtime.stage import build_stage, tie_within
-
     with torch.device("meta"):
         module = build_stage(model, lo, hi, seed=seed, dtype=torch.float32, device="meta", recompute=recompute)
     with fake_mode:
@@ -175,8 +175,6 @@ def warm_up_sharding(module: torch.nn.Module, model: RuntimeModel, *, micro_batc
     measurement (without it, the first backward of a TP-2 OPT-350 block shows 64 MiB more
     than the next ones). Parameter gradients are zeroed in place afterwards.
     """
-    from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
-
     ms, tcfg = model.spec, TrainingConfig(dtype=dtype)
     b, s = micro_batch_size, ms.seq_len
     x = (torch.zeros(b, s, dtype=torch.long) if is_first else

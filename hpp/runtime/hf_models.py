@@ -50,6 +50,7 @@ from torch import nn
 
 from hpp.errors import HppInputError
 from hpp.runtime.model_api import ModelSpec, check_tp_degree, layer_generator
+from hpp.runtime.stage import split_global_name
 
 __all__ = ["HFModel", "hf_model", "load_model_file", "init_parameters", "HF_ARCHITECTURES"]
 
@@ -184,7 +185,7 @@ class HFModel:
     """
 
     def __init__(self, name: str, hf_config: Mapping, *, seq_len: int, separate_final_norm: bool = False) -> None:
-        from hpp.runtime import hf_layers
+        from hpp.runtime import hf_layers   # not on top: imports transformers, 2-10 s (-X importtime)
         arch = hf_config.get("model_type")
         if arch not in HF_ARCHITECTURES:
             raise HppInputError(f"model {name!r}: model_type {arch!r}", field="model_type",
@@ -228,7 +229,7 @@ class HFModel:
 
     def build_layer(self, index: int, *, seed: int, dtype: torch.dtype = torch.float32) -> nn.Module:
         """Layer ``index``, its parameters drawn from ``layer_generator(seed, index)`` (module docstring)."""
-        from hpp.runtime import hf_layers
+        from hpp.runtime import hf_layers   # not on top: imports transformers, 2-10 s (-X importtime)
         kind = self.layer_kind(index)
         std = _std(self.config)
         if kind == "embedding":
@@ -290,7 +291,6 @@ class HFModel:
     # -- HF names ------------------------------------------------------------------------------------
     def hf_name(self, name: str) -> str:
         """The ``*ForCausalLM`` state-dict name of global parameter ``name`` (``layers.<l>.<path>``)."""
-        from hpp.runtime.stage import split_global_name
         index, path = split_global_name(name)
         kind = self.layer_kind(index)
         n = self._names

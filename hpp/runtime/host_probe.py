@@ -36,6 +36,9 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
+from hpp.runtime.host_ops import OpProbe, cycle_factor
+from hpp.runtime.models import build_stage_module, get_model_config
+from hpp.runtime.processes import free_port
 
 __all__ = ["P2PFit", "measure_p2p", "measure_contention", "measure_host_ops", "measure_recv_wake", "background_load",
            "run_forked", "init_gloo", "fit_line"]
@@ -76,7 +79,6 @@ def run_forked(fn: Callable[..., Any], world_size: int, args: tuple, *, timeout_
     RuntimeError
         A child failed (its traceback's last lines), died without a result, or ``timeout_s`` passed.
     """
-    from hpp.runtime.launch import free_port
     ctx = mp.get_context("fork")
     port = free_port()
     queue = ctx.Queue()
@@ -237,7 +239,6 @@ def measure_contention(*, max_processes: int | None = None, repeats: int = 40,
 def _op_rank(_rank: int, _world: int, _port: int, start: float, seconds: float, cycle: float,
              micro_batch_size: int) -> float:
     """Median CPU seconds of one gpt-tiny block's forward + backward; ``cycle > 1``: sleep as the emulation pads."""
-    from hpp.runtime.models import build_stage_module, get_model_config
     cfg = get_model_config("gpt-tiny")
     block = build_stage_module(cfg, 1, 2, seed=0)
     x0 = torch.randn(micro_batch_size, cfg.seq_len, cfg.hidden_size)
@@ -312,7 +313,6 @@ def measure_host_ops(*, max_processes: int | None = None, seconds: float = 1.0, 
     HppInputError
         ``max_processes < 1`` or ``seconds <= 0``.
     """
-    from hpp.runtime.host_ops import OpProbe, cycle_factor
     cores = os.cpu_count() or 1
     n_max = max_processes or 3 * cores
     if n_max < 1 or not seconds > 0:

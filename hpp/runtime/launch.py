@@ -11,18 +11,12 @@ While they wait, both launchers call ``poll()`` (if given) every
 :data:`POLL_INTERVAL_S` and once at the end: ``hpp run`` reads the ranks' per-step
 lines there (:class:`hpp.runtime.metrics.StepMonitor`).
 
-A run that outlives ``timeout_s`` is ended whole: with torchrun, the agent and every
-worker it started (each worker runs in its own session, so killing the agent's process
-group alone would leave them running) are found through ``/proc`` and killed;
-:attr:`LaunchResult.timed_out` is then set and the failure message says so.
-
-Run control: inside :func:`interrupt_signals` (``hpp run`` wraps the launch in it),
-SIGINT and SIGTERM raise :class:`RunInterrupted` in the launcher, which then ends every
-local process of the run the same way (SIGTERM, then SIGKILL after a grace of
-:data:`INTERRUPT_GRACE_S`) and re-raises; the CLI exits 130 / 143. A launcher killed
-outright (SIGKILL) cannot clean up, so its children are bound to it: the torchrun agent
-(and each forked rank) gets a parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``),
-and the agent then stops its workers.
+A run that outlives ``timeout_s`` is ended whole (:func:`hpp.runtime.processes.kill_tree`:
+the torchrun agent and every worker it started); :attr:`LaunchResult.timed_out` is then set
+and the failure message says so. Inside :func:`hpp.runtime.processes.interrupt_signals`,
+SIGINT and SIGTERM end every local process of the run the same way and re-raise
+:class:`hpp.runtime.processes.RunInterrupted`; each child is bound to the launcher by a
+parent-death signal (:mod:`hpp.runtime.processes`).
 
 Several hosts (:func:`launch_torchrun` with ``nnodes > 1``): each host's launcher starts
 torchrun with a static rendezvous (``--rdzv-backend=static``, so torchrun's group rank is
@@ -44,91 +38,25 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
+from hpp.runtime.processes import INTERRUPT_GRACE_S, die_with_parent, free_port, kill_tree, libc_prctl
 from hpp.runtime.worker import WorkerConfig, config_to_json, worker_main, write_atomic
 
-__all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "free_port", "descendants",
-           "kill_tree", "RunInterrupted", "interrupt_signals", "host_label", "POLL_INTERVAL_S", "INTERRUPT_GRACE_S"]
+__all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "host_label", "POLL_INTERVAL_S"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two ``poll()`` calls while the ranks run.
 POLL_INTERVAL_S = 0.2
-#: Seconds torchrun's agent gets after SIGTERM to stop its workers before everything is killed.
-_TERM_GRACE_S = 5.0
-#: Seconds the run's processes get after SIGTERM on Ctrl-C / SIGTERM before they are killed.
-INTERRUPT_GRACE_S = 3.0
-
-
-class RunInterrupted(BaseException):
-    """SIGINT or SIGTERM reached the launcher (raised by :func:`interrupt_signals`'s handler).
-
-    A :class:`BaseException`, like :class:`KeyboardInterrupt`, so that no ``except Exception``
-    swallows it. :attr:`exit_code` is the shell's convention, ``128 + signum`` (130, 143).
-    """
-
-    def __init__(self, signum: int) -> None:
-        self.signum = int(signum)
-        super().__init__(signal.Signals(self.signum).name)
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-
-@contextmanager
-def interrupt_signals() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM raise :class:`RunInterrupted` (main thread only; else a no-op)."""
-    fired: list[int] = []
-
-    def handler(signum: int, _frame: Any) -> None:
-        if fired:                                       # already stopping the run: do not break that off
-            logger.warning("stopping the run (%s); please wait", signal.Signals(signum).name)
-            return
-        fired.append(signum)
-        raise RunInterrupted(signum)
-    try:
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:                                  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
 
 
 def host_label(node_rank: int | None = None) -> str:
     """``"<hostname>"``, with ``" (node rank R)"`` in a run of several hosts."""
     name = socket.gethostname()
     return name if node_rank is None else f"{name} (node rank {node_rank})"
-
-
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux), or None."""
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _die_with_parent(sig: int, *, prctl: Callable[..., int] | None = None, parent: int | None = None) -> None:
-    """Linux: deliver ``sig`` to this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
-
-    ``prctl`` resolved beforehand (:func:`_prctl`), so that a ``preexec_fn`` imports nothing;
-    ``parent``: exit at once if the parent is already gone (it died before the call).
-    """
-    fn = prctl or _prctl()
-    if fn is not None:
-        fn(1, int(sig), 0, 0, 0)                        # 1 = PR_SET_PDEATHSIG
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -215,13 +143,6 @@ class LaunchResult:
         return f"rank(s) {failed} failed ({codes}){where}{tail}"
 
 
-def free_port() -> int:
-    """A TCP port free on localhost right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _collect(out_dir: Path, ranks: Sequence[int], codes: Sequence[int | None], wall_s: float, *,
              timed_out: bool = False, timeout_s: float | None = None, whole: bool = True, host: str = "",
              torchrun_failures: tuple[tuple[int, int], ...] = ()) -> LaunchResult:
@@ -235,75 +156,9 @@ def _collect(out_dir: Path, ranks: Sequence[int], codes: Sequence[int | None], w
                         () if whole else tuple(ranks), host, torchrun_failures)
 
 
-def _proc_stat(pid: int) -> tuple[int, int] | None:
-    """``(parent pid, start time in clock ticks)`` of a live process, from ``/proc/<pid>/stat``."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()      # after "pid (comm) ": state ppid ... starttime (22nd)
-    return int(fields[1]), int(fields[19])
-
-
-def descendants(pid: int) -> list[tuple[int, int]]:
-    """Every live descendant of ``pid`` as ``(pid, start time)`` (Linux ``/proc``; elsewhere: none).
-
-    The start time identifies the process, so that :func:`kill_tree` never signals a
-    recycled pid.
-    """
-    parent: dict[int, int] = {}
-    start: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for e in entries:
-        if e.isdigit():
-            st = _proc_stat(int(e))
-            if st is not None:
-                parent[int(e)], start[int(e)] = st
-    out: list[tuple[int, int]] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        for child, par in parent.items():
-            if par == p:
-                out.append((child, start[child]))
-                todo.append(child)
-    return out
-
-
-def kill_tree(proc: subprocess.Popen, *, grace_s: float = _TERM_GRACE_S) -> None:
-    """End ``proc`` and every process it started, whatever session they run in.
-
-    The descendants are listed first (an orphan loses its parent link), then ``proc``
-    gets SIGTERM (torchrun's agent then stops its workers), and after ``grace_s`` every
-    listed process still alive, and ``proc``, gets SIGKILL.
-    """
-    tree = descendants(proc.pid)
-    try:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(grace_s)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        pass
-    tree += [t for t in descendants(proc.pid) if t not in tree]   # started during the grace period
-    for pid, started in tree:
-        st = _proc_stat(pid)
-        if st is not None and st[1] == started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
 def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, port: int, log_file: str | None,
                 parent: int) -> None:
-    _die_with_parent(signal.SIGKILL, parent=parent)   # the launcher gone (even SIGKILLed): this rank goes too
+    die_with_parent(signal.SIGKILL, parent=parent)   # the launcher gone (even SIGKILLed): this rank goes too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if log_file is not None:                          # --log-dir: this rank's stdout and stderr
@@ -340,8 +195,8 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
     """Fork ``world_size`` ranks of :func:`hpp.runtime.worker.run_worker` and wait at most ``timeout_s``.
 
     Ranks still alive after ``timeout_s`` are killed (exit code ``None``, ``timed_out``).
-    ``log_dir``: each rank's stdout and stderr go to ``log_dir/rank<r>.log``. An exception
-    while waiting (:class:`RunInterrupted`, ``KeyboardInterrupt``) stops every rank first.
+    ``log_dir``: each rank's stdout and stderr go to ``log_dir/rank<r>.log``. An exception while
+    waiting (:class:`~hpp.runtime.processes.RunInterrupted`, ``KeyboardInterrupt``) stops every rank first.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     if log_dir is not None:
@@ -448,9 +303,10 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
                     local_ranks: Sequence[int] | None = None, log_dir: Path | None = None) -> LaunchResult:
     """Start this host's ranks with torchrun (:func:`torchrun_command`) and wait at most ``timeout_s``.
 
-    torchrun's own agent stops every local rank when one fails; ``timeout_s`` bounds the
-    whole run (then the agent and all its workers are killed, :func:`kill_tree`), and so
-    does an exception while waiting (:class:`RunInterrupted`), which is re-raised.
+    torchrun's own agent stops every local rank when one fails; ``timeout_s`` bounds the whole
+    run (then the agent and all its workers are killed, :func:`~hpp.runtime.processes.kill_tree`),
+    and so does an exception while waiting (:class:`~hpp.runtime.processes.RunInterrupted`), which
+    is re-raised.
     torchrun's output goes to ``out_dir/torchrun.log``.
 
     Parameters
@@ -481,9 +337,9 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
     t0 = time.perf_counter()
     timed_out = False
     with open(log_path, "w") as log:
-        prctl, me = _prctl(), os.getpid()
+        prctl, me = libc_prctl(), os.getpid()
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: _die_with_parent(signal.SIGTERM, prctl=prctl, parent=me))
+                                preexec_fn=lambda: die_with_parent(signal.SIGTERM, prctl=prctl, parent=me))
         deadline = t0 + timeout_s
         code: int | None = None
         try:

@@ -46,7 +46,6 @@ from hpp.errors import HppInputError
 from hpp.plan import Plan
 from hpp.runtime.model_api import synthetic_batch  # noqa: F401 - re-exported (reference.py, tests)
 from hpp.runtime.stage import check_recompute
-from hpp.validate import check_samples_sum
 
 __all__ = ["RankRole", "ShardGroups", "GroupLayout", "rank_roles", "blocks", "block_holders", "group_layout",
            "synthetic_batch", "split_micro_batches"]
@@ -126,11 +125,10 @@ def rank_roles(plan: Plan) -> tuple[RankRole, ...]:
     Raises
     ------
     HppInputError
-        A pipeline whose stages differ in TP degree, a recomputation mode the runtime
-        does not execute (``"selective"``), or pipelines whose samples do not add up to
-        the global batch (plans read from JSON are refused earlier, by the same check).
+        A pipeline whose stages differ in TP degree, or a recomputation mode the runtime
+        does not execute (``"selective"``). (Samples that do not add up to the global batch
+        cannot reach here: :class:`hpp.plan.Plan` refuses them at construction.)
     """
-    check_samples_sum(plan)
     _check_uniform_tp(plan)
     roles: list[RankRole] = []
     offset = 0

@@ -47,6 +47,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from hpp.errors import HppInputError
 from hpp.runtime.fake_env import StepTracker, build_fake_stage, fake_world, isolated, warm_up_sharding
 from hpp.runtime.model_api import RuntimeModel
+from hpp.runtime.tensor_parallel import parallelize_stage
+from hpp.runtime.training import TrainingConfig, lm_loss, make_optimizer
+from hpp.runtime.worker_steps import make_stage_schedule, run_schedule_step
 
 __all__ = ["StepSpec", "StepEvent", "StepMemory", "measure_stage_step", "OPTIMIZERS", "MEMORY_DTYPES"]
 
@@ -167,8 +170,6 @@ class StepMemory:
 
 def _make_optimizer(name: str, params: list[torch.nn.Parameter], *, foreach: bool) -> torch.optim.Optimizer:
     """The runtime's optimizer (:func:`hpp.runtime.training.make_optimizer`), ``foreach`` as on the device."""
-    from hpp.runtime.training import TrainingConfig, make_optimizer
-
     opt = make_optimizer(params, TrainingConfig(optimizer=name))
     for group in opt.param_groups:
         group["foreach"] = foreach                  # torch's default: True on CUDA, False on CPU
@@ -221,7 +222,7 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
     """Measure the memory of one training step of one stage (see the module docstring).
 
     The stage and its schedule come from the runtime itself
-    (:func:`hpp.runtime.worker.make_stage_schedule`, :func:`hpp.runtime.worker.run_schedule_step`).
+    (:func:`hpp.runtime.worker_steps.make_stage_schedule`, :func:`hpp.runtime.worker_steps.run_schedule_step`).
 
     Parameters
     ----------
@@ -247,8 +248,6 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
     """
     if isolate:
         return isolated(measure_stage_step, model, spec, seed=seed, legacy_waste=legacy_waste, isolate=False)
-    from hpp.runtime.training import TrainingConfig, lm_loss
-    from hpp.runtime.worker import make_stage_schedule, run_schedule_step
 
     ms = model.spec
     spec.validate(ms.num_layers)
@@ -270,7 +269,6 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
         module = build_fake_stage(model, spec.layer_start, spec.layer_stop, fake_mode=fake_mode, seed=seed,
                                   recompute=spec.recompute)
         if t > 1:                   # outside the fake mode: the device mesh holds real rank numbers
-            from hpp.runtime.tensor_parallel import parallelize_stage
             parallelize_stage(module, model, tp_group=tp_group, tp_degree=t, device=torch.device("cpu"))
         with fake_mode:
             params = [p for _l, _n, p in module.layer_parameters()]

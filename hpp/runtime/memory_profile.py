@@ -36,7 +36,7 @@ cast a separate copy at any input) that was one fp32 ``(b, s, h)`` per block and
 micro-batch in flight: +15 % on opt-350's first stages. Llama blocks keep none of their
 bf16 input either (their RMSNorm reads a cast of it).
 
-The layer runs as it does in a stage (:class:`hpp.runtime.worker.StageForward`):
+The layer runs as it does in a stage (:class:`hpp.runtime.worker_steps.StageForward`):
 under autocast for ``bfloat16``, its parameters' gradients allocated, its input a
 tensor of the activation dtype that requires grad (tokens for layer 0). Layers of
 identical structure (class, parameter and buffer shapes) are measured once. Also:
@@ -53,12 +53,16 @@ import logging
 from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.runtime.fake_env import StepTracker, build_fake_stage, fake_world, isolated, warm_up_sharding
 from hpp.runtime.model_api import RuntimeModel
+from hpp.runtime.stage import split_global_name
+from hpp.runtime.tensor_parallel import local_tensor, parallelize_stage, shard_dim
+from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
 
 __all__ = ["LayerMemory", "MemoryTerms", "measure_layer_memory", "memory_terms", "add_memory_terms",
            "with_memory_terms"]
@@ -128,7 +132,6 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
     if isolate:
         return isolated(measure_layer_memory, model, layer, micro_batch_size=micro_batch_size, dtype=dtype,
                         tp_degree=tp_degree, seed=seed, input_dtype=input_dtype, isolate=False)
-    from hpp.runtime.training import TrainingConfig, autocast_context, lm_loss
 
     ms = model.spec
     if not 0 <= layer < ms.num_layers:
@@ -143,7 +146,6 @@ def measure_layer_memory(model: RuntimeModel, layer: int, *, micro_batch_size: i
     with fake_world(tp_degree, 0):
         stage = build_fake_stage(model, layer, layer + 1, fake_mode=fake_mode, seed=seed)
         if tp_degree > 1:           # outside the fake mode: the device mesh holds real rank numbers
-            from hpp.runtime.tensor_parallel import parallelize_stage
             parallelize_stage(stage, model, tp_group=_world(), tp_degree=tp_degree, device=torch.device("cpu"))
         with fake_mode:
             params = [p for _l, _n, p in stage.layer_parameters()]
@@ -198,12 +200,10 @@ def _inside_stage_pass(stage: torch.nn.Module, tracker: StepTracker, x: torch.Te
     Its input is a non-leaf tensor (the previous layer's output) whose last reference
     is dropped after the forward, so it is freed unless the layer saved it; ``kept`` is
     what stays (saved tensors + output - a freed input). Then the output's cast to the
-    send dtype (as :class:`hpp.runtime.worker.StageForward` does at a stage's end), the
+    send dtype (as :class:`hpp.runtime.worker_steps.StageForward` does at a stage's end), the
     uncast output dropped: ``release`` is how much that frees (negative: it adds). ``rise``: the
     highest level during the forward above the level before it (its input still alive).
     """
-    from hpp.runtime.training import autocast_context
-
     xi = x if not x.is_floating_point() else x * 1          # tokens stay tokens; else a non-leaf copy
     before = tracker.current_bytes()
     tracker.window_peak = before
@@ -224,12 +224,10 @@ def _inside_stage_pass(stage: torch.nn.Module, tracker: StepTracker, x: torch.Te
 
 
 def _world():
-    import torch.distributed as dist
     return dist.group.WORLD
 
 
 def _local_numel(p: torch.Tensor) -> int:
-    from hpp.runtime.tensor_parallel import local_tensor
     return local_tensor(p).numel()
 
 
@@ -242,8 +240,6 @@ def memory_terms(model: RuntimeModel, *, micro_batch_size: int, dtype: str = "fl
     they are measured along the model's own chain too, into ``first_stage_*`` (None
     when equal to the others).
     """
-    from hpp.runtime.training import TrainingConfig
-
     act_dtype = TrainingConfig(dtype=dtype).activation_dtype
     cache: dict[tuple, LayerMemory] = {}
     last = model.spec.num_layers - 1
@@ -281,9 +277,6 @@ def memory_terms(model: RuntimeModel, *, micro_batch_size: int, dtype: str = "fl
 
 def _tied_bytes(model: RuntimeModel, *, tp_degree: int, seed: int) -> int:
     """Bytes of one device's copy of the second name of every tied pair (fp32 masters)."""
-    from hpp.runtime.stage import split_global_name
-    from hpp.runtime.tensor_parallel import shard_dim
-
     total = 0
     for _a, b in model.tied_parameters():
         layer, path = split_global_name(b)

@@ -46,6 +46,7 @@ from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile, save_profile
 from hpp.runtime.model_api import RuntimeModel, check_protocol
 from hpp.runtime.models import LegacyGPT, ModelConfig
+from hpp.runtime.zoo import canonical_model_name, load_runtime_model
 
 __all__ = ["profile_model", "scale_profile", "dilate_profile", "write_profile", "measure_layer", "resolve_model"]
 
@@ -146,7 +147,6 @@ def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel
     if isinstance(model, ModelConfig):
         return LegacyGPT(model), model.name
     if isinstance(model, str):
-        from hpp.runtime.zoo import canonical_model_name, load_runtime_model
         loaded = load_runtime_model(model)
         return loaded, canonical_model_name(model) or model.strip()
     obj = check_protocol(model, source=type(model).__name__)
@@ -266,6 +266,8 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
                            entries=entries, source="measured by hpp profile (hpp.runtime.profiler)", licence="MIT",
                            meta=meta)
     if memory_terms:
+        # not on top: torch's MemTracker and DTensor, 4-6 s to import (-X importtime), which hpp run
+        # (dilate_profile) does not need
         from hpp.runtime.memory_profile import add_memory_terms
         profile = add_memory_terms(profile, rmodel, dtype="bfloat16" if mixed_precision else "float32", seed=seed)
     return profile

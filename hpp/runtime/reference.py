@@ -25,7 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from hpp.errors import HppInputError
-from hpp.runtime.model_api import IGNORE_INDEX, RuntimeModel
+from hpp.runtime.model_api import IGNORE_INDEX, RuntimeModel, synthetic_batch
+from hpp.runtime.models import build_stage_module, tied_param_names
+from hpp.runtime.stage import build_stage
+from hpp.runtime.training import make_lr_scheduler, make_optimizer as make_opt, single_device_step
 
 __all__ = ["make_optimizer", "train_reference", "train_single_device", "max_param_difference",
            "VerifyResult", "verify_against", "VERIFY_TOLERANCE"]
@@ -65,8 +68,6 @@ def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: i
     dtype : torch.dtype
         The parameters' dtype (float64 for ``--verify``, whose ``training.dtype`` is float64 too).
     """
-    from hpp.runtime.stage import build_stage
-    from hpp.runtime.training import make_lr_scheduler, make_optimizer as make_opt, single_device_step
     module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=dtype)
     named = [(name, p) for _l, name, p in module.layer_parameters()]
     opt = make_opt([p for _n, p in named], training)
@@ -85,8 +86,6 @@ def train_reference(cfg: Any, *, global_batch_size: int, steps: int, seed: int =
                     dtype: torch.dtype = torch.float64, tie_embeddings: bool = False, optimizer: str = "sgd",
                     lr: float = 0.1) -> dict[str, torch.Tensor]:
     """Legacy entry point: a :class:`hpp.runtime.models.ModelConfig` on synthetic batches, SGD or AdamW."""
-    from hpp.runtime.models import build_stage_module, tied_param_names
-    from hpp.runtime.model_api import synthetic_batch
     model = build_stage_module(cfg, 0, cfg.num_layers, seed=seed, dtype=dtype, tie_embeddings=tie_embeddings)
     opt = make_optimizer(optimizer, list(model.parameters()), lr=lr)
     for step in range(steps):

@@ -44,179 +44,44 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
+
 from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_to_dict
-from hpp.profiles.cluster import Cluster
-from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.cluster import Cluster, cluster_to_dict
+from hpp.runtime.checkpoint import latest_checkpoint
 from hpp.runtime.data import data_spec, make_batch_source
-from hpp.runtime.launch import LaunchResult, launch_forked, launch_torchrun
-from hpp.runtime.layout import blocks, rank_roles
-from hpp.runtime.metrics import StepMetrics, StepMonitor, plan_peak_flops_per_s
+from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
+from hpp.runtime.layout import rank_roles
+from hpp.runtime.metrics import StepMonitor, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
+from hpp.runtime.run_report import RunReport, predict_run, summarise_run
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
-from hpp.runtime.worker import WorkerConfig
+from hpp.runtime.timeline import write_timeline_png
+from hpp.runtime.worker import WorkerConfig, config_to_json, write_atomic
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",
            "check_host_capacity", "default_time_scale", "MAX_RANKS_PER_CORE"]
 
 logger = logging.getLogger(__name__)
 
+
 class RunFailedError(RuntimeError):
     """A launched run did not complete; the message names the failed rank(s)."""
-
-
-@dataclass(frozen=True)
-class RunReport:
-    """What ``hpp run --json`` prints (see :meth:`to_dict`).
-
-    Attributes
-    ----------
-    measured : dict
-        ``iteration_time_s`` (median after warm-up), ``throughput_samples_per_s``,
-        ``tokens_per_s`` (= ``throughput_tokens_per_s``: G x seq_len per iteration time),
-        ``loss`` (the last step's mean loss per target token; ``losses`` per step),
-        ``mfu`` (model FLOPs per step / iteration time / the devices' summed peak FLOP/s;
-        ``None`` when a device type's peak is unknown, e.g. CPUs), ``flops_per_step``,
-        ``step_times_s`` (all steps), ``pipelines`` (per pipeline: ``schedule_s`` of the
-        last step, from the stages' events).
-    predicted : dict
-        ``iteration_time_s`` and ``throughput_samples_per_s`` from
-        :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale``,
-        ``plan_iteration_time_s`` at time scale 1, ``pipelines`` (per stage forward/backward
-        seconds), or ``None`` with ``reason``.
-    collectives : dict
-        ``count`` and ``bytes`` of gradient all-reduces per step (each counted once), ``mode``.
-    ranks : list[dict]
-        Per rank: pipeline, stage, device type, layers, ``peak_memory_bytes``, compute and padding seconds
-        (last step) and ``phases_s`` (median over the kept steps of each step phase, see
-        :func:`hpp.runtime.worker.run_worker`).
-    dtype, training, data
-        The run's dtype, :class:`hpp.runtime.training.TrainingConfig` fields and ``--data`` file.
-    verify : dict or None
-        With ``--verify``: :meth:`hpp.runtime.reference.VerifyResult.to_dict`.
-    hosts : dict
-        ``nnodes``, ``node_rank``, ``ranks`` (the plan ranks this host ran) and ``nodes`` (plan nodes).
-    checkpoint : dict
-        ``resumed_from`` (path) and ``first_step``; ``latest`` (the latest complete checkpoint under ``--save``).
-    command : list[str] or None
-        ``dry_run`` only: this host's torchrun command (nothing was run; ``measured`` is empty).
-    """
-
-    plan: str
-    model: str
-    steps: int
-    warmup_steps: int
-    world_size: int
-    launcher: str
-    emulate_speed: bool
-    measured: dict[str, Any]
-    predicted: dict[str, Any]
-    collectives: dict[str, Any]
-    ranks: list[dict[str, Any]]
-    wall_s: float
-    timeline: str | None = None
-    notes: list[str] = field(default_factory=list)
-    dtype: str = "float32"
-    training: dict[str, Any] = field(default_factory=dict)
-    data: dict[str, Any] | None = None
-    verify: dict[str, Any] | None = None
-    hosts: dict[str, Any] = field(default_factory=dict)
-    command: list[str] | None = None
-    checkpoint: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def default_time_scale(cluster: Cluster, *, cpu_count: int | None = None) -> float:
     """``max(1, devices of the cluster / cores of this host)``: the emulation's time dilation."""
     return max(1.0, cluster.num_devices / float(cpu_count or os.cpu_count() or 1))
-
-
-def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0,
-             device: str = "cpu", emulate_speed: bool = False) -> dict[str, Any]:
-    """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host_model``).
-
-    A CPU run shares this host's cores among its ranks (and pads emulated devices): the host
-    model replays the step with processor sharing, and its iteration time is what the run should
-    measure (``cost_model_iteration_time_s`` keeps the closed form, ``plan_iteration_time_s`` the
-    plan's own estimate).
-    """
-    if profile is None:
-        return {"iteration_time_s": None, "throughput_samples_per_s": None,
-                "reason": "the plan names no profile"}
-    try:
-        from hpp.formulation.cost_model import estimate_plan
-        from hpp.runtime.profiler import dilate_profile
-        est = estimate_plan(plan, cluster, dilate_profile(profile, time_scale))
-        plan_est = est if time_scale == 1.0 else estimate_plan(plan, cluster, profile)
-    except (HppInputError, ImportError) as exc:
-        return {"iteration_time_s": None, "throughput_samples_per_s": None, "reason": str(exc)}
-    t_iter, extra = est.iteration_time_s, {}
-    if device == "cpu":
-        from hpp.runtime.host_model import host_terms, simulate_host_run
-        cores = os.cpu_count() or 1
-        host = simulate_host_run(plan, cluster, profile, cores=cores, emulate_speed=emulate_speed,
-                                 time_scale=time_scale)
-        t_iter = host.iteration_time_s
-        extra = {"cost_model_iteration_time_s": est.iteration_time_s,
-                 "host_model": {"cores": cores, "cpu_s": list(host.cpu_s),
-                                "contention": list(host_terms(profile, cores=cores).contention)}}
-    return {"iteration_time_s": t_iter, "throughput_samples_per_s": plan.global_batch_size / t_iter,
-            **extra, "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
-            "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,
-            "peak_memory_bytes": est.peak_memory_bytes,
-            "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
-                                                          "p2p_s": s.p2p_s}
-                                                         for s in p.stages]} for p in est.pipelines]}
-
-
-def _summarise(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int, steps_seen: list[StepMetrics],
-               peak_flops: float | None) -> tuple[dict, dict, list]:
-    results = [r for r in res.results if r is not None]
-    steps = len(results[0]["step_times_s"])
-    per_step = [max(r["step_times_s"][i] for r in results) for i in range(steps)]
-    kept = per_step[warmup_steps:] if steps > warmup_steps else per_step
-    median = statistics.median(kept)
-    pipes = []
-    for p in range(plan.num_pipelines):
-        ev = [e for r in results if r["pipeline"] == p for e in r["events"]]
-        span = (max(e["stop_s"] for e in ev) - min(e["start_s"] for e in ev)) if ev else 0.0
-        pipes.append({"pipeline": p, "num_samples": plan.pipelines[p].num_samples, "schedule_s": span})
-    flops = steps_seen[-1].flops if steps_seen else None
-    tokens_per_s = plan.global_batch_size * seq_len / median
-    measured = {"iteration_time_s": median, "throughput_samples_per_s": plan.global_batch_size / median,
-                "tokens_per_s": tokens_per_s, "throughput_tokens_per_s": tokens_per_s,
-                "loss": steps_seen[-1].loss if steps_seen else None,
-                "losses": [m.loss for m in steps_seen],
-                "flops_per_step": flops,
-                "mfu": flops / median / peak_flops if flops is not None and peak_flops else None,
-                "peak_flops_per_s": peak_flops,
-                "step_times_s": per_step, "pipelines": pipes}
-    last = [r["collectives"][-1] for r in results]
-    collectives = {"count": sum(c["count"] for c in last), "bytes": sum(c["bytes"] for c in last),
-                   "launched_in_backward_by_rank": [c.get("launched_in_backward", 0) for c in last],
-                   "per": "step", "num_blocks": len(blocks(plan))}
-    ranks = []
-    for r in results:
-        row = {k: r.get(k) for k in ("rank", "pipeline", "stage", "device_id", "device_type", "layers", "recompute",
-                                     "tp_degree", "tp_rank", "num_micro_batches", "peak_memory_bytes",
-                                     "peak_memory_reserved_bytes", "slowdown",
-                                     "time_scale", "compute_s", "cpu_s", "padding_s", "flops_per_step")}
-        kept_phases = r["phases"][warmup_steps:] if steps > warmup_steps else r["phases"]
-        row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0]}
-        ranks.append(row)
-    return measured, collectives, ranks
 
 
 def _device_types(plan: Plan) -> list[str]:
@@ -362,7 +227,6 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
          "resume": str(resume) if resume is not None else None}
     plan_dict = plan_to_dict(plan)
     if "nodes" not in plan.cluster_ref:               # the ranks bind devices with the plan's cluster
-        from hpp.profiles.cluster import cluster_to_dict
         plan_dict["cluster"] = cluster_to_dict(cluster)
     cfg = WorkerConfig(plan=plan_dict, model={}, model_name=model_name,
                        training=asdict(training), data=data_desc, steps=steps, warmup_steps=warmup_steps, seed=seed,
@@ -404,17 +268,15 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         if verify:
             verified = _verify(rt, Path(tmp), share.ranks, source=source, steps=start + steps, seed=seed,
                                training=training, whole=share.whole)
-    measured, collectives, ranks = _summarise(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
-                                              steps_seen=monitor.metrics, peak_flops=peak)
+    measured, collectives, ranks = summarise_run(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
+                                                 steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
-    predicted = _predict(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed)
+    predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed)
     timeline_path = None
     if timeline is not None:
-        from hpp.runtime.timeline import write_timeline_png
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)
         timeline_path = str(timeline)
     if checkpoint:
-        from hpp.runtime.checkpoint import latest_checkpoint
         checkpoint.update(first_step=start, resumed_from=meta["path"] if meta is not None else None,
                           latest=str(latest_checkpoint(save_dir) or "") if save_dir is not None else None)
     return RunReport(plan=str(plan_path), model=spec.name, steps=steps, warmup_steps=warmup_steps,
@@ -429,8 +291,6 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
 def _dry_run(out: Path, cfg: WorkerConfig, share: Any, *, plan_path: str | Path, spec: Any, **report: Any
              ) -> RunReport:
     """Write ``out/worker_config.json``; the report carries this host's torchrun command."""
-    from hpp.runtime.launch import torchrun_command
-    from hpp.runtime.worker import config_to_json, write_atomic
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "worker_config.json", config_to_json(cfg))
     cmd = torchrun_command(out / "worker_config.json", out, nproc=len(share.ranks), nnodes=share.nnodes,
@@ -458,7 +318,6 @@ def _verify(rt: RuntimeModel, out_dir: Path, ranks: Sequence[int], *, source: An
             training: Any, whole: bool = True) -> VerifyResult:
     """The ranks' saved parameters against single-device float64 training of ``steps`` steps
     (:mod:`hpp.runtime.reference`); ``whole`` False (one host of several): only the names these ranks hold."""
-    import torch
     rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
     ref = train_single_device(rt, source=source, steps=steps, seed=seed, training=training, dtype=torch.float64)
     if not whole:

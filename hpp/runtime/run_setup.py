@@ -31,11 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
+
 from hpp.errors import HppInputError
-from hpp.plan import Plan, plan_from_dict, read_plan_json
+from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.runtime.model_api import RuntimeModel
+from hpp.resolve import load_plan
+from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
+from hpp.runtime.checkpoint import COMPLETE_MARKER, META_FILE, read_checkpoint_meta
+from hpp.runtime.model_api import RuntimeModel, check_tp_degree
+from hpp.runtime.training import TrainingConfig
+from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
            "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
@@ -49,22 +56,14 @@ MAX_RANKS_PER_CORE = 8
 
 
 def load_run_inputs(path: str | Path) -> tuple[Plan, Cluster, ModelProfile | None]:
-    """Read and validate a plan; a plan without a profile is allowed (no prediction then).
+    """Read and validate a plan (:func:`hpp.resolve.load_plan`); a plan without a profile is allowed
+    (no prediction then).
 
     Raises
     ------
     HppInputError
     """
-    from hpp.resolve import load_plan_inputs, resolve_cluster
-    from hpp.validate import validate_plan
-    path = Path(path)
-    data = read_plan_json(path)
-    if isinstance(data, dict) and data.get("profile"):
-        return load_plan_inputs(path)
-    plan = plan_from_dict(data, source=str(path))
-    cluster = resolve_cluster(plan.cluster_ref, base=path.parent, source=str(path))
-    validate_plan(plan, cluster, None, source=str(path))
-    return plan, cluster, None
+    return load_plan(path, require_profile=False)
 
 
 def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None = None,
@@ -76,7 +75,6 @@ def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None =
     HppInputError
     """
     if device == "cuda":
-        import torch
         n = torch.cuda.device_count()
         if world_size > n:
             raise HppInputError(f"the plan needs {world_size} devices but this host has {n} CUDA device(s)",
@@ -92,14 +90,12 @@ def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None =
 
 def _names_match(plan_model: str, model_arg: str | None, spec_name: str) -> bool:
     """Whether the plan's model name is the runtime model's (bundled aliases and MODULE:FUNCTION allowed)."""
-    from hpp.runtime.zoo import canonical_model_name
     key = lambda n: canonical_model_name(n) or n.strip().lower()   # noqa: E731
     return key(plan_model) in {key(spec_name), *([key(model_arg)] if model_arg else [])}
 
 
 def model_source(plan: Plan, profile: ModelProfile | None, model: str | None) -> str:
     """What to load the run's model from (see :func:`resolve_run_model`)."""
-    from hpp.runtime.zoo import canonical_model_name
     if model:
         return model
     if canonical_model_name(plan.model) is None and profile is not None and profile.meta.get("runtime_model"):
@@ -122,8 +118,6 @@ def resolve_run_model(plan: Plan, profile: ModelProfile | None, model: str | Non
         plan's or the profile's, a model name that differs from the plan's or the profile's
         (naming both), or a plan TP degree the model's heads or MLP width cannot be split by.
     """
-    from hpp.runtime.model_api import check_tp_degree
-    from hpp.runtime.zoo import check_layers_match, load_runtime_model
     model = model_source(plan, profile, model)
     rt = load_runtime_model(model)
     spec = rt.spec
@@ -154,7 +148,6 @@ def training_config(*, optimizer: str | None, lr: float | None, lr_schedule: str
     ``--resume``), else the default (AdamW, lr 1e-3, constant schedule, no warm-up, no
     clipping). The schedule's length is ``lr_total_steps``, else the checkpoint's, else ``steps``.
     """
-    from hpp.runtime.training import TrainingConfig
     keys = ("optimizer", "lr", "weight_decay", "lr_schedule", "warmup_steps", "min_lr_ratio", "total_steps",
             "clip_grad_norm")
     base: dict[str, Any] = {"optimizer": "adamw", "lr": 1e-3, "lr_schedule": "constant", "warmup_steps": 0,
@@ -265,7 +258,6 @@ def host_share(plan: Plan, cluster: Cluster, *, nnodes: int = 1, node_rank: int 
         A bad flag, a host that is not the plan's node type or has too few devices
         (:func:`hpp.runtime.binding.check_host`), ``--node-map`` without several hosts.
     """
-    from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
     if nnodes < 1:
         raise HppInputError(f"--nnodes {nnodes}", field="--nnodes", fix="give the number of hosts (>= 1)")
     if rdzv_endpoint is not None:
@@ -309,7 +301,6 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
         Missing or incomplete checkpoint (naming the last complete one), another model
         (name or layer count), or another optimizer.
     """
-    from hpp.runtime.checkpoint import read_checkpoint_meta
     meta = read_checkpoint_meta(path)
     if (str(meta.get("model", "")).strip().lower() != model_name.strip().lower()
             or meta.get("num_layers") != num_layers):
@@ -344,7 +335,6 @@ def prepare_save_dir(path: str | Path) -> Path:
 
 
 def _complete(path: Path) -> bool:
-    from hpp.runtime.checkpoint import COMPLETE_MARKER, META_FILE
     return (path / COMPLETE_MARKER).is_file() and (path / META_FILE).is_file()
 
 

@@ -10,7 +10,7 @@ those, on this host, with the runtime's own code:
   CPU time of the calling thread (one compute thread);
 - :func:`measure_schedule_overhead`: a pipeline of identity-like stages (a few floats per
   micro-batch, so compute is negligible) run by the worker's own
-  :func:`hpp.runtime.worker.make_stage_schedule` / ``run_schedule_step`` on gloo, for
+  :func:`hpp.runtime.worker_steps.make_stage_schedule` / ``run_schedule_step`` on gloo, for
   several micro-batch counts ``m``; the main thread's CPU time per step is fitted as
   ``a + m b`` (least squares): ``b`` the per-micro-batch fixed cost of one stage (one
   forward and one backward, their p2p posting included), ``a`` the per-step cost;
@@ -32,9 +32,11 @@ children (:func:`hpp.runtime.host_probe.run_forked`).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
@@ -43,11 +45,15 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.model_profile import ModelProfile, load_profile, save_profile
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
+from hpp.runtime.emulation import Instrument
 from hpp.runtime.host_ops import MeasuredHost
 from hpp.runtime.host_probe import (fit_line, init_gloo, measure_contention, measure_host_ops, measure_p2p,
                                     run_forked)
+from hpp.runtime.profiler import resolve_model
+from hpp.runtime.training import TrainingConfig, lm_loss
+from hpp.runtime.worker_steps import make_stage_schedule, run_schedule_step
 
 __all__ = ["ScheduleOverheadFit", "HostStepTerms", "measure_loss_s", "measure_schedule_overhead",
            "measure_host_step_terms", "measure_time_terms", "add_time_terms", "add_measured_time_terms", "main"]
@@ -69,8 +75,6 @@ def measure_loss_s(model: Any, micro_batch_sizes: Sequence[int], *, warmup: int 
     scalar; medians of ``repeats`` after ``warmup``, CPU time of this thread, with one torch
     compute thread (as each rank runs; restored afterwards).
     """
-    from hpp.runtime.profiler import resolve_model
-    from hpp.runtime.training import lm_loss
     spec = resolve_model(model)[0].spec
     gen = torch.Generator().manual_seed(seed)
     out: dict[int, tuple[float, float]] = {}
@@ -154,9 +158,6 @@ def _overhead_rank(rank: int, world_size: int, port: int, schedule: str, micro_b
     The micro-batch counts are interleaved (every repeat runs each m once), so a drift of
     the host's speed during the measurement affects every m alike.
     """
-    from hpp.runtime.emulation import Instrument
-    from hpp.runtime.training import TrainingConfig, lm_loss
-    from hpp.runtime.worker import make_stage_schedule, run_schedule_step
     init_gloo(rank, world_size, port)
     b, s, h, v = _TINY
     first, last = rank == 0, rank == world_size - 1
@@ -322,10 +323,6 @@ def add_measured_time_terms(profile: ModelProfile, *, model: Any | None = None, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpp.runtime.time_profile PROFILE.json --out OUT.json``: a CPU profile plus its time terms."""
-    import argparse
-    import sys
-
-    from hpp.profiles.model_profile import load_profile, save_profile
     ap = argparse.ArgumentParser(prog="python -m hpp.runtime.time_profile", description=main.__doc__)
     ap.add_argument("profile", help="native profile JSON measured on this host (hpp profile --device cpu)")
     ap.add_argument("--out", required=True, help="where to write the profile with step_time and meta.host_time")

@@ -30,31 +30,40 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
+import signal
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
 from hpp.plan import plan_from_dict
+from hpp.runtime.binding import RankBinding, worker_binding
+from hpp.runtime.checkpoint import load_checkpoint, save_checkpoint
+from hpp.runtime.data import make_batch_source
 from hpp.runtime.emulation import Instrument
-from hpp.runtime.gradsync import GradSync, sync_units
+from hpp.runtime.gradsync import GradSync
+from hpp.runtime.gradsync_units import sync_units
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
 from hpp.runtime.model_api import IGNORE_INDEX, RuntimeModel
+from hpp.runtime.models import LegacyGPT, ModelConfig
+from hpp.runtime.processes import die_with_parent
 from hpp.runtime.stage import build_stage, split_global_name
 from hpp.runtime.tensor_parallel import is_sharded, local_tensor, parallelize_stage
-from hpp.runtime.training import (TrainingConfig, autocast_context, clip_by_global_norm, lm_loss, make_lr_scheduler,
-                                  make_optimizer, measure_stage_flops, target_count)
+from hpp.runtime.training import (TrainingConfig, clip_by_global_norm, lm_loss, make_lr_scheduler, make_optimizer,
+                                  target_count)
+from hpp.runtime.worker_steps import (collective_record, event_records, full_params, make_stage_schedule,
+                                      peak_memory_bytes, phase_record, run_schedule_step, stage_flops_per_step)
+from hpp.runtime.zoo import load_runtime_model
 
-__all__ = ["WorkerConfig", "StageForward", "make_stage_schedule", "run_schedule_step", "run_worker", "worker_main",
-           "write_atomic", "config_to_json", "resolve_model", "training_config"]
+__all__ = ["WorkerConfig", "run_worker", "worker_main", "write_atomic", "config_to_json", "resolve_model",
+           "training_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +147,7 @@ class WorkerConfig:
 def resolve_model(cfg: WorkerConfig) -> RuntimeModel:
     """The run's runtime model: ``model_name`` from the zoo, else the legacy ``model`` dict."""
     if cfg.model_name:
-        from hpp.runtime.zoo import load_runtime_model
         return load_runtime_model(cfg.model_name)
-    from hpp.runtime.models import LegacyGPT, ModelConfig
     return LegacyGPT(ModelConfig(**cfg.model), tie_embeddings=cfg.tie_embeddings)
 
 
@@ -157,80 +164,6 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def _peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
-
-
-class StageForward(torch.nn.Module):
-    """The stage under autocast, its output cast to one fixed dtype (pipelining checks dtypes)."""
-
-    def __init__(self, stage: torch.nn.Module, *, training: TrainingConfig, device: torch.device, is_last: bool):
-        super().__init__()
-        self.stage = stage
-        self.training_cfg = training
-        self.device_type = device.type
-        self.out_dtype = training.logits_dtype if is_last else training.activation_dtype
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with autocast_context(self.training_cfg, self.device_type):
-            y = self.stage(x)
-        return y.to(self.out_dtype)
-
-
-def make_stage_schedule(module: torch.nn.Module, *, stage_index: int, num_stages: int, num_micro_batches: int,
-                        micro_batch_size: int, seq_len: int, hidden_size: int, vocab_size: int,
-                        training: TrainingConfig, device: torch.device, group, schedule: str = "1F1B",
-                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
-    """``(PipelineStage, schedule)`` of one lane's stage; placeholders are shape-only (meta).
-
-    ``module`` is the (sharded) stage; it is wrapped in :class:`StageForward`. Works on
-    fake tensors too (:mod:`hpp.runtime.memory` measures this very step).
-    """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    is_first, is_last = stage_index == 0, stage_index == num_stages - 1
-    b, s = micro_batch_size, seq_len
-    meta = torch.device("meta")
-    in_arg = (torch.empty(b, s, dtype=torch.long, device=meta) if is_first       # requires_grad: gradients flow
-              else torch.empty(b, s, hidden_size, dtype=training.activation_dtype, device=meta, requires_grad=True))
-    out_arg = (torch.empty(b, s, vocab_size, dtype=training.logits_dtype, device=meta, requires_grad=True) if is_last
-               else torch.empty(b, s, hidden_size, dtype=training.activation_dtype, device=meta, requires_grad=True))
-    wrapped = StageForward(module, training=training, device=device, is_last=is_last)
-    stage = PipelineStage(wrapped, stage_index, num_stages, device, input_args=in_arg, output_args=out_arg,
-                          group=group)
-    cls = Schedule1F1B if schedule == "1F1B" else ScheduleGPipe
-    return stage, cls(stage, num_micro_batches, loss_fn=loss_fn, scale_grads=False)
-
-
-def run_schedule_step(schedule, inputs: torch.Tensor | None, targets: torch.Tensor | None, *, is_first: bool,
-                      is_last: bool) -> list[torch.Tensor]:
-    """One schedule step (outputs not kept); returns the last stage's per-micro-batch losses (else [])."""
-    losses: list[torch.Tensor] = []
-    args = (inputs,) if is_first else ()
-    kwargs = {"target": targets, "losses": losses} if is_last else {}
-    schedule.step(*args, return_outputs=False, **kwargs)
-    return losses
-
-
-def _tied_second_names(model: RuntimeModel) -> set[str]:
-    return {b for _a, b in model.tied_parameters()}
-
-
-def _full_params(stage, model: RuntimeModel) -> dict[str, torch.Tensor]:
-    """Every parameter the stage holds, unsharded, on the CPU; a tied pair held twice under both names."""
-    from torch.distributed.tensor import DTensor
-
-    out = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
-           for _l, name, p in stage.layer_parameters()}
-    held = {int(k) for k in stage.layers}
-    for a, b in model.tied_parameters():
-        if a in out and split_global_name(b)[0] in held:
-            out[b] = out[a]
-    return out
 
 
 def _agree(refused: HppInputError | None, device: torch.device) -> None:
@@ -287,13 +220,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         module = build_stage(model, role.layer_start, role.layer_stop, seed=cfg.seed, dtype=tcfg.param_dtype,
                              device=device, recompute=role.recompute)
         b, s, h = role.micro_batch_size, spec.seq_len, spec.hidden_size
-        try:
-            mb_flops = measure_stage_flops(module, is_first=role.is_first, is_last=role.is_last, micro_batch_size=b,
-                                           seq_len=s, hidden_size=h, dtype=tcfg.activation_dtype)
-            flops_per_step: float | None = mb_flops * role.num_micro_batches / role.tp_degree
-        except Exception as exc:  # noqa: BLE001 - a model FakeTensorMode cannot run: no FLOPs, still train
-            logger.warning("rank %d: FLOPs not counted (%s: %s)", rank, type(exc).__name__, exc)
-            flops_per_step = None
+        flops_per_step = stage_flops_per_step(module, role, seq_len=s, hidden_size=h, training=tcfg)
         refused: HppInputError | None = None
         try:
             parallelize_stage(module, model, tp_group=groups.get(role.stage_ranks), tp_degree=role.tp_degree,
@@ -310,14 +237,11 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         scheduler = make_lr_scheduler(optimizer, tcfg)
         start = 0
         if cfg.resume:                                  # collective; parameters loaded in place (buckets stay)
-            from hpp.runtime.checkpoint import load_checkpoint
             start = load_checkpoint(cfg.resume, module=module, optimizer=optimizer, scheduler=scheduler,
                                     model_name=spec.name, num_layers=spec.num_layers)
-        second = _tied_second_names(model)
+        second = {b for _a, b in model.tied_parameters()}
         norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
                       for _l, name, p in named]
-
-        from hpp.runtime.data import make_batch_source
         source = make_batch_source(cfg.data, model, seed=cfg.seed, global_batch_size=plan.global_batch_size)
         denominator = [1]
         instrument = Instrument(slowdown=float(cfg.slowdown.get(role.device_type, 1.0)),
@@ -376,24 +300,17 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             step_loss = float(sum(float(l.detach()) for l in losses)) if reports_loss else None
             step_times.append(t_end - t0)
             losses_out.append(step_loss)
-            phases.append({"batch_s": t_sched - t0, "schedule_s": t_sync - t_sched, "sync_wait_s": t_opt - t_sync,
-                           "optimizer_s": t_end - t_opt, "compute_s": instrument.compute_s,
-                           "cpu_s": instrument.cpu_s, "padding_s": instrument.padding_s})
-            st = sync.stats
-            coll.append({"count": st.count, "bytes": st.bytes, "joined_count": st.joined_count,
-                         "joined_bytes": st.joined_bytes, "launched_in_backward": st.launched_in_backward,
-                         "records": [[label, list(ranks), nbytes] for label, ranks, nbytes in st.records]})
-            events = [{"kind": e.kind, "micro_batch": e.micro_batch, "start_s": e.start_s - t0,
-                       "stop_s": e.stop_s - t0} for e in instrument.events]
+            phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument))
+            coll.append(collective_record(sync.stats))
+            events = event_records(instrument, t0)
             done = step + 1
             if cfg.save_dir and (done == start + cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
-                from hpp.runtime.checkpoint import save_checkpoint
                 save_checkpoint(cfg.save_dir, step=done, module=module, optimizer=optimizer, scheduler=scheduler,
                                 model_name=spec.name, num_layers=spec.num_layers,
                                 extra={"seed": cfg.seed, "global_batch_size": plan.global_batch_size,
                                        "training": asdict(tcfg), "data": cfg.data})
             line = {"step": step, "time_s": t_end - t0, "loss": step_loss, "target_tokens": denominator[0],
-                    "flops": flops_per_step, "peak_memory_bytes": _peak_memory_bytes(device), "lr": lr}
+                    "flops": flops_per_step, "peak_memory_bytes": peak_memory_bytes(device), "lr": lr}
             with steps_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
         sync.close()
@@ -405,7 +322,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                   "num_samples": role.num_samples, "step_times_s": step_times, "phases": phases, "collectives": coll,
                   "losses": losses_out, "flops_per_step": flops_per_step,
                   "outputs_kept": len(pstage.output_chunks) if pstage is not None else 0,
-                  "peak_memory_bytes": _peak_memory_bytes(device),
+                  "peak_memory_bytes": peak_memory_bytes(device),
                   "peak_memory_reserved_bytes": (int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda"
                                                  else None),
                   "slowdown": instrument.slowdown,
@@ -413,7 +330,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                   "padding_s": instrument.padding_s, "events": events}
         if cfg.save_params:
             tmp = out_dir / f"rank{rank}.pt.tmp"
-            torch.save(_full_params(module, model), tmp)
+            torch.save(full_params(module, model), tmp)
             tmp.replace(out_dir / f"rank{rank}.pt")
         write_atomic(out_dir / f"rank{rank}.json", json.dumps(result))
         dist.barrier()                                  # nobody tears down while a peer still talks
@@ -447,25 +364,14 @@ def worker_main(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path)
         return 1
 
 
-def _binding(cfg: WorkerConfig, plan, *, local_rank: int):
+def _binding(cfg: WorkerConfig, plan, *, local_rank: int) -> RankBinding:
     """This process's :class:`hpp.runtime.binding.RankBinding` (torchrun's ``GROUP_RANK`` = the node rank)."""
-    from hpp.runtime.binding import worker_binding
     return worker_binding(plan, nnodes=cfg.nnodes, node_rank=int(os.environ.get("GROUP_RANK", 0)),
                           local_rank=local_rank, node_map=cfg.node_map)
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this rank when its parent (torchrun's agent) dies, so a killed launcher leaves no orphan."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _main(argv: list[str]) -> int:
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)                   # torchrun's agent gone (killed launcher): no orphan rank
     if len(argv) != 2:
         sys.stderr.write("usage: python -m hpp.runtime.worker CONFIG.json OUT_DIR\n")
         return 2

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Callable
 
 from hpp.errors import HppInputError
+from hpp.runtime.hf_models import hf_model
 from hpp.runtime.model_api import RuntimeModel, check_protocol
+from hpp.runtime.models import MODEL_CONFIGS, LegacyGPT
 
 __all__ = ["HF_MODEL_NAMES", "LEGACY_MODEL_NAMES", "runtime_model_names", "load_runtime_model",
            "canonical_model_name", "check_layers_match"]
@@ -51,12 +53,10 @@ def canonical_model_name(name: str) -> str | None:
 
 
 def _load_legacy(name: str) -> RuntimeModel:
-    from hpp.runtime.models import MODEL_CONFIGS, LegacyGPT
     return LegacyGPT(MODEL_CONFIGS[name])
 
 
 def _load_hf(name: str) -> RuntimeModel:
-    from hpp.runtime.hf_models import hf_model
     return hf_model(name)
 
 

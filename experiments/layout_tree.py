@@ -1,0 +1,77 @@
+"""Print the package tree of ``hpp/`` with one line per module: its job (the first sentence of its docstring).
+
+The README's Layout section is this output (regenerate it after moving or adding a module)::
+
+    python experiments/layout_tree.py            # the tree, as Markdown (a fenced block)
+    python experiments/layout_tree.py --check    # exit 1 if a module has no docstring or is over 400 lines
+
+Lines of code per module are printed beside each name so that the ~400-line rule stays visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "hpp"
+MAX_LINES = 400
+
+
+def first_sentence(doc: str | None, width: int = 100) -> str:
+    """The docstring's first sentence on one line, cut at ``width`` characters."""
+    if not doc:
+        return ""
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    cut = text.find(". ")
+    text = text if cut < 0 else text[:cut + 1]
+    return text if len(text) <= width else text[:width - 3].rstrip() + "..."
+
+
+def tree(root: Path = ROOT) -> tuple[list[str], list[str]]:
+    """(lines of the tree, problems: modules without a docstring or over MAX_LINES lines)."""
+    lines, problems = [], []
+
+    def walk(folder: Path, depth: int) -> None:
+        pad = "    " * depth
+        init = folder / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) if init.exists() else None
+        head = f"{pad}{folder.name}/"
+        lines.append(f"{head:<36}{first_sentence(doc)}")
+        for p in sorted(folder.glob("*.py")):
+            if p.name == "__init__.py":
+                continue
+            src = p.read_text()
+            n = src.count("\n")
+            doc = ast.get_docstring(ast.parse(src))
+            if not doc:
+                problems.append(f"{p.relative_to(root.parent)}: no module docstring")
+            if n > MAX_LINES:
+                problems.append(f"{p.relative_to(root.parent)}: {n} lines > {MAX_LINES}")
+            name = f"{pad}    {p.name} ({n})"
+            lines.append(f"{name:<36}{first_sentence(doc)}")
+        for sub in sorted(d for d in folder.iterdir() if d.is_dir() and (d / "__init__.py").exists()):
+            walk(sub, depth + 1)
+
+    walk(root, 0)
+    return lines, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 on a module without docstring or too long")
+    args = parser.parse_args(argv)
+    lines, problems = tree()
+    if args.check:
+        for p in problems:
+            print(p)
+        return 1 if problems else 0
+    print("```text")
+    print("\n".join(lines))
+    print("```")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Paper-style evaluation on the bundled scenarios: HPP vs the uniform and single-shape baselines.
+
+:func:`scenario_rows` plans every scenario with HPP (unseeded: the search's own plan),
+runs both baselines on the same input and records predicted iteration times, speedups,
+search seconds, the solver gap and which stages recompute; it also plans each scenario
+with recomputation forbidden (issue: recomputation per stage). :func:`plot_speedups`
+draws the bar chart; :func:`results_markdown` renders the README's results section
+from the CSV files that the experiment scripts write (numbers never typed in).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.bench.search_report import OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, target_lines
+from hpp.errors import InfeasibleError
+from hpp.fileio import write_dataclass_csv
+from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.composition import SolverSettings
+from hpp.planner import plan_hpp
+from hpp.profiles.bundled import load_bundled_profile
+from hpp.scenarios import get_scenario
+
+__all__ = ["ScenarioRow", "scenario_rows", "write_rows", "read_rows", "plot_speedups", "results_markdown"]
+
+
+@dataclass(frozen=True)
+class ScenarioRow:
+    """One scenario: predicted iteration times [s], speedups, search seconds, gap, recomputation."""
+
+    scenario: str
+    model: str
+    gpus: int
+    hpp_s: float
+    hpp_plan_s: float
+    uniform_s: float
+    single_shape_s: float
+    speedup_vs_uniform: float
+    speedup_vs_single_shape: float
+    hpp_search_s: float
+    single_shape_search_s: float
+    gap: float
+    status: str
+    pipelines: int
+    recompute_stages: int
+    no_recompute_s: float
+    no_recompute_note: str
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+def scenario_rows(names: Iterable[str], *, time_limit_s: float = 5.0, single_shape_budget_s: float = 60.0
+                  ) -> list[ScenarioRow]:
+    """Plan each scenario with HPP and both baselines (same cost model, same input)."""
+    rows = []
+    settings = SolverSettings(max_time_in_seconds=time_limit_s)
+    for name in names:
+        sc = get_scenario(name)
+        cl, prof, gbs = sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size
+        res = plan_hpp(cl, prof, gbs, settings=settings)
+        uni = uniform_baseline(cl, prof, gbs)
+        single = single_shape_baseline(cl, prof, gbs, time_budget_s=single_shape_budget_s)
+        try:
+            nr = plan_hpp(cl, prof, gbs, space=SearchSpace(allow_recompute=False), settings=settings)
+            no_rec, note = nr.estimate.iteration_time_s, ""
+        except InfeasibleError as exc:
+            no_rec, note = math.nan, str(exc).split(";")[0]
+        t = res.estimate.iteration_time_s
+        # what `hpp plan` returns: the search's plan, or a baseline's plan where the cost model prices it lower
+        # (the baselines' spaces lie inside HPP's, except shapes beyond --max-stages / --max-types-per-pipeline)
+        t_cli = min(t, uni.iteration_time_s, single.iteration_time_s)
+        rows.append(ScenarioRow(
+            name, sc.model, cl.num_devices, t, t_cli, uni.iteration_time_s, single.iteration_time_s,
+            _ratio(uni.iteration_time_s, t), _ratio(single.iteration_time_s, t), res.wall_s, single.wall_s,
+            res.composition.gap, res.composition.status, res.plan.num_pipelines,
+            sum(s.recompute != "none" for p in res.plan.pipelines for s in p.stages), no_rec, note))
+    return rows
+
+
+def write_rows(rows: list, path: Path) -> None:
+    """Write dataclass rows as CSV (temporary file, then rename)."""
+    write_dataclass_csv(rows, path)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of a CSV file as dicts ([] when the file does not exist)."""
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def plot_speedups(rows: list[ScenarioRow], path: Path) -> None:
+    """Bar chart: HPP's predicted speedup over uniform and single-shape per scenario."""
+    # local: matplotlib.pyplot adds ~2 s to start-up; only the plot needs it
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r.speedup_vs_uniform for r in rows], 0.4, label="vs uniform (Megatron)")
+    ax.bar([x + 0.2 for x in xs], [r.speedup_vs_single_shape for r in rows], 0.4, label="vs single-shape (Metis)")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r.scenario for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("predicted speedup of HPP")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _f(x: str, fmt: str = ".2f") -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return x or "-"
+    if math.isinf(v):
+        return "none found"
+    if math.isnan(v):
+        return "-"
+    return format(v, fmt)
+
+
+def results_markdown(results: Path) -> str:
+    """The README results section, rendered from the CSV/JSON files under ``results``."""
+    out = ["Regenerate everything with `python experiments/run_all.py` (about 10-15 minutes on 2 cores; "
+           "`--quick` for a smaller run). Each table below is written by that script from these files.", ""]
+    sc = read_rows(results / "scenarios.csv")
+    if sc:
+        out += ["### Predicted speedup on the bundled scenarios (`experiments/scenarios.py`)", "",
+                "Predicted iteration time [s] of the plan HPP's search finds, of what `hpp plan` returns (the "
+                "search's plan or a baseline's plan where that is faster), and of the baselines; speedups of the "
+                "search's own plan. The single-shape search is capped at 60 s here: a single-shape search time of "
+                "60.00 means it stopped there with the best plan found so far (the search-overhead sweep below "
+                "gives it 120 s, and Metis's ported search 300 s).", "",
+                "| scenario | GPUs | HPP search s/iter | `hpp plan` s/iter | uniform | single-shape | HPP vs uniform "
+                "| HPP vs single-shape | HPP search s | single-shape search s | gap | recompute stages "
+                "| HPP without recompute |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sc:
+            out.append(f"| {r['scenario']} | {r['gpus']} | {_f(r['hpp_s'], '.3f')} | {_f(r['hpp_plan_s'], '.3f')} | "
+                       f"{_f(r['uniform_s'], '.3f')} | "
+                       f"{_f(r['single_shape_s'], '.3f')} | {_f(r['speedup_vs_uniform'])}x | "
+                       f"{_f(r['speedup_vs_single_shape']).replace('-', 'n/a')}{'' if _f(r['speedup_vs_single_shape']) == '-' else 'x'} | {_f(r['hpp_search_s'])} | "
+                       f"{_f(r['single_shape_search_s'])} | {_f(r['gap'], '.1%')} | {r['recompute_stages']} | "
+                       f"{_f(r['no_recompute_s'], '.3f') if r['no_recompute_s'] not in ('', 'nan') else 'does not fit'} |")
+        out += ["", "![speedups](experiments/results/scenarios.png)", ""]
+    so = read_csv(results / "search_overhead.csv")
+    if so:
+        runs = sorted({len(r.wall_s_all.split()) for r in so if r.method == "hpp"})
+        out += ["### Search overhead (`experiments/search_overhead.py`)", "",
+                f"Search wall time [s] on the same input, in one run: HPP (median of {'/'.join(map(str, runs))} "
+                "runs); `metis` = Metis's "
+                "own search (SamsungLabs/Metis: type orders, stage counts, power-of-two device groups with its "
+                "variance filter and permutations, micro-batch counts, per-stage DP x TP walk) ported onto "
+                "HPP's cost model (`hpp/baselines/metis.py`), the reference of the target; `single-shape` = one "
+                "pipeline shape replicated DP times (`hpp/baselines/single_shape.py`). ratio = reference s / HPP s (≥: the "
+                "reference stopped at its budget, so the ratio is a lower bound); s/iter = predicted iteration "
+                "time of each search's best configuration; gap = HPP's solver gap against its bound. The "
+                "target (issue 4 of this project): HPP at least 56x faster at 32 and 64 GPUs with a plan at "
+                "least as fast. The public Metis planner takes about 1-2 s (16 GPUs, 2 types), 10-20 s (32, 2) "
+                "and 35-40 s (32, 3) on such a machine (fidelity lines below); the port is faster at 64 GPUs than "
+                "at 32 because Metis's variance filter (an integer-division floor) keeps fewer device groups "
+                "there (the CSV's notes count its inter-stage plans). HPP uses both cores for its "
+                "candidates from 12 GPUs up, and for its LP bound from 10,000 LP columns (CP-SAT is skipped "
+                "above 200 candidates, i.e. on every input here "
+                "from 8 GPUs up); the references run in one process, as Metis does. The target lines use "
+                "`metis`; the last line counts the same 56x check against `single-shape`. The benchmark's "
+                "own summary also prints each ablation (HPP with one pruning rule or the memo off: search s / "
+                "predicted s/iter).", "",
+                "| input | GPUs | HPP s | metis s | ratio | single-shape s | ratio | HPP s/iter | metis s/iter "
+                "| single-shape s/iter | gap |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+        for point, m in rows_by_point(so).items():
+            h, r, s = m.get("hpp"), m.get(REFERENCE), m.get(OTHER_REFERENCE)
+            if not h:
+                continue
+            out.append(f"| {point} | {h.num_gpus} | {_f(str(h.wall_s))} | {_f(str(r.wall_s)) if r else '-'} | "
+                       f"{ratio_text(r, h, at_least='≥')} | {_f(str(s.wall_s)) if s else '-'} | "
+                       f"{ratio_text(s, h, at_least='≥')} | {_f(str(h.iteration_time_s), '.3f')} | "
+                       f"{_f(str(r.iteration_time_s), '.3f') if r else '-'} | "
+                       f"{_f(str(s.iteration_time_s), '.3f') if s else '-'} | {_f(str(h.gap), '.1%')} |")
+        checks = target_lines(so)
+        if checks:
+            out += ["", "Checks against issue 4's targets (printed by the benchmark too):", "", "```", *checks, "```"]
+        out += ["", "![search overhead](experiments/results/search_overhead.png)", ""]
+    cm = results / "cost_model_validation.json"
+    if cm.exists():
+        mape = json.loads(cm.read_text())["mape_pct"]
+        out += ["### Cost model vs 15 real GH200 runs (`experiments/cost_model_validation.py`)", "",
+                "| cost model | iteration time MAPE | peak memory MAPE |", "|---|---|---|"]
+        out += [f"| {k} | {v['time']:.1f} % | {v['memory']:.1f} % |" for k, v in mape.items()]
+        out += ["", "(for reference, on the same runs: Sailor's simulator 8.9 % / 5.9 %, its ports of the Metis "
+                "and FlashFlex cost models 12.2 % / 50.6 % and 21.8 % / 73.0 %)", "",
+                "![cost model](experiments/results/cost_model_validation.png)", ""]
+    out += _memory_markdown(results) + _network_markdown(results)
+    rv = read_rows(results / "runtime_validation.csv")
+    if rv:
+        cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error",
+                            "measured_throughput", "measured_speedup_of_hpp", "predicted_speedup_of_hpp")
+                if c in rv[0]]
+        out += ["### Runtime validation on emulated CPU clusters (`experiments/runtime_validation.py`)", "",
+                "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in rv:
+            out.append("| " + " | ".join(_f(r[c], ".0f" if c == "devices_used" else ".3f") for c in cols) + " |")
+        out += ["", "![runtime](experiments/results/runtime_validation.png)", ""]
+    return "\n".join(out)
+
+
+def _memory_markdown(results: Path) -> list[str]:
+    """Memory truth: predicted vs MemTracker peak per (model, TP, dtype), from ``memory_validation*.csv``."""
+    rows = read_rows(results / "memory_validation.csv") + read_rows(results / "memory_validation_bf16.csv")
+    if not rows:
+        return []
+    out = ["### Memory truth: predicted vs measured peak per stage (`experiments/memory_validation.py`)", "",
+           "Predicted peak of each stage (profile of `hpp profile` + cost model) against MemTracker's peak of the "
+           "runtime's real stage step (PipelineStage + 1F1B + loss + AdamW), real architectures under FakeTensor "
+           "(no memory used); 1-, 2- and 4-stage pipelines. `--dtype bfloat16` writes the bf16 file.", "",
+           "| model | dtype | TP | stages measured | largest predicted peak (GiB) | max abs error |",
+           "|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["dtype"], r["tp_degree"]), []).append(r)
+    for (model, dtype, tp), g in groups.items():
+        err = max(abs(float(r["error_pct"])) for r in g)
+        peak = max(float(r["predicted_bytes"]) for r in g) / 2 ** 30
+        out.append(f"| {model} | {dtype} | {tp} | {len(g)} | {peak:.2f} | {err:.2f} % |")
+    worst = max(abs(float(r["error_pct"])) for r in rows)
+    out += ["", f"memory: max |error| {worst:.2f} % over {len(rows)} stages (target 5 %)", ""]
+    return out
+
+
+def _network_markdown(results: Path) -> list[str]:
+    """Per-pair links vs one link on the bundled scenarios, from ``network_scenarios.csv``."""
+    rows = read_rows(results / "network_scenarios.csv")
+    if not rows:
+        return []
+    by: dict[str, dict[str, dict[str, str]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["model"]] = r
+    out = ["### Heterogeneous network: one link vs per-pair links (`experiments/network_scenarios.py`)", "",
+           "Each bundled scenario planned with one inter-node link for the whole cluster (before, cluster format "
+           "v1) and with links per pair of GPU types (after, v2 defaults from Sailor's measured fits), each plan "
+           "priced by its own cluster's cost model; `before on per-pair` = the before plan priced on the "
+           "per-pair links; search CPU seconds (least of the repeats).", "",
+           "| scenario | before s/iter | after s/iter | before on per-pair | device types before | device types "
+           "after | GPUs used before / after | search CPU s before / after |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in by.items():
+        b, a = m.get("before"), m.get("after")
+        if not (a and b):
+            continue
+        out.append(f"| {name} | {_f(b['iteration_time_s'], '.3f')} | {_f(a['iteration_time_s'], '.3f')} | "
+                   f"{_f(b['per_pair_estimate_s'], '.3f')} | {b['device_types']} | {a['device_types']} | "
+                   f"{b['gpus_used']} / {a['gpus_used']} | {_f(b['search_cpu_s'])} / {_f(a['search_cpu_s'])} |")
+    return out + [""]

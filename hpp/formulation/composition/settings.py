@@ -1,0 +1,125 @@
+"""The one settings record of the solve path (:func:`hpp.formulation.composition.solve.solve`, :func:`hpp.planner.plan_hpp`).
+
+No solver import here: the record is plain data, checked at the boundary. CP-SAT parameters can
+also be given as text, as the OR-Tools examples do (``"num_workers:1,random_seed:1"``), parsed
+with ``google.protobuf.text_format`` into ``sat_parameters_pb2.SatParameters``; they are applied
+last, over the explicit fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from google.protobuf import text_format
+from ortools.sat import sat_parameters_pb2
+
+from hpp.errors import HppInputError
+
+__all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "parse_cpsat_params"]
+
+#: The solvers of the one interface (``"greedy"`` is read as ``"heuristic"``, its old name).
+SOLVER_NAMES: tuple[str, ...] = ("cp-sat", "milp", "heuristic")
+DEFAULT_SOLVER = "cp-sat"
+#: CP-SAT's deterministic time limit (its own work units, about seconds on one quiet core) when no wall limit is
+#: set: the search stops at the same point on every run, so the answer does not depend on the machine's load.
+#: Small by default (it replaces the old 0.05 s wall-clock "patience", which kept the search fast): on the
+#: bundled scenarios that run CP-SAT (<= 200 candidates) it found nothing better than the incumbent even at
+#: 0.25 units (llama8-3types-40: 0.25 units took 4.4 s wall under load 8, status UNKNOWN; measured Dec 1).
+#: Raise it (``deterministic_time``, or ``--cpsat-params "max_deterministic_time:5"``) to let CP-SAT work.
+DEFAULT_DETERMINISTIC_TIME = 0.05
+
+
+def parse_cpsat_params(text: str):
+    """``text`` (protobuf text format, fields comma- or space-separated) as ``SatParameters``.
+
+    >>> parse_cpsat_params("num_workers:1,random_seed:7").random_seed
+    7
+
+    Raises
+    ------
+    HppInputError
+        Not valid text format of ``SatParameters`` (names the parser's complaint).
+    """
+    params = sat_parameters_pb2.SatParameters()
+    try:
+        text_format.Parse(text.replace(",", " "), params)
+    except text_format.ParseError as exc:
+        raise HppInputError(f"CP-SAT parameters {text!r}: {exc}", field="--cpsat-params",
+                            fix="give SatParameters in text format, e.g. \"num_workers:1,random_seed:1\"") from None
+    return params
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """How the composition is solved (all parameters explicit; STYLE.md rule 5).
+
+    Attributes
+    ----------
+    solver : str
+        ``"cp-sat"`` (default), ``"milp"`` (HiGHS) or ``"heuristic"`` (incumbent and LP bound only).
+        ``"greedy"`` is accepted as the old name of ``"heuristic"``.
+    max_time_in_seconds : float or None
+        A wall-clock limit on the exact solver [s]. None (default): none; CP-SAT then stops at
+        ``deterministic_time`` only, so the same input, seed and worker count give the same answer.
+        With a limit the answer may depend on the machine's speed; the result says when it was hit
+        (``SolveResult.hit_time_limit``, ``status`` stays what the bound proves).
+    deterministic_time : float
+        CP-SAT's ``max_deterministic_time`` (always set).
+    num_workers : int
+        CP-SAT workers, and processes for the stage balance and the LP bound; 0 = one per usable core.
+        CP-SAT with several workers runs interleaved (``interleave_search``), which is deterministic.
+    random_seed : int
+    warm_start : bool
+        The heuristic incumbent goes to the exact solvers as hint and cutoff (and prunes candidates
+        by the ``incumbent_bound`` rule).
+    max_candidates : int
+        The exact solver runs when at most this many candidates are left after the presolve (it then
+        sees all of them and its bound counts); with more, the incumbent and the LP bound decide,
+        unless ``cpsat_on_subset``.
+    cpsat_on_subset : bool
+        Above ``max_candidates``, run the exact solver on the best ``max_candidates`` candidates (per
+        device-type set by solo objective); it may improve the plan, its bound is not used.
+    max_table_entries : int
+        Also restrict (as above) when candidates x most pipelines exceeds this (the sync tables' size).
+    cpsat_params : str
+        Extra CP-SAT parameters in text format (applied last; see :func:`parse_cpsat_params`).
+    log_search_progress : bool
+        CP-SAT's own log on stderr.
+    formulation : str
+        CP-SAT model: ``"per-copy"`` (linear), ``"product"`` (x_c * k_c), ``"auto"`` (per-copy when small).
+    """
+
+    solver: str = DEFAULT_SOLVER
+    max_time_in_seconds: float | None = None
+    deterministic_time: float = DEFAULT_DETERMINISTIC_TIME
+    num_workers: int = 0
+    random_seed: int = 0
+    warm_start: bool = True
+    max_candidates: int = 200
+    cpsat_on_subset: bool = False
+    max_table_entries: int = 1_000_000
+    cpsat_params: str = ""
+    log_search_progress: bool = False
+    formulation: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.solver == "greedy":
+            object.__setattr__(self, "solver", "heuristic")
+        if self.solver not in SOLVER_NAMES:
+            raise HppInputError(f"unknown solver {self.solver!r}", field="--solver", fix=f"use one of {list(SOLVER_NAMES)}")
+        t = self.max_time_in_seconds
+        if t is not None and not (t > 0 and math.isfinite(t)):
+            raise HppInputError(f"time limit {t!r} s", field="--time-limit", fix="give a positive number of seconds")
+        if not (self.deterministic_time > 0 and math.isfinite(self.deterministic_time)):
+            raise HppInputError(f"deterministic_time={self.deterministic_time!r}", field="deterministic_time",
+                                fix="give a positive number")
+        if self.num_workers < 0:
+            raise HppInputError(f"num_workers={self.num_workers}", field="--workers", fix="give 0 (all cores) or more")
+        if self.max_candidates < 1:
+            raise HppInputError(f"max_candidates={self.max_candidates}", field="max_candidates", fix="give 1 or more")
+        if self.formulation not in ("auto", "per-copy", "product"):
+            raise HppInputError(f"formulation={self.formulation!r}", field="formulation",
+                                fix="use auto, per-copy or product")
+        if self.cpsat_params:
+            parse_cpsat_params(self.cpsat_params)

@@ -1,0 +1,294 @@
+"""Sync floors: the least time any gradient sync of h pipelines can take, for the all-reduce forms the cost
+model prices (:mod:`hpp.formulation.collectives`: flat ring, hierarchical) and ANY bandwidth fit.
+
+A device's blocks of one stage (bytes beta_j, summing to at least its own W) cost sum_j beta_j r_h(beta_j)
+with r_h the ring's seconds per byte, so at least W times the least r over the block sizes possible (the
+cheapest way W could be split: the case a per-stage bucket got wrong for fits that fall at large messages,
+issue 21). :func:`stage_sync_rate` tabulates that least rate per block-size cap for a range of pipeline
+counts; :mod:`hpp.formulation.composition.copy_bound` uses it as the penalty of each candidate.
+:class:`SyncFloor` is the coarser per-stage floor of the bound problem's sync tables (one peak per cluster).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hpp.errors import HppInputError
+from hpp.formulation.collectives import fit_gb_per_s, fit_x
+from hpp.profiles.cluster import Cluster, Link
+
+__all__ = ["SyncFloor", "sync_rate_table", "stage_sync_rate", "stage_sync_rates", "ring_cost_increasing_from",
+           "cluster_links", "has_hierarchical"]
+
+_GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
+_GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
+
+
+@dataclass(frozen=True)
+class SyncFloor:
+    """A lower bound of any gradient sync of h pipelines, valid for every link model [s].
+
+    Whatever the binding, the block split and the all-reduce algorithm (ring over the slowest
+    link, hierarchical, any bandwidth fit, monotone or not), each holder of a stage of W bytes per
+    device sends at least 2 (h-1)/h W bytes over links whose bandwidth never exceeds their peak
+    (Patarasuk and Yuan 2009, the all-reduce bandwidth floor; ``Link.bandwidth_bytes_per_s`` is
+    at most ``max_bytes_per_s`` at every message size). So
+
+        floor(W, h) = max(2 (h-1)/h * W / peak_any,
+                          [h > g] 2 (h-g)/h * W / (g * peak_inter))
+
+    with ``peak_any`` the largest peak of any link among the cluster's devices, and, when the h
+    ranks cannot share one node (h > g = most devices of a node, several nodes), the inter-node
+    part of a hierarchical all-reduce with at most g ranks per node at the largest inter-node peak
+    ``peak_inter`` (a flat ring over an inter-node link costs more). Latency is left out (0 is a
+    valid floor). The floor is linear in W and nondecreasing in h.
+
+    Attributes
+    ----------
+    peak_any_bytes_per_s, peak_inter_bytes_per_s : float
+    node_devices : int
+        g, most devices of one node.
+    multi_node : bool
+    """
+
+    peak_any_bytes_per_s: float
+    peak_inter_bytes_per_s: float
+    node_devices: int
+    multi_node: bool
+
+    @staticmethod
+    def of(cluster: Cluster) -> "SyncFloor":
+        """The floor of ``cluster``'s links (N1's ``link_bound`` / ``inter_link_bound`` where the cluster has them)."""
+        types = sorted(cluster.count_by_type())
+        if hasattr(cluster, "link_bound"):
+            peak_any = cluster.link_bound(types).max_bytes_per_s
+        else:
+            peak_any = max([n.intra_node.max_bytes_per_s for n in cluster.nodes] + [cluster.inter_node.max_bytes_per_s])
+        if hasattr(cluster, "inter_link_bound"):
+            peak_inter = cluster.inter_link_bound(types).max_bytes_per_s
+        else:
+            peaks = [cluster.inter_node.max_bytes_per_s]
+            net = getattr(cluster, "network", None)
+            for links in (getattr(net, "inter", None), getattr(net, "zone_links", None)):
+                peaks.extend(link.max_bytes_per_s for link in (links or {}).values())
+            peak_inter = max(peaks)
+        return SyncFloor(float(peak_any), float(max(peak_inter, 0.0) or peak_any),
+                         max(n.num_devices for n in cluster.nodes), len(cluster.nodes) > 1)
+
+    def seconds(self, num_bytes: float, h: int) -> float:
+        """floor(W, h) [s] of the class docstring."""
+        if h <= 1 or num_bytes <= 0:
+            return 0.0
+        t = 2.0 * (h - 1) / h * num_bytes / self.peak_any_bytes_per_s
+        g = self.node_devices
+        if self.multi_node and h > g:
+            t = max(t, 2.0 * (h - g) / h * num_bytes / (g * self.peak_inter_bytes_per_s))
+        return t
+
+
+def _max_bw(link: Link, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
+    """Most bandwidth [bytes/s] ``link`` gives to any message in [c0, c1] bytes (elementwise), as
+    :meth:`Link.bandwidth_bytes_per_s` prices it (peak where the fit is not positive, capped at peak;
+    the fit of :func:`~hpp.formulation.collectives.fit_gb_per_s`, at both ends and its vertex)."""
+    peak = link.max_bytes_per_s
+    if link.fit_gb_per_s is None:
+        return np.full(c0.shape, peak)
+    a, b, _ = link.fit_gb_per_s
+    x0, x1 = fit_x(c0), fit_x(c1)
+    q0, q1 = fit_gb_per_s(link, x0), fit_gb_per_s(link, x1)
+    qmax, qmin = np.maximum(q0, q1), np.minimum(q0, q1)
+    if a != 0.0:
+        xv = -b / (2.0 * a)
+        inside = (x0 <= xv) & (xv <= x1)
+        qv = fit_gb_per_s(link, xv)
+        qmax = np.where(inside, np.maximum(qmax, qv), qmax)
+        qmin = np.where(inside, np.minimum(qmin, qv), qmin)
+    bw = np.minimum(qmax * 1e9, peak)
+    return np.where(qmin <= 0.0, peak, bw)
+
+
+def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, factor: float | None = None,
+                    latency_steps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Least sync seconds per byte of a gradient split into blocks of at most ``beta`` bytes [s/byte].
+
+    A device's blocks of one stage (bytes beta_j, summing to at least its W) cost, on a flat ring
+    of h ranks, sum_j ring(beta_j, h) = sum_j beta_j r_h(beta_j) with
+    r_h(beta) = 2 (h-1)/h / bw(beta/h) + 2 (h-1) lat / beta
+    (:func:`~hpp.formulation.cost_model.ring_allreduce_s`), so at least W * min r over the block
+    sizes possible, for ANY bandwidth fit (non-monotone ones included): the cheapest way W could
+    be split. The sizes are cut into a geometric grid; each cell [beta_i, beta_i+1] gets r's least
+    over the cell and over h in [a, b], term by term: ``factor`` (default 2 (a-1)/a) over the
+    most bandwidth of any chunk in [beta_i / b, beta_i+1 / a] on any of ``links``, plus
+    ``latency_steps`` (default 2 (a-1)) latencies over beta_i+1. Returns (grid tops (M,), running
+    least rate (M,)): the rate for blocks of at most beta bytes is the running least at the first
+    grid top >= beta.
+    """
+    factor = 2.0 * (a - 1) / a if factor is None else factor
+    steps = 2.0 * (a - 1) if latency_steps is None else latency_steps
+    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
+    tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
+    bots = np.r_[0.0, tops[:-1]]
+    if a < 2 or factor <= 0 or not links:
+        return tops, np.zeros(n)
+    rate = np.full(n, math.inf)
+    for link in links:
+        bw = _max_bw(link, bots / b, tops / a)
+        rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
+    return tops, np.minimum.accumulate(rate)
+
+
+def _roots(a: float, b: float, c: float) -> list[float]:
+    """Real roots of a x^2 + b x + c (a or b may be 0)."""
+    if a == 0.0:
+        return [] if b == 0.0 else [-c / b]
+    d = b * b - 4.0 * a * c
+    if d < 0:
+        return []
+    r = math.sqrt(d)
+    return sorted(((-b - r) / (2.0 * a), (-b + r) / (2.0 * a)))
+
+
+def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
+    """The least chunk [bytes] from which a ring's cost 2 (h-1)/h * B / bw(B/h) + latency grows with B, for
+    chunks up to ``max_chunk_bytes``, as :meth:`Link.bandwidth_bytes_per_s` prices it (exact, from the fit).
+
+    The cost grows where B / bw(B/h) never falls: in x = log2(chunk / 1 MB) the bandwidth's log-slope
+    is at most 1 where the fit prices it (ln 2 fit(x) - fit'(x) >= 0, a quadratic), and the fit does not
+    drop from positive to non-positive (below 0 the peak applies, a fall in price). Returns 0 when it
+    grows everywhere, ``max_chunk_bytes`` when it still falls at the top.
+    """
+    if link.fit_gb_per_s is None:
+        return 0.0
+    a, b, c = link.fit_gb_per_s
+    lo, hi = math.log2(1.0 / 1e6), math.log2(max(max_chunk_bytes, 1.0) / 1e6)
+    if hi <= lo:
+        return 0.0
+    bad = -math.inf                      # the largest x where the cost can fall
+    for r in _roots(a, b, c):
+        if lo < r <= hi and 2.0 * a * r + b < 0:
+            bad = max(bad, r)            # the fit falls through 0: the price drops to the peak's
+    peak = link.max_bytes_per_s / 1e9
+    ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
+    cuts = sorted({lo, hi, *[r for r in _roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc) if lo < r < hi]})
+    for x0, x1 in zip(cuts, cuts[1:]):
+        xm = 0.5 * (x0 + x1)
+        fm = a * xm * xm + b * xm + c
+        if 0.0 < fm < peak and ga * xm * xm + gb * xm + gc < 0:
+            bad = max(bad, x1)           # g keeps its sign between consecutive cuts (its roots are cuts)
+    if bad == -math.inf:
+        return 0.0
+    return min(max_chunk_bytes, 2.0 ** bad * 1e6)
+
+
+def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
+    """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
+
+    A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
+    that touches a node of that type: v2 clusters' type-pair links with that type, and every zone link.
+    """
+    net = getattr(cluster, "network", None)
+    if net is None:
+        return [cluster.inter_node]
+    links = []
+    types = sorted(cluster.count_by_type())
+    if device_type is not None and hasattr(cluster, "type_link"):
+        for u in types:
+            try:
+                links.append(cluster.type_link(device_type, u))
+            except HppInputError:          # no such pair: no ring uses it
+                pass
+        if not links:
+            links.append(cluster.inter_node)
+    else:
+        links.append(cluster.inter_node)
+        links.extend((getattr(net, "inter", None) or {}).values())
+    links.extend((getattr(net, "zone_links", None) or {}).values())
+    return list(dict.fromkeys(links))
+
+
+def has_hierarchical() -> bool:
+    """Whether the cost model may price a gradient sync hierarchically (:mod:`hpp.formulation.collectives`)."""
+    return importlib.util.find_spec("hpp.formulation.collectives") is not None
+
+
+def cluster_links(cluster, device_type: str | None = None) -> tuple[int, list[Link], list[Link]]:
+    """(most devices of a node, its distinct intra-node links, the distinct inter-node links ([] on one node)),
+    over the nodes of ``device_type`` (None: all nodes)."""
+    nodes = [nd for nd in cluster.nodes if device_type is None or nd.device_type == device_type] or cluster.nodes
+    node_max = max(nd.num_devices for nd in nodes)
+    intra = list(dict.fromkeys(nd.intra_node for nd in nodes))
+    inter = _inter_links(cluster, device_type) if len(cluster.nodes) > 1 else []
+    return node_max, intra, inter
+
+
+def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierarchical: bool = True,
+                    links: tuple[int, list[Link], list[Link]] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, float]:
+    """:func:`sync_rate_table` of a stage with TP degree ``tp`` synced among h in [a, b] holders, over
+    the all-reduce forms the cost model prices (:mod:`hpp.formulation.collectives`).
+
+    Ring j of a block has one rank per holder stage; a node of n devices holding this stage's TP
+    group (tp devices) holds at most g_max = n - tp + 1 ranks of it (``links``: the nodes of the
+    stage's device type, :func:`cluster_links`). So: a flat ring on one node
+    (h <= g_max: any link), a flat ring across nodes (no faster than the fastest inter-node link at
+    the chunk size), or hierarchical with g <= min(g_max, h / 2) ranks per node, whose inter-node
+    ring moves 2 (h-g)/h * W/g bytes per rank at chunk W/h with 2 (h/g - 1) latencies (its
+    in-node parts are left out). The least of the forms possible is taken; each is at its least
+    over h in [a, b] (2/g - 2/h >= 2/g' - 2/a). ``hierarchical=False``: flat rings only (a cost model
+    without the hierarchical form). The third value, beta_0 [bytes]: from it up the cost of a block
+    grows with its bytes on every link used (:func:`ring_cost_increasing_from`), so a block of own
+    bytes w >= beta_0 costs at least a block of exactly w: a stage of W own bytes then costs at least
+    W times the least rate up to max(W, beta_0) (the blocks below beta_0 at the least rate up to
+    beta_0), not up to the most bytes any candidate holds there.
+    """
+    return stage_sync_rates(cluster, a, b, [(tp, links or cluster_links(cluster))], beta_max,
+                            hierarchical=hierarchical)[0]
+
+
+def stage_sync_rates(cluster, a: int, b: int, kinds: Sequence[tuple[int, tuple[int, list[Link], list[Link]]]],
+                     beta_max: float, *, hierarchical: bool = True) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """:func:`stage_sync_rate` of several stage kinds ``(tp, links)`` at once, same values: the kinds share
+    the grid and the range [a, b], so each distinct link's bandwidth over the grid (and its
+    :func:`ring_cost_increasing_from`) is computed once rather than once per kind and form."""
+    n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
+    tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
+    bots = np.r_[0.0, tops[:-1]]
+    bws: dict[Link, np.ndarray] = {}
+    rises: dict[Link, float] = {}
+
+    def table(used: list[Link], factor: float, steps: float) -> np.ndarray:
+        """:func:`sync_rate_table`'s running least rate on the shared grid."""
+        if a < 2 or factor <= 0 or not used:
+            return np.zeros(n)
+        rate = np.full(n, math.inf)
+        for link in used:
+            bw = bws.get(link)
+            if bw is None:
+                bw = bws[link] = _max_bw(link, bots / b, tops / a)
+            rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
+        return np.minimum.accumulate(rate)
+
+    out = []
+    for tp, (node_max, intra, inter) in kinds:
+        g_max = max(1, node_max - tp + 1)
+        flat_links = intra + inter if a <= g_max else (inter or intra)
+        rate = table(flat_links, 2.0 * (a - 1) / a, 2.0 * (a - 1))
+        used = list(flat_links)
+        g = min(g_max, b // 2)
+        if hierarchical and inter and g >= 2:
+            hier = table(inter, max(0.0, 2.0 / g - 2.0 / a), max(0.0, 2.0 * (a / g - 1.0)))
+            rate = np.minimum(rate, hier)
+            used += inter
+        chunk0 = 0.0
+        for link in dict.fromkeys(used):
+            r = rises.get(link)
+            if r is None:
+                r = rises[link] = ring_cost_increasing_from(link, beta_max / max(a, 1))
+            chunk0 = max(chunk0, r)
+        out.append((tops, rate, min(beta_max, chunk0 * b)))
+    return out

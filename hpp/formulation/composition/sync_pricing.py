@@ -1,0 +1,189 @@
+"""The search model's gradient-sync price on a per-pair (version 2) cluster.
+
+On a version-1 cluster the composition model prices every ring on one link
+(:attr:`CompositionProblem.sync_link`); this module is used only when ``cluster.per_pair``.
+It prices a ring on the links its holders will use, assuming the binding packs holders of the
+same stage onto nodes (as :mod:`hpp.formulation.binding` places whole pipeline copies):
+
+* **One type** ``t`` (every copy of one candidate, or a block held only by stages of type ``t``):
+  a copy uses ``d`` devices of ``t``, so a node of ``n`` devices holds ``g = n // d`` copies' holders
+  (``g = 1`` when ``d > n``). With ``h`` holders: ``h <= g``: a ring inside one node (intra link);
+  otherwise the flat ring on ``cluster.type_link(t, t)``, or, when ``g >= 2`` divides ``h``, the
+  hierarchical form ``ring(W, g, intra) + ring(W / g, h / g, inter)`` where cheaper -- the two forms
+  :func:`hpp.formulation.collectives.allreduce_s` chooses between.
+* **Mixed types** (a block held by stages of several types): a flat ring whose slowest adjacent
+  pair is as fast as possible over the cyclic orders of the type classes (each class contiguous;
+  its own inter link counts when its holders span two or more nodes), as
+  :func:`hpp.formulation.collectives._best_node_order` orders nodes.
+
+``ring(W, h, link)`` is :func:`hpp.formulation.collectives.ring_allreduce_s`. These are estimates
+(the search's approximation); the reported time is the cost model's, and bounds use
+:class:`hpp.formulation.composition.sync_floor.SyncFloor`, not this module.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import permutations
+from typing import Sequence
+
+import numpy as np
+
+from hpp.errors import HppInputError
+from hpp.formulation.collectives import hierarchical_allreduce_s, ring_allreduce_np, ring_allreduce_s
+from hpp.profiles.cluster import Cluster, Link
+
+__all__ = ["TypeLinks", "type_links", "holders_per_node", "type_ring_s", "mixed_ring_s", "ring_table_s", "block_rings_s"]
+
+_EXACT_ORDERS_UP_TO = 6
+
+
+@dataclass(frozen=True)
+class TypeLinks:
+    """Per device type: its inter-node link to itself, its slowest intra-node link, least node size, node count."""
+
+    inter: Link
+    intra: Link
+    node_size: int
+    num_nodes: int
+
+
+def type_links(cluster: Cluster, fallback: Link) -> dict[str, TypeLinks]:
+    """:class:`TypeLinks` of every device type the cluster's nodes hold (``fallback`` when a type has no
+    own inter link, e.g. a single node of it)."""
+    out = {}
+    for t in sorted({n.device_type for n in cluster.nodes}):
+        nodes = [n for n in cluster.nodes if n.device_type == t]
+        try:
+            inter = cluster.type_link(t, t)
+        except HppInputError:
+            inter = fallback
+        intra = min((n.intra_node for n in nodes), key=lambda l: (l.max_bytes_per_s, -l.latency_s))
+        out[t] = TypeLinks(inter, intra, min(n.num_devices for n in nodes), len(nodes))
+    return out
+
+
+def holders_per_node(links: TypeLinks, devices_per_copy: int) -> int:
+    """``g``: holders of one stage that a node of the type holds when copies pack (>= 1)."""
+    if devices_per_copy <= 0 or devices_per_copy > links.node_size:
+        return 1
+    return max(1, links.node_size // devices_per_copy)
+
+
+def type_ring_s(num_bytes: float, h: int, links: TypeLinks, g: int) -> float:
+    """All-reduce of ``num_bytes`` among ``h`` holders of one type, ``g`` per node (module docstring) [s].
+
+    Examples
+    --------
+    >>> tl = TypeLinks(Link(1e9, 0.0), Link(1e11, 0.0), 8, 4)
+    >>> type_ring_s(1e9, 4, tl, 1)                    # flat inter ring: 1.5 * 1e9 / 1e9
+    1.5
+    >>> round(type_ring_s(1e9, 4, tl, 2), 4)          # hierarchical: 1e9 / 1e11 + 1 * 5e8 / 1e9
+    0.51
+    >>> round(type_ring_s(1e9, 2, tl, 2), 4)          # one node: 1e9 / 1e11
+    0.01
+    """
+    if h <= 1 or num_bytes <= 0:
+        return 0.0
+    if h <= g:
+        return ring_allreduce_s(num_bytes, h, links.intra)
+    flat = ring_allreduce_s(num_bytes, h, links.inter)
+    if g >= 2 and h % g == 0:
+        hier = hierarchical_allreduce_s(num_bytes, g, h // g, links.intra, links.inter)
+        return min(flat, hier)
+    return flat
+
+
+def mixed_ring_s(num_bytes: float, holders: Sequence[tuple[str, int, int]], cluster: Cluster,
+                 links: dict[str, TypeLinks], cache: dict | None = None) -> float:
+    """All-reduce of ``num_bytes`` among holders ``(type, g, count)`` of several types: flat ring in the
+    best class order (module docstring) [s]; one type: :func:`type_ring_s` with the least ``g``.
+    ``cache``: optional memo (keyed by bytes, ranks, classes and which classes span nodes)."""
+    by_type: dict[str, list[int]] = {}
+    for t, g, n in holders:
+        if n > 0:
+            got = by_type.setdefault(t, [g, 0])
+            got[0], got[1] = min(got[0], g), got[1] + n
+    h = sum(n for _, n in by_type.values())
+    if h <= 1 or num_bytes <= 0:
+        return 0.0
+    if len(by_type) == 1:
+        (t, (g, n)), = by_type.items()
+        return type_ring_s(num_bytes, n, links[t], g)
+    classes = tuple(sorted(by_type))
+    spans = tuple(t for t in classes if math.ceil(by_type[t][1] / by_type[t][0]) >= 2)
+    key = ("mixed", num_bytes, h, classes, spans)
+    if cache is not None and key in cache:
+        return cache[key]
+    chunk = num_bytes / h
+    cross = {}
+    for i, a in enumerate(classes):
+        for b in classes[i + 1:]:
+            cross[a, b] = cross[b, a] = cluster.type_link(a, b)
+    cost = {k: l.transfer_s(chunk) for k, l in cross.items()}
+
+    def worst(order: Sequence[str]) -> float:
+        return max(cost[a, b] for a, b in zip(order, (*order[1:], order[0])))
+
+    if len(classes) <= _EXACT_ORDERS_UP_TO:
+        order = min(((classes[0], *rest) for rest in permutations(classes[1:])), key=worst)
+    else:
+        order = classes
+    edges = [cross[a, b] for a, b in zip(order, (*order[1:], order[0]))] + [links[t].inter for t in spans]
+    slowest = max(edges, key=lambda l: l.transfer_s(chunk))
+    got = ring_allreduce_s(num_bytes, h, slowest)
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def ring_table_s(w: np.ndarray, max_pipelines: int, links: TypeLinks, g: int) -> np.ndarray:
+    """:func:`type_ring_s` for stage bytes ``w`` (shape (k,)) and h = 1 .. max_pipelines: shape (k, H) [s]."""
+    w = np.asarray(w, dtype=np.float64)[:, None]
+    h = np.arange(1, max_pipelines + 1, dtype=np.float64)[None, :]
+    hh = np.maximum(h, 2.0)
+    out = ring_allreduce_np(w, hh, links.inter)
+    if g >= 2:
+        inside = ring_allreduce_np(w, np.minimum(hh, float(g)), links.intra)
+        k = np.maximum(h // g, 2.0)
+        hier = ring_allreduce_np(w, np.full_like(h, float(g)), links.intra) + ring_allreduce_np(w / g, k, links.inter)
+        out = np.where((h % g == 0) & (h > g), np.minimum(out, hier), out)
+        out = np.where(h <= g, inside, out)
+    return np.where((h > 1) & (w > 0), out, 0.0)
+
+
+def block_rings_s(problem, used: list[int], h: int, counts: dict[int, int] | None,
+                  blocks: list[tuple[int, int]]) -> list[float]:
+    """Per block ``(lo, hi)`` of ``blocks``: the all-reduce among its holders on their links [s].
+
+    ``problem``: a :class:`~hpp.formulation.composition.problem.CompositionProblem` with ``per_type_sync``;
+    holders of a block are the stages of the ``used`` candidates holding its first layer, each
+    ``counts[c]`` copies (see :func:`hpp.formulation.composition.objective.block_sync_s`); the bytes are the
+    largest holder's. One type: :func:`type_ring_s` (least ``g``), several: :func:`mixed_ring_s`.
+    """
+    specs = []
+    for c in used:
+        n = counts.get(c, 0) if counts is not None else (h if len(used) == 1 else max(1, h // len(used)))
+        cand = problem.candidates[c]
+        specs.append((cand.partition.boundaries, problem.stage_sync_specs(c), n, cand.partition.layer_param_bytes))
+    out = []
+    for lo, hi in blocks:
+        holders = []
+        for bnd, spec, n, _ in specs:
+            s = bisect_right(bnd, lo) - 1          # the stage holding layer lo (empty stages skipped)
+            if 0 <= s < len(spec):
+                holders.append((spec[s][0], spec[s][1], n))
+        w = max(sum(lb[lo:hi]) for *_, lb in specs)
+        key = ("block", w, *holders)
+        ring = problem.caches.ring.get(key)
+        if ring is None:
+            if len({t for t, _, _ in holders}) == 1:
+                ring = problem.type_ring_s(holders[0][0], min(g for _, g, _ in holders), w,
+                                           sum(n for *_, n in holders))
+            else:
+                ring = mixed_ring_s(w, holders, problem.cluster, problem.type_links, problem.caches.ring)
+            problem.caches.ring[key] = ring
+        out.append(ring)
+    return out

@@ -1,0 +1,166 @@
+"""What ``hpp run`` reports: the measured step (from the ranks' results) beside the cost model's prediction.
+
+:class:`RunReport` is ``hpp run --json``'s object; :func:`summarise_run` reduces the ranks'
+``rank<r>.json`` (:func:`hpp.runtime.worker.run_worker`) to the measured iteration time,
+throughput, loss, MFU, collectives and per-rank rows; :func:`predict_run` is the prediction of
+the same run (:func:`hpp.formulation.cost_model.estimate_plan`, and on CPU the host model
+:func:`hpp.runtime.host_model.simulate_host_run`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hpp.errors import HppInputError
+from hpp.formulation.cost_model import estimate_plan
+from hpp.plan import Plan
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.model_profile import ModelProfile
+from hpp.runtime.host_model import host_terms, simulate_host_run
+from hpp.runtime.launch import LaunchResult
+from hpp.runtime.layout import blocks
+from hpp.runtime.metrics import StepMetrics
+from hpp.runtime.profiler import dilate_profile
+
+__all__ = ["RunReport", "predict_run", "summarise_run"]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What ``hpp run --json`` prints (see :meth:`to_dict`).
+
+    Attributes
+    ----------
+    measured : dict
+        ``iteration_time_s`` (median after warm-up), ``throughput_samples_per_s``,
+        ``tokens_per_s`` (= ``throughput_tokens_per_s``: G x seq_len per iteration time),
+        ``loss`` (the last step's mean loss per target token; ``losses`` per step),
+        ``mfu`` (model FLOPs per step / iteration time / the devices' summed peak FLOP/s;
+        ``None`` when a device type's peak is unknown, e.g. CPUs), ``flops_per_step``,
+        ``step_times_s`` (all steps), ``pipelines`` (per pipeline: ``schedule_s`` of the
+        last step, from the stages' events).
+    predicted : dict
+        ``iteration_time_s`` and ``throughput_samples_per_s`` from
+        :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale``,
+        ``plan_iteration_time_s`` at time scale 1, ``pipelines`` (per stage forward/backward
+        seconds), or ``None`` with ``reason``.
+    collectives : dict
+        ``count`` and ``bytes`` of gradient all-reduces per step (each counted once), ``mode``.
+    ranks : list[dict]
+        Per rank: pipeline, stage, device type, layers, ``peak_memory_bytes``, compute and padding seconds
+        (last step) and ``phases_s`` (median over the kept steps of each step phase, see
+        :func:`hpp.runtime.worker.run_worker`).
+    dtype, training, data
+        The run's dtype, :class:`hpp.runtime.training.TrainingConfig` fields and ``--data`` file.
+    verify : dict or None
+        With ``--verify``: :meth:`hpp.runtime.reference.VerifyResult.to_dict`.
+    hosts : dict
+        ``nnodes``, ``node_rank``, ``ranks`` (the plan ranks this host ran) and ``nodes`` (plan nodes).
+    checkpoint : dict
+        ``resumed_from`` (path) and ``first_step``; ``latest`` (the latest complete checkpoint under ``--save``).
+    command : list[str] or None
+        ``dry_run`` only: this host's torchrun command (nothing was run; ``measured`` is empty).
+    """
+
+    plan: str
+    model: str
+    steps: int
+    warmup_steps: int
+    world_size: int
+    launcher: str
+    emulate_speed: bool
+    measured: dict[str, Any]
+    predicted: dict[str, Any]
+    collectives: dict[str, Any]
+    ranks: list[dict[str, Any]]
+    wall_s: float
+    timeline: str | None = None
+    notes: list[str] = field(default_factory=list)
+    dtype: str = "float32"
+    training: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] | None = None
+    verify: dict[str, Any] | None = None
+    hosts: dict[str, Any] = field(default_factory=dict)
+    command: list[str] | None = None
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0,
+                device: str = "cpu", emulate_speed: bool = False) -> dict[str, Any]:
+    """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host_model``).
+
+    A CPU run shares this host's cores among its ranks (and pads emulated devices): the host
+    model replays the step with processor sharing, and its iteration time is what the run should
+    measure (``cost_model_iteration_time_s`` keeps the closed form, ``plan_iteration_time_s`` the
+    plan's own estimate).
+    """
+    if profile is None:
+        return {"iteration_time_s": None, "throughput_samples_per_s": None,
+                "reason": "the plan names no profile"}
+    try:
+        est = estimate_plan(plan, cluster, dilate_profile(profile, time_scale))
+        plan_est = est if time_scale == 1.0 else estimate_plan(plan, cluster, profile)
+    except HppInputError as exc:
+        return {"iteration_time_s": None, "throughput_samples_per_s": None, "reason": str(exc)}
+    t_iter, extra = est.iteration_time_s, {}
+    if device == "cpu":
+        cores = os.cpu_count() or 1
+        host = simulate_host_run(plan, cluster, profile, cores=cores, emulate_speed=emulate_speed,
+                                 time_scale=time_scale)
+        t_iter = host.iteration_time_s
+        extra = {"cost_model_iteration_time_s": est.iteration_time_s,
+                 "host_model": {"cores": cores, "cpu_s": list(host.cpu_s),
+                                "contention": list(host_terms(profile, cores=cores).contention)}}
+    return {"iteration_time_s": t_iter, "throughput_samples_per_s": plan.global_batch_size / t_iter,
+            **extra, "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
+            "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,
+            "peak_memory_bytes": est.peak_memory_bytes,
+            "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
+                                                          "p2p_s": s.p2p_s}
+                                                         for s in p.stages]} for p in est.pipelines]}
+
+
+def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int, steps_seen: list[StepMetrics],
+                  peak_flops: float | None) -> tuple[dict, dict, list]:
+    """The report's ``measured``, ``collectives`` and ``ranks`` (see :class:`RunReport`) from the ranks'
+    results and the per-step metrics ``steps_seen`` (:class:`hpp.runtime.metrics.StepMonitor`)."""
+    results = [r for r in res.results if r is not None]
+    steps = len(results[0]["step_times_s"])
+    per_step = [max(r["step_times_s"][i] for r in results) for i in range(steps)]
+    kept = per_step[warmup_steps:] if steps > warmup_steps else per_step
+    median = statistics.median(kept)
+    pipes = []
+    for p in range(plan.num_pipelines):
+        ev = [e for r in results if r["pipeline"] == p for e in r["events"]]
+        span = (max(e["stop_s"] for e in ev) - min(e["start_s"] for e in ev)) if ev else 0.0
+        pipes.append({"pipeline": p, "num_samples": plan.pipelines[p].num_samples, "schedule_s": span})
+    flops = steps_seen[-1].flops if steps_seen else None
+    tokens_per_s = plan.global_batch_size * seq_len / median
+    measured = {"iteration_time_s": median, "throughput_samples_per_s": plan.global_batch_size / median,
+                "tokens_per_s": tokens_per_s, "throughput_tokens_per_s": tokens_per_s,
+                "loss": steps_seen[-1].loss if steps_seen else None,
+                "losses": [m.loss for m in steps_seen],
+                "flops_per_step": flops,
+                "mfu": flops / median / peak_flops if flops is not None and peak_flops else None,
+                "peak_flops_per_s": peak_flops,
+                "step_times_s": per_step, "pipelines": pipes}
+    last = [r["collectives"][-1] for r in results]
+    collectives = {"count": sum(c["count"] for c in last), "bytes": sum(c["bytes"] for c in last),
+                   "launched_in_backward_by_rank": [c.get("launched_in_backward", 0) for c in last],
+                   "per": "step", "num_blocks": len(blocks(plan))}
+    ranks = []
+    for r in results:
+        row = {k: r.get(k) for k in ("rank", "pipeline", "stage", "device_id", "device_type", "layers", "recompute",
+                                     "tp_degree", "tp_rank", "num_micro_batches", "peak_memory_bytes",
+                                     "peak_memory_reserved_bytes", "slowdown",
+                                     "time_scale", "compute_s", "cpu_s", "padding_s", "flops_per_step")}
+        kept_phases = r["phases"][warmup_steps:] if steps > warmup_steps else r["phases"]
+        row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0]}
+        ranks.append(row)
+    return measured, collectives, ranks
