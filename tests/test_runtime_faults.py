@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import launch_forked, launch_torchrun
+from hpp.runtime.launch import LaunchResult, launch_forked, launch_torchrun
 from hpp.runtime.processes import descendants, kill_tree
 from hpp.runtime.models import ModelConfig
 from hpp.runtime.worker import WorkerConfig
@@ -38,6 +38,22 @@ def test_dead_rank_makes_the_others_exit_and_is_named(tmp_path):
     assert res.failure_message().startswith("rank(s) [2] failed (rank 2: exit 17)")
     assert all("aborted" in res.errors[r] and "shares groups with ranks" in res.errors[r] for r in (0, 1, 3))
     assert not list(tmp_path.glob("rank*.json")) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_rank_the_agent_stopped_is_not_named_as_the_cause(tmp_path):
+    """Host 1 of a two-host run: plan rank 3 was SIGKILLed; torchrun's teardown SIGTERMed rank 1 before it
+    could write its error (under load), and listed it first. The message names rank 3; with only the
+    SIGTERMed rank, that one; with no torchrun word, the silent rank."""
+    def res(failures, errors=(None, None)):
+        return LaunchResult((-15, -9), (None, None), errors, 1.0, tmp_path, ranks=(1, 3), host="h",
+                            torchrun_failures=failures)
+
+    assert res(((1, -15), (3, -9))).failed_ranks() == [3]
+    msg = res(((1, -15), (3, -9))).failure_message()
+    assert msg.startswith("rank(s) [3] failed (rank 3: exit -9, killed by SIGKILL) on host h"), msg
+    assert res(((1, -15),)).failed_ranks() == [1]
+    assert res(((3, -9), (1, -15)), errors=("aborted", None)).failed_ranks() == [3]   # rank 1 reported
+    assert res(()).failed_ranks() == [1, 3]
 
 
 def test_hung_rank_makes_the_others_time_out(tmp_path):

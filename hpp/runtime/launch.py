@@ -111,8 +111,11 @@ class LaunchResult:
         reported errors."""
         if self.torchrun_failures:
             pr = self.plan_ranks
-            died = [r for r, _c in self.torchrun_failures if r in pr and self.errors[pr.index(r)] is None]
-            return died or [self.torchrun_failures[0][0]]
+            died = [(r, c) for r, c in self.torchrun_failures if r in pr and self.errors[pr.index(r)] is None]
+            # a rank the agent stopped with SIGTERM while tearing down (before it could write its error, which
+            # happens under load) is a casualty, not a cause: name the others when there are any
+            cause = [r for r, c in died if c != -signal.SIGTERM]
+            return cause or [r for r, _c in died] or [self.torchrun_failures[0][0]]
         pr = self.plan_ranks
         silent = [pr[i] for i, (c, e, res) in enumerate(zip(self.exit_codes, self.errors, self.results))
                   if c != 0 and e is None and res is None]
