@@ -164,7 +164,8 @@ def cmd_plan(args) -> int:
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {comp.status}, "
           f"objective {comp.objective_s:.4f} s "
           f"(the returned plan's predicted time), bound {comp.bound_s:.4f} s ({comp.bound_method}), gap {comp.gap:.2%}, "
-          f"{comp.num_candidates} candidates{how}{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
+          f"{comp.num_candidates} of {res.stats['num_candidates']} candidates left after the incumbent bound{how}"
+          f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
     if inp.excluded or inp.previous is not None:
         print(f"re-plan: {inp.full_cluster.num_devices} -> {cluster.num_devices} devices in {seed_s + res.wall_s:.2f} s"

@@ -2,7 +2,7 @@
 
 Every error a user can trigger with a file or a flag is an :class:`HppInputError`:
 it names the file (``source``), the field and what would fix it, and the CLI turns
-it into one line on stderr with exit code 2 (see ``../shared/design/CONTRACT.md``).
+it into one line on stderr with exit code 2 (see ``docs/CONTRACT.md``).
 """
 
 from __future__ import annotations

@@ -253,9 +253,8 @@ class Plan:
                                     fix="give hpp.plan.Pipeline objects")
             first, last = pipe.stages[0].layer_start, pipe.stages[-1].layer_stop
             if first != 0:
-                raise HppInputError(f"stage starts at layer {first} but the previous one stopped at 0: the pipeline "
-                                    f"skips layers", field=f"pipelines[{p}].stages[0].layers",
-                                    fix="start this stage at layer 0")
+                raise HppInputError(f"the first stage starts at layer {first}: the pipeline skips layers [0, {first})",
+                                    field=f"pipelines[{p}].stages[0].layers", fix="start the first stage at layer 0")
             if last != self.num_layers:
                 raise HppInputError(f"the pipeline stops at layer {last} but the model has {self.num_layers} layers",
                                     field=f"pipelines[{p}].stages", fix=f"cover layers [0, {self.num_layers}) "

@@ -339,7 +339,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     res = SolveResult(name, status_of(obj, bound), obj, bound, gap(obj, bound), time.perf_counter() - t0,
                       counts, len(keep), source, bound_method, hit, nodes, composition_objective_s(problem, counts)
                       if counts else math.inf, solver_status, solver_model, note)
-    say(f"{name} {res.status}: objective {obj:.4f} s ({source}), bound {bound:.4f} s ({bound_method}), "
+    who = name if name == "heuristic" or solver_status else f"search ({name} not run)"
+    say(f"{who} {res.status}: objective {obj:.4f} s ({source}), bound {bound:.4f} s ({bound_method}), "
         f"gap {res.gap:.2%}{'; ' + note if note else ''}")
     log.debug("%s: %s obj %.6g bound %.6g (%.2f s)", name, res.status, obj, bound, res.wall_s)
     return res
