@@ -16,7 +16,8 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from hpp.profiles.model_profile import ModelProfile, save_profile
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import save_profile
 from hpp.profiles.network import NETWORK_DATA_FILE, NETWORK_ZONE, network_table_from_sailor
 from hpp.profiles.public import (SAILOR_ARTIFACT, SAILOR_LICENCE, load_sailor_profiles, read_json,
                                  sequence_length_from_llm_info)

@@ -47,7 +47,8 @@ from hpp.formulation.cost_model import CostModelConfig, estimate_plan  # noqa: E
 from hpp.plan import Pipeline, Plan, Stage  # noqa: E402
 from hpp.profiles.cluster import Cluster, Link, Node  # noqa: E402
 from hpp.profiles.devices import DeviceType  # noqa: E402
-from hpp.profiles.model_profile import LayerProfile, ModelProfile, load_profile, save_profile  # noqa: E402
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+from hpp.profiles.profile_format import load_profile, save_profile
 
 logger = logging.getLogger("memory_validation")
 OUT = REPO / "experiments" / "results" / "memory_validation.csv"

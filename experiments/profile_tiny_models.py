@@ -59,7 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hpp.profiles.model_profile import ModelProfile, load_profile, save_profile  # noqa: E402
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import load_profile, save_profile
 from hpp.runtime.profiler import profile_model, scale_profile  # noqa: E402
 from hpp.runtime.time_profile import HostStepTerms, add_measured_time_terms, measure_host_step_terms  # noqa: E402
 from hpp.runtime.stage import build_stage  # noqa: E402

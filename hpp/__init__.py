@@ -44,8 +44,9 @@ from hpp import plan as _plan_module  # noqa: E402,F401
 from hpp.interop import load_any_plan
 from hpp.plan import Plan
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
-from hpp.profiles.cluster import Cluster, cluster_from_dict
-from hpp.profiles.cluster import load_cluster as _load_cluster_file
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_from_dict
+from hpp.profiles.cluster_format import load_cluster as _load_cluster_file
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile as _load_profile_file
 from hpp.resolve import load_plan, profile_ref_for, resolve_plan

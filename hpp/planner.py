@@ -28,7 +28,8 @@ from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_p
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
 from hpp.plan import Plan
-from hpp.profiles.cluster import Cluster, cluster_to_dict
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions

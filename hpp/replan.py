@@ -27,7 +27,8 @@ from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.formulation.data_balance import balance_data
 from hpp.plan import Plan, default_schedule
 from hpp.planner import PlannerResult, plan_hpp
-from hpp.profiles.cluster import Cluster, Node, cluster_to_dict
+from hpp.profiles.cluster import Cluster, Node
+from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
 
 __all__ = ["ReplanResult", "excluded_ids", "shrink_cluster", "exclude_devices", "exclude_nodes",

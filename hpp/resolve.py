@@ -17,7 +17,8 @@ from typing import Any, Mapping
 from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
-from hpp.profiles.cluster import Cluster, cluster_from_dict, load_cluster
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_from_dict, load_cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict
 from hpp.validate import validate_plan

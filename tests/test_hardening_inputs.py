@@ -10,7 +10,7 @@ import pytest
 import hpp
 from hpp.cli import main
 from hpp.errors import HppInputError
-from hpp.profiles.cluster import CLUSTER_FORMAT_HELP, cluster_from_dict
+from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP, cluster_from_dict
 from hpp.scenarios import SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_the_documented_cluster_example_loads():
 
 def test_saved_and_embedded_clusters_still_load(tmp_path, capsys):
     """Plans embed their cluster (cluster_to_dict); the strict keys must accept every key it writes."""
-    from hpp.profiles.cluster import cluster_to_dict
+    from hpp.profiles.cluster_format import cluster_to_dict
     for name, sc in SCENARIOS.items():
         c = sc.cluster()
         assert cluster_from_dict(cluster_to_dict(c)).count_by_type() == c.count_by_type(), name

@@ -11,7 +11,7 @@ from hpp.errors import HppInputError
 from hpp.bench.instances import (FAMILIES, InstanceOptions, SyntheticSpec, get_instance, instance_from_dict,
                            instance_to_dict, library, load_instance, save_instance, scenario_instance,
                            synthetic_instance)
-from hpp.profiles.model_profile import save_profile
+from hpp.profiles.profile_format import save_profile
 
 
 def _small() -> SyntheticSpec:

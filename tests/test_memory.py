@@ -12,7 +12,8 @@ import pytest
 
 from hpp.errors import HppInputError
 from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_memory_bytes
-from hpp.profiles.model_profile import LayerProfile, ModelProfile, profile_from_dict, profile_to_dict
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
 from hpp.runtime.memory import StepSpec, measure_stage_step
 from hpp.runtime.memory_profile import LayerMemory, memory_terms, with_memory_terms
 from hpp.runtime.zoo import load_runtime_model

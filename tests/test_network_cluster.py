@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from hpp.cli import main
 from hpp.errors import HppInputError
-from hpp.profiles.cluster import Link, cluster_from_dict, cluster_to_dict
+from hpp.profiles.cluster import Link
+from hpp.profiles.cluster_format import cluster_from_dict, cluster_to_dict
 from hpp.profiles.network import default_inter_node_link, default_intra_node_link, default_pair_link
 from hpp.scenarios import get_scenario
 

@@ -11,7 +11,8 @@ import pytest
 from hpp.formulation.collectives import allreduce_lower_bound_s, allreduce_s, p2p_link_options
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.plan import Pipeline, Plan, Stage
-from hpp.profiles.cluster import Link, cluster_from_dict
+from hpp.profiles.cluster import Link
+from hpp.profiles.cluster_format import cluster_from_dict
 from tests.synthetic import toy_profile
 
 TYPES = {t: {"memory_bytes": 10**12, "gpus_per_node": 2} for t in ("X", "Y", "Z")}

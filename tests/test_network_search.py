@@ -17,7 +17,7 @@ from hpp.formulation.collectives import p2p_link_options
 from hpp.formulation.cost_model import stage_time_s
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
-from hpp.profiles.cluster import cluster_from_dict
+from hpp.profiles.cluster_format import cluster_from_dict
 from hpp.profiles.model_profile import ModelProfile
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions

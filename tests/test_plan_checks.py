@@ -119,7 +119,7 @@ def test_load_plan_is_one_trip(tmp_path, monkeypatch):
     """load_plan reads the file once and validates once (issue 22: no plan -> resolve -> plan round trips)."""
     import hpp.resolve as resolve
     from hpp.plan import write_plan_json
-    from hpp.profiles.cluster import cluster_to_dict
+    from hpp.profiles.cluster_format import cluster_to_dict
     from hpp.scenarios import get_scenario
 
     cluster = get_scenario("opt350-a100x4-v100x4").cluster()

@@ -9,7 +9,8 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan, Stage
-from hpp.profiles.cluster import Cluster, Link, Node, cluster_to_dict
+from hpp.profiles.cluster import Cluster, Link, Node
+from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
 from hpp.runtime.binding import (EMULATE_ENV, TABLE_ENV, NodeDevices, check_host, check_node_devices,
                                  detect_node_devices, device_type_of, host_nodes, host_ranks, load_device_rules,

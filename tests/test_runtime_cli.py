@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
-from hpp.profiles.model_profile import profile_to_dict
+from hpp.profiles.profile_format import profile_to_dict
 from hpp.runtime import run as run_mod
 from hpp.runtime.cli import run_main
 from hpp.runtime.profiler import profile_model, scale_profile

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.profiles.model_profile import load_profile, profile_to_dict
+from hpp.profiles.profile_format import load_profile, profile_to_dict
 from hpp.runtime.cli import profile_main
 from hpp.runtime.profiler import profile_model, scale_profile, write_profile
 

@@ -11,7 +11,7 @@ from hpp.formulation.candidates import Candidate
 from hpp.formulation.collectives import allreduce_s
 from hpp.formulation.composition import CompositionProblem, block_sync_s, composition_objective_s
 from hpp.formulation.stage_balance import Partition, StageKind
-from hpp.profiles.cluster import cluster_from_dict
+from hpp.profiles.cluster_format import cluster_from_dict
 
 TYPES = {t: {"memory_bytes": 10**12, "gpus_per_node": 2} for t in ("X", "Z")}
 LINKS = {"intra_node": {"X": 1000, "Z": 2000},

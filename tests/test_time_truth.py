@@ -12,7 +12,8 @@ from hpp.formulation.cost_model import (CostModelConfig, estimate_plan, p2p_tran
 from hpp.plan import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
-from hpp.profiles.model_profile import LayerProfile, ModelProfile, profile_from_dict, profile_to_dict
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
 from hpp.runtime.host_model import scale_cpu_work, simulate_host_run
 

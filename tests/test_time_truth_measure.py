@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch  # noqa: F401  (forked children need torch imported in the parent)
 
-from hpp.profiles.model_profile import profile_from_dict, profile_to_dict
+from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
 from hpp.runtime.host_probe import measure_contention, measure_host_ops, measure_p2p
 from hpp.runtime.profiler import profile_model, scale_profile

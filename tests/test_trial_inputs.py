@@ -6,7 +6,7 @@ import json
 
 from hpp.cli import main
 from hpp.profiles.bundled import load_bundled_profile
-from hpp.profiles.model_profile import profile_from_dict, profile_to_dict, save_profile
+from hpp.profiles.profile_format import profile_from_dict, profile_to_dict, save_profile
 
 
 def test_bad_cpsat_params_text_is_one_line_exit_2(capsys):

@@ -18,7 +18,8 @@ from hpp.formulation.collectives import allreduce_s
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan, stage_compute_s
 from hpp.formulation.stage_balance import StageKind
 from hpp.plan import Pipeline, Plan, make_pipeline
-from hpp.profiles.cluster import Cluster, cluster_to_dict
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
 
 __all__ = ["BaselineResult", "uniform_baseline"]

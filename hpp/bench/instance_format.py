@@ -34,8 +34,10 @@ from hpp.errors import HppInputError
 from hpp.fileio import check_header, read_json
 from hpp.formulation.candidates import SearchSpace
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
-from hpp.profiles.cluster import Cluster, cluster_from_dict, cluster_to_dict
-from hpp.profiles.model_profile import ModelProfile, load_profile, profile_from_dict, profile_to_dict
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_from_dict, cluster_to_dict
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict
 
 __all__ = ["INSTANCE_FORMAT", "INSTANCE_VERSION", "InstanceOptions", "Instance", "instance_from_dict",
            "instance_to_dict", "options_from_dict", "load_instance", "save_instance"]

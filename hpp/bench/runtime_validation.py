@@ -46,7 +46,8 @@ from hpp.plan import Plan, write_plan_json
 from hpp.planner import plan_hpp
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.devices import DeviceType
-from hpp.profiles.model_profile import ModelProfile, profile_to_dict, save_profile
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import profile_to_dict, save_profile
 from hpp.runtime.host_model import scale_cpu_work, simulate_host_run
 from hpp.scenarios import make_emulated_cluster
 

@@ -34,7 +34,7 @@ from hpp.formulation.composition import SolverSettings
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
-from hpp.profiles.model_profile import load_profile
+from hpp.profiles.profile_format import load_profile
 from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import SCENARIOS, get_scenario, make_cluster
 

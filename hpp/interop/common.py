@@ -9,7 +9,8 @@ from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan
-from hpp.profiles.cluster import Cluster, Node, cluster_to_dict
+from hpp.profiles.cluster import Cluster, Node
+from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.network import default_intra_node_link, default_network

@@ -30,8 +30,7 @@ from typing import Iterable, Mapping
 from hpp.errors import HppInputError
 from hpp.profiles.devices import DeviceType
 
-__all__ = ["Link", "Node", "Device", "NetworkLinks", "Cluster", "cluster_from_dict", "cluster_to_dict",
-           "load_cluster", "save_cluster", "cluster_notes", "DEFAULT_LATENCY_S", "CLUSTER_FORMAT_HELP"]
+__all__ = ["Link", "Node", "Device", "NetworkLinks", "Cluster", "cluster_notes", "DEFAULT_LATENCY_S"]
 
 #: Default per-message latency [s] when a cluster gives none (order of a NCCL/ethernet hop).
 DEFAULT_LATENCY_S = 1e-5
@@ -385,15 +384,3 @@ def cluster_notes(cluster: Cluster) -> list[str]:
                    f"{k} (TP groups up to {k} devices, the node's intra-node link between all of them); split it "
                    f"into nodes of {per} if each host has {per}")
     return out
-
-
-_FORMAT_NAMES = ("CLUSTER_FORMAT_HELP", "cluster_from_dict", "cluster_to_dict", "load_cluster", "save_cluster")
-
-
-def __getattr__(name: str):
-    """The JSON forms live in :mod:`hpp.profiles.cluster_format` (it needs the classes above): lazy re-export
-    (an import cycle, not a start-up cost, keeps the import inside this function)."""
-    if name in _FORMAT_NAMES:
-        from hpp.profiles import cluster_format
-        return getattr(cluster_format, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,19 +38,7 @@ and the cost model then uses its calibrated formula on ``activation_bytes``):
 
 Precondition for the planner: every entry of one profile has the same layer count.
 
-Native JSON format (version 1; read and written by :mod:`hpp.profiles.profile_format`, whose
-functions this module re-exports)::
-
-    {"format": "hpp-profile", "version": 1, "model": "OPT-350", "num_layers": 26,
-     "sequence_length": 2048, "source": "...", "licence": "...",
-     "entries": [{"device_type": "A100-40", "tp_degree": 1, "micro_batch_size": 2,
-                  "forward_s": [...], "backward_s": [...], "optimizer_s": [...],
-                  "param_bytes": [...], "activation_bytes": [...], "output_bytes": [...],
-                  "estimated": false}, ...]}
-
-(the optional fields, when measured, are more keys of an entry: ``"attention_activation_bytes"``,
-``"step_activation_bytes"``, ``"backward_transient_bytes"`` (lists) and ``"loss_activation_bytes"``;
-``"step_time"``, an object: the runtime step's time terms, :mod:`hpp.profiles.step_time`.)
+The native JSON form (``format: "hpp-profile"``) is read and written by :mod:`hpp.profiles.profile_format`.
 
 Missing combinations: :meth:`ModelProfile.layer_profile` refuses a (device type,
 TP) pair that has no measurement at all. For a missing micro-batch size of a
@@ -68,8 +56,7 @@ from typing import Any, Iterable, Mapping
 from hpp.errors import HppInputError
 from hpp.profiles.step_time import StepTimeTerms
 
-__all__ = ["LayerProfile", "ModelProfile", "profile_from_dict", "profile_to_dict", "load_profile",
-           "save_profile", "estimate_micro_batch", "PROFILE_FORMAT", "PROFILE_VERSION"]
+__all__ = ["LayerProfile", "ModelProfile", "estimate_micro_batch", "PROFILE_FORMAT", "PROFILE_VERSION"]
 
 PROFILE_FORMAT = "hpp-profile"
 PROFILE_VERSION = 1
@@ -321,15 +308,3 @@ def estimate_micro_batch(profile: ModelProfile, device_type: str, tp_degree: int
                    output_bytes=ints(fit("output_bytes")), **optional, loss_activation_bytes=loss, estimated=True,
                    step_time=e0.step_time.at_micro_batch(micro_batch_size / b0) if e0.step_time else None,
                    note=f"estimated from measured micro-batch sizes {sorted({b0, near[1] if e1 else b0})}")
-
-
-_FORMAT_NAMES = ("profile_from_dict", "profile_to_dict", "load_profile", "save_profile")
-
-
-def __getattr__(name: str):
-    """The JSON form lives in :mod:`hpp.profiles.profile_format` (it needs the classes above): lazy re-export
-    (an import cycle, not a start-up cost, keeps it inside this function)."""
-    if name in _FORMAT_NAMES:
-        from hpp.profiles import profile_format
-        return getattr(profile_format, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

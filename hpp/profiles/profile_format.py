@@ -9,8 +9,11 @@ Format (version 1)::
                   "param_bytes": [...], "activation_bytes": [...], "output_bytes": [...],
                   "estimated": false}, ...]}
 
-The fields are those of :class:`~hpp.profiles.model_profile.LayerProfile` (see
-:mod:`hpp.profiles.model_profile`). :mod:`hpp.profiles.model_profile` re-exports every name here.
+(the optional fields, when measured, are more keys of an entry: ``"attention_activation_bytes"``,
+``"step_activation_bytes"``, ``"backward_transient_bytes"`` (lists) and ``"loss_activation_bytes"``;
+``"step_time"``, an object: the runtime step's time terms, :mod:`hpp.profiles.step_time`.)
+
+The fields are those of :class:`~hpp.profiles.model_profile.LayerProfile` (see :mod:`hpp.profiles.model_profile`).
 """
 
 from __future__ import annotations

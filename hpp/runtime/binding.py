@@ -39,7 +39,8 @@ from typing import Any, Mapping, Sequence
 from hpp.errors import HppInputError
 from hpp.fileio import read_json
 from hpp.plan import Plan
-from hpp.profiles.cluster import Cluster, cluster_from_dict
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_from_dict
 
 __all__ = ["RankBinding", "NodeDevices", "DeviceRule", "BUNDLED_DEVICE_RULES", "EMULATE_ENV", "TABLE_ENV",
            "plan_cluster", "rank_bindings", "host_nodes", "parse_node_map", "node_bindings", "host_ranks",

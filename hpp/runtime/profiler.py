@@ -43,7 +43,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from hpp.errors import HppInputError
-from hpp.profiles.model_profile import LayerProfile, ModelProfile, save_profile
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+from hpp.profiles.profile_format import save_profile
 from hpp.runtime.model_api import RuntimeModel, check_protocol
 from hpp.runtime.models import LegacyGPT, ModelConfig
 from hpp.runtime.zoo import canonical_model_name, load_runtime_model

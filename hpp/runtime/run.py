@@ -54,7 +54,8 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_to_dict
-from hpp.profiles.cluster import Cluster, cluster_to_dict
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.runtime.checkpoint import latest_checkpoint
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command

@@ -45,7 +45,8 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-from hpp.profiles.model_profile import ModelProfile, load_profile, save_profile
+from hpp.profiles.model_profile import ModelProfile
+from hpp.profiles.profile_format import load_profile, save_profile
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
 from hpp.runtime.emulation import Instrument
 from hpp.runtime.host_ops import MeasuredHost
