@@ -289,8 +289,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--cpsat-on-subset", action="store_true",
-                   help="with more than 200 candidates, still run CP-SAT on at most the best 200 (it may improve "
-                        "the plan but cannot certify it; default: skip it there)")
+                   help="with more candidates than CP-SAT's limit (16 at the default budget, 200 with a larger "
+                        "max_deterministic_time), still run it on the best ones (it may improve the plan but cannot "
+                        "certify it; default: skip it there)")
     p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "milp", "heuristic", "greedy"],
                    help="composition solver (greedy: the old name of heuristic)")
     p.add_argument("--cpsat-params", metavar="TEXT",

@@ -107,3 +107,34 @@ def test_best_incumbent_is_no_worse_than_the_heuristics_and_repeatable():
     assert obj == composition_objective_s(problem, counts) and problem.fits(counts)
     assert best_incumbent(problem) == (counts, obj)
     assert math.isfinite(obj)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(h=st.integers(2, 40), node=st.sampled_from([2, 4, 8]), num_nodes=st.integers(1, 12), tp=st.sampled_from([1, 2]),
+       w=st.floats(1e6, 4e9), fit=st.sampled_from([None, (-0.05, 0.6, 2.0)]))
+def test_stage_sync_floor_is_below_every_all_reduce_the_cost_model_can_price(h, node, num_nodes, tp, w, fit):
+    # the floor of a stage synced by h holders on num_nodes nodes of `node` devices (TP groups of tp) is at most
+    # the flat ring over any link and every hierarchical form the cost model may take: g ranks on each of
+    # h / g nodes, g dividing h, at most g_max = node - tp + 1 per node (a TP-1 holder's device is in every ring),
+    # h / g <= num_nodes
+    from hpp.formulation.collectives import hierarchical_allreduce_s
+    from hpp.formulation.composition.sync_floor import stage_sync_rate
+    from hpp.profiles.cluster import Cluster, Node
+    from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
+
+    intra, inter = Link(1e11, 1e-6), Link(1e10, 1e-5, fit)
+    cl = Cluster("c", dict(BUNDLED_DEVICE_TYPES), tuple(Node("A100-40", node, intra) for _ in range(num_nodes)), inter)
+    tops, rate, beta0 = stage_sync_rate(cl, h, h, tp, w)
+    floor = w * rate[min(np.searchsorted(tops, min(max(w, beta0), w)), len(tops) - 1)]
+    g_max = node - tp + 1
+    forms = [ring_allreduce_s(w, h, inter)] if num_nodes > 1 else []
+    if h <= g_max:
+        forms.append(ring_allreduce_s(w, h, intra))
+    forms += [hierarchical_allreduce_s(w, g, h // g, intra, inter)
+              for g in range(2, g_max + 1) if h % g == 0 and 2 <= h // g <= num_nodes]
+    if not forms:
+        return                                   # h holders cannot be placed: nothing to bound
+    assert floor <= min(forms) * (1 + 1e-9)
+    # the control: on a cluster with no room for h / g nodes the floor is the flat ring's (hierarchical impossible)
+    if fit is None and h > g_max and not any(h % g == 0 and 2 <= h // g <= num_nodes for g in range(2, g_max + 1)):
+        assert floor >= ring_allreduce_s(w, h, Link(1e10, 0.0)) * (1 - 1e-9)

@@ -12,6 +12,7 @@ from hpp.formulation.composition import heuristics as comp
 from hpp.formulation.composition import SolverSettings, composition_objective_s
 from hpp.formulation.composition.heuristics import solo_objective_s
 from hpp.formulation.data_balance import least_time_s
+from hpp.plan import plan_to_dict
 from hpp.planner import make_problem, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario
@@ -149,6 +150,26 @@ def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
                                                                               deterministic_time=0.2))
     assert small.search.solver_status != "" and " saw " not in small.search.note
     assert small.stats["plan_from"] in ("cp-sat", "heuristic")
+
+
+def test_cpsat_limit_depends_on_its_budget():
+    # at the default budget CP-SAT runs only on small inputs (its presolve takes the budget on larger ones,
+    # experiments/cpsat_budget.py); a larger budget, given either way, or an explicit limit restores 200
+    from hpp.formulation.composition.settings import MAX_CANDIDATES, SMALL_BUDGET_MAX_CANDIDATES
+    assert SolverSettings().candidate_limit == SMALL_BUDGET_MAX_CANDIDATES == 16
+    assert SolverSettings(deterministic_time=0.5).candidate_limit == MAX_CANDIDATES == 200
+    assert SolverSettings(cpsat_params="max_deterministic_time:2").candidate_limit == 200
+    assert SolverSettings(cpsat_params="num_workers:1").candidate_limit == 16
+    assert SolverSettings(max_candidates=5, deterministic_time=9.0).candidate_limit == 5
+    sc = get_scenario("llama8-3types-40")          # 182 candidates left after the presolve
+    cl, prof = sc.cluster(), load_bundled_profile(sc.model)
+    default = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
+    forced = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=200))
+    assert default.search.solver_status == "" and "skipped: 182 candidates > 16" in default.search.note
+    assert forced.search.solver_status != ""               # the control: it does run when allowed
+    # CP-SAT moved nothing there: the same plan, bound and gap either way
+    assert (default.search.objective_s, default.search.bound_s) == (forced.search.objective_s, forced.search.bound_s)
+    assert plan_to_dict(default.plan) == plan_to_dict(forced.plan)
 
 
 def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):

@@ -174,7 +174,7 @@ def results_markdown(results: Path) -> str:
                 "at 32 because Metis's variance filter (an integer-division floor) keeps fewer device groups "
                 "there (the CSV's notes count its inter-stage plans). HPP uses both cores for its "
                 "candidates from 12 GPUs up, and for its LP bound from 10,000 LP columns (CP-SAT is skipped "
-                "above 200 candidates, i.e. on every input here "
+                "above 16 candidates at its default budget, i.e. on every input here "
                 "from 8 GPUs up); the references run in one process, as Metis does. The target lines use "
                 "`metis`; the last line counts the same 56x check against `single-shape`. The benchmark's "
                 "own summary also prints each ablation (HPP with one pruning rule or the memo off: search s / "

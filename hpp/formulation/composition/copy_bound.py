@@ -17,9 +17,10 @@ their T_pipe is at least F(P): the least T at which the exact-step capacity LP
 reaches G samples (copies fractional; micro-batches per copy integer, which is what the older
 LP of :mod:`hpp.formulation.composition.lp_bound` relaxed away: at scale a copy gets 4-16 micro-batches and
 that relaxation alone lost up to a micro-batch per copy). The bound is the least P + F(P) over
-ranges and levels; the levels are searched by bisection with pruning (an interval [P_i, P_j] is
-worth at least P_i + F(P_j), F being non-increasing), and every interval worth at least the
-incumbent is dropped with that value. Each F is found by Newton steps from above on the LP's
+ranges and levels; the levels are searched by bisection, best first over the intervals of all
+ranges (an interval [P_i, P_j] is worth at least P_i + F(P_j), F being non-increasing): the interval of
+least worth is split until it is a single level, or worth at least the incumbent (then the bound is
+its worth, at most the incumbent), so no interval worth more than the bound is ever split. Each F is found by Newton steps from above on the LP's
 step capacity and certified by one LP solve just below it (capacity < G).
 
 Incumbent: each LP solution at a level is rounded (floor of the copies, the best-capacity
@@ -40,6 +41,7 @@ hierarchical) with any bandwidth fit; a new form needs its own floor in :mod:`hp
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -353,43 +355,45 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
                 if exact_prices:
                     cut_s = min(cut_s, v)
 
+    # best-first over the intervals of every range: (lower value, range, i, j, F(L[j])); an entry with
+    # i == j is a single level, whose lower value is exact. Popping the least lower value first, the
+    # first single level (or the first entry within rel_tol of the cut or of a known level value) has
+    # the least lower value of all that remain: it is the bound, and no other interval is split.
+    ranges: list[tuple[int, int, _Range | None]] = []
+    heap: list[tuple[float, int, int, int, float]] = []
+    known = math.inf                    # least exact value L[k] + F(L[k]) met (a level's own value)
     for a, b in h_ranges(s.h_max, s.node_max):
-        cut = min(cut_s, bound)
+        r = len(ranges)
         # b copies cannot finish G in time: no penalties, no LP needed (the least optimizer step is a floor)
         quick = float(np.min(np.where(s.fits, s.opt, np.inf), initial=np.inf)) + _few_copies_s(s, b, s.fits)
-        if quick >= cut * (1 - rel_tol):
-            bound = min(bound, quick)
-            out_ranges.append((a, b, quick))
+        if quick >= cut_s * (1 - rel_tol):
+            ranges.append((a, b, None))
+            heapq.heappush(heap, (quick, r, 0, 0, math.inf))
             continue
         rg = _Range(s, a, b)
+        ranges.append((a, b, rg))
+        if len(rg.levels):              # the range's root, priced when it comes first: L[0] + few copies' time
+            heapq.heappush(heap, (float(rg.levels[0]) + _few_copies_s(s, b, np.isfinite(rg.pen)), r, 0, -1, math.inf))
+    while heap:
+        lower, r, i, j, fj = heap[0]
+        rg = ranges[r][2]
+        if rg is None or i == j or lower >= min(cut_s, known) * (1 - rel_tol):
+            bound = lower                 # every other entry's lower value is at least this
+            break
+        heapq.heappop(heap)
         L = rg.levels
-        if not len(L):
-            continue
-        r_bound = math.inf
-        t_top, exact, sol = rg.least_T(L[-1], cut - L[0])
+        k = len(L) - 1 if j < 0 else (i + j) // 2
+        t_k, exact, sol = rg.least_T(L[k], min(cut_s, known) - L[i])
         nodes += 1
         consider(sol)
         if exact:
-            r_bound = L[-1] + t_top
-        stack = [(0, len(L) - 1, t_top)]
-        while stack:
-            i, j, fj = stack.pop()
-            lower = L[i] + fj
-            cut = min(cut_s, r_bound, bound)
-            if lower >= cut * (1 - rel_tol) or i == j:
-                r_bound = min(r_bound, lower)
-                continue
-            k = (i + j) // 2
-            t_k, exact, sol = rg.least_T(L[k], cut - L[i])
-            nodes += 1
-            consider(sol)
-            if exact:
-                r_bound = min(r_bound, L[k] + t_k)
-            stack.append((k + 1, j, fj))
-            stack.append((i, k, t_k))
-        solves += rg.lp.solves
-        bound = min(bound, r_bound)
-        out_ranges.append((a, b, r_bound))
+            known = min(known, L[k] + t_k)
+        if j >= 0:
+            heapq.heappush(heap, (L[k + 1] + fj, r, k + 1, j, fj))
+        heapq.heappush(heap, (max(lower, L[i] + t_k), r, i, k, t_k))
+    for r, (a, b, rg) in enumerate(ranges):
+        solves += rg.lp.solves if rg is not None else 0
+        out_ranges.append((a, b, min((e[0] for e in heap if e[1] == r), default=math.inf)))
     pool = sorted(pool_score, key=lambda c: -pool_score[c])[:pool_size]
     if best_counts and max_evals > 0:
         best_counts, best_obj, _ = local_search(problem, dict(best_counts), best_obj, pool, max_evals=max_evals)

@@ -16,7 +16,8 @@ from ortools.sat import sat_parameters_pb2
 
 from hpp.errors import HppInputError
 
-__all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "parse_cpsat_params"]
+__all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "SMALL_BUDGET_MAX_CANDIDATES",
+           "MAX_CANDIDATES", "parse_cpsat_params"]
 
 #: The solvers of the one interface (``"greedy"`` is read as ``"heuristic"``, its old name).
 SOLVER_NAMES: tuple[str, ...] = ("cp-sat", "milp", "heuristic")
@@ -28,6 +29,15 @@ DEFAULT_SOLVER = "cp-sat"
 #: 0.25 units (llama8-3types-40: 0.25 units took 4.4 s wall under load 8, status UNKNOWN; measured Dec 1).
 #: Raise it (``deterministic_time``, or ``--cpsat-params "max_deterministic_time:5"``) to let CP-SAT work.
 DEFAULT_DETERMINISTIC_TIME = 0.05
+#: The exact solver's candidate limit at the default deterministic budget (``max_candidates=None``). With 0.05
+#: units CP-SAT spends the budget in its presolve (probing) on larger models: on the 24 inputs of 25-198
+#: candidates measured (bundled opt350-a100x4-v100x4 v1, llama8-3types-40 v1 and v2, 21 synthetic ones) it
+#: moved neither the bound nor the plan and cost 0.2-0.7 s of CPU each; on 24 inputs of 2-10 candidates it
+#: moved the bound or the plan on 6 (``experiments/cpsat_budget.py``, results/cpsat_budget.csv, Dec 1 2026).
+#: With a larger budget the limit is :data:`MAX_CANDIDATES`.
+SMALL_BUDGET_MAX_CANDIDATES = 16
+#: The exact solver's candidate limit when its budget is larger than the default.
+MAX_CANDIDATES = 200
 
 
 def parse_cpsat_params(text: str):
@@ -73,10 +83,11 @@ class SolverSettings:
     warm_start : bool
         The heuristic incumbent goes to the exact solvers as hint and cutoff (and prunes candidates
         by the ``incumbent_bound`` rule).
-    max_candidates : int
+    max_candidates : int or None
         The exact solver runs when at most this many candidates are left after the presolve (it then
         sees all of them and its bound counts); with more, the incumbent and the LP bound decide,
-        unless ``cpsat_on_subset``.
+        unless ``cpsat_on_subset``. None (default): :data:`SMALL_BUDGET_MAX_CANDIDATES` at the default
+        deterministic budget, :data:`MAX_CANDIDATES` with a larger one (:attr:`candidate_limit`).
     cpsat_on_subset : bool
         Above ``max_candidates``, run the exact solver on the best ``max_candidates`` candidates (per
         device-type set by solo objective); it may improve the plan, its bound is not used.
@@ -96,7 +107,7 @@ class SolverSettings:
     num_workers: int = 0
     random_seed: int = 0
     warm_start: bool = True
-    max_candidates: int = 200
+    max_candidates: int | None = None
     cpsat_on_subset: bool = False
     max_table_entries: int = 1_000_000
     cpsat_params: str = ""
@@ -116,10 +127,26 @@ class SolverSettings:
                                 fix="give a positive number")
         if self.num_workers < 0:
             raise HppInputError(f"num_workers={self.num_workers}", field="--workers", fix="give 0 (all cores) or more")
-        if self.max_candidates < 1:
+        if self.max_candidates is not None and self.max_candidates < 1:
             raise HppInputError(f"max_candidates={self.max_candidates}", field="max_candidates", fix="give 1 or more")
         if self.formulation not in ("auto", "per-copy", "product"):
             raise HppInputError(f"formulation={self.formulation!r}", field="formulation",
                                 fix="use auto, per-copy or product")
         if self.cpsat_params:
             parse_cpsat_params(self.cpsat_params)
+
+    @property
+    def candidate_limit(self) -> int:
+        """The most candidates the exact solver is run on: ``max_candidates``, or by the budget when None.
+
+        >>> SolverSettings().candidate_limit, SolverSettings(deterministic_time=1.0).candidate_limit
+        (16, 200)
+        >>> SolverSettings(cpsat_params="max_deterministic_time:5").candidate_limit
+        200
+        """
+        if self.max_candidates is not None:
+            return self.max_candidates
+        budget = self.deterministic_time
+        if self.cpsat_params and parse_cpsat_params(self.cpsat_params).HasField("max_deterministic_time"):
+            budget = parse_cpsat_params(self.cpsat_params).max_deterministic_time
+        return SMALL_BUDGET_MAX_CANDIDATES if budget <= DEFAULT_DETERMINISTIC_TIME else MAX_CANDIDATES

@@ -14,7 +14,8 @@ What every solver does, in one place:
    (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
    any link model) of all candidates left.
 4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
-   (at most ``max_candidates``), with the incumbent as hint and cutoff; its bound then counts.
+   (at most ``settings.candidate_limit``: 16 at the default budget, where CP-SAT's presolve alone takes the
+   budget on larger inputs), with the incumbent as hint and cutoff; its bound then counts.
 5. Judge: every answer is priced by ``problem.estimator`` (bind + the cost model:
    :func:`~hpp.formulation.cost_model.estimate_plan`) where the problem has one, else by
    :func:`~hpp.formulation.composition.objective.composition_objective_s`; the best is returned.
@@ -305,7 +306,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
             note += "; --cpsat-params unused"
     elif name != "heuristic":
         most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
-        limit = min(settings.max_candidates, max(50, settings.max_table_entries // max(1, most)))
+        limit = min(settings.candidate_limit, max(50, settings.max_table_entries // max(1, most)))
         full = len(keep) <= limit
         if full or settings.cpsat_on_subset:
             sel = keep if full else _best_candidates(problem, keep, set(inc_counts), limit)

@@ -189,7 +189,8 @@ def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
     """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
 
     A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
-    that touches a node of that type: v2 clusters' type-pair links with that type, and every zone link.
+    that touches a node of that type: v2 clusters' type-pair links with that type (its link to itself only
+    when it has two nodes or more: a single node's two ring edges lead to other types), and every zone link.
     """
     net = getattr(cluster, "network", None)
     if net is None:
@@ -197,7 +198,10 @@ def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
     links = []
     types = sorted(cluster.count_by_type())
     if device_type is not None and hasattr(cluster, "type_link"):
+        own = sum(1 for nd in cluster.nodes if nd.device_type == device_type)
         for u in types:
+            if u == device_type and own < 2:   # one node of the type: both its ring edges go to other types
+                continue
             try:
                 links.append(cluster.type_link(device_type, u))
             except HppInputError:          # no such pair: no ring uses it
@@ -233,13 +237,17 @@ def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierar
     the all-reduce forms the cost model prices (:mod:`hpp.formulation.collectives`).
 
     Ring j of a block has one rank per holder stage; a node of n devices holding this stage's TP
-    group (tp devices) holds at most g_max = n - tp + 1 ranks of it (``links``: the nodes of the
+    group (tp devices) holds at most g_max = n - tp + 1 ranks of it (its own device and, at most, one of each
+    other device of the node: holders of other TP degrees put a device in every ring) (``links``: the nodes of the
     stage's device type, :func:`cluster_links`). So: a flat ring on one node
     (h <= g_max: any link), a flat ring across nodes (no faster than the fastest inter-node link at
-    the chunk size), or hierarchical with g <= min(g_max, h / 2) ranks per node, whose inter-node
+    the chunk size), or hierarchical with g ranks on each of h / g >= 2 nodes (g divides h: the cost model
+    takes this form only when every node holds the same number of ranks; g <= g_max; h / g <= the cluster's
+    nodes, of any type, since a ring may mix types), whose inter-node
     ring moves 2 (h-g)/h * W/g bytes per rank at chunk W/h with 2 (h/g - 1) latencies (its
     in-node parts are left out). The least of the forms possible is taken; each is at its least
-    over h in [a, b] (2/g - 2/h >= 2/g' - 2/a). ``hierarchical=False``: flat rings only (a cost model
+    over h in [a, b]: with g' the largest such g of any h in the range (:func:`_hier_group`),
+    2/g - 2/h >= 2/g' - 2/a. ``hierarchical=False``: flat rings only (a cost model
     without the hierarchical form). The third value, beta_0 [bytes]: from it up the cost of a block
     grows with its bytes on every link used (:func:`ring_cost_increasing_from`), so a block of own
     bytes w >= beta_0 costs at least a block of exactly w: a stage of W own bytes then costs at least
@@ -248,6 +256,22 @@ def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierar
     """
     return stage_sync_rates(cluster, a, b, [(tp, links or cluster_links(cluster))], beta_max,
                             hierarchical=hierarchical)[0]
+
+
+def _hier_group(a: int, b: int, g_max: int, num_nodes: int | None = None) -> int:
+    """The most ranks per node g (2 <= g <= g_max) of a hierarchical all-reduce of some h in [a, b]: g divides h
+    and the ring spans 2 <= h / g <= ``num_nodes`` nodes (None: no limit); 0 if none.
+
+    >>> _hier_group(10, 10, 4), _hier_group(12, 12, 4), _hier_group(7, 7, 8), _hier_group(17, 25, 8)
+    (2, 4, 0, 8)
+    >>> _hier_group(22, 22, 4, num_nodes=8), _hier_group(22, 22, 4, num_nodes=11), _hier_group(17, 25, 4, num_nodes=4)
+    (0, 2, 0)
+    """
+    for g in range(min(g_max, b // 2), 1, -1):
+        hi = b if num_nodes is None else min(b, num_nodes * g)
+        if -(-max(a, 2 * g) // g) * g <= hi:       # the least multiple of g that is >= max(a, 2g) lies in [a, hi]
+            return g
+    return 0
 
 
 def stage_sync_rates(cluster, a: int, b: int, kinds: Sequence[tuple[int, tuple[int, list[Link], list[Link]]]],
@@ -279,7 +303,7 @@ def stage_sync_rates(cluster, a: int, b: int, kinds: Sequence[tuple[int, tuple[i
         flat_links = intra + inter if a <= g_max else (inter or intra)
         rate = table(flat_links, 2.0 * (a - 1) / a, 2.0 * (a - 1))
         used = list(flat_links)
-        g = min(g_max, b // 2)
+        g = _hier_group(a, b, g_max, len(cluster.nodes))
         if hierarchical and inter and g >= 2:
             hier = table(inter, max(0.0, 2.0 / g - 2.0 / a), max(0.0, 2.0 * (a / g - 1.0)))
             rate = np.minimum(rate, hier)
