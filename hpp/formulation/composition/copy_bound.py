@@ -161,6 +161,12 @@ class _Search:
                 self.kinds[i] = (k.tp_degree, links, key)
             kind.append(i)
         self.kind = np.array(kind, dtype=np.int64)
+        self.kind_rows = {k: np.flatnonzero(self.kind == k) for k in self.kinds}     # candidates of each kind
+        # the sync-rate memo's key: one token per list of kinds (hashing their links on every range is slow),
+        # kept in the problem's caches so that its restrictions share the rate tables
+        self.kinds_token = problem.caches.ring.setdefault(
+            ("sync_kinds", tuple(self.kinds[k][2] for k in sorted(self.kinds))), object())
+        self.bmax = float(self.beta_max.max(initial=1.0))
         self.node_max = max((nd.num_devices for nd in cl.nodes), default=1)
         self.h_max = int(min(sum(problem.inventory.values()),
                              sum(problem.max_copies(c) for c in range(n)) if n else 0))
@@ -169,18 +175,18 @@ class _Search:
         """pen_c over the range [a, b]: sync floor + optimizer step [s] (inf where no copy fits)."""
         pen = self.opt.copy()
         if a >= 2:
-            bmax = float(self.beta_max.max(initial=1.0))
-            keys = np.unique(self.kind).tolist()
-            memo = ("sync_rates", tuple(self.kinds[k][2] for k in keys), a, b, bmax, self.hier)
+            keys = sorted(self.kinds)
+            memo = ("sync_rates", self.kinds_token, a, b, self.bmax, self.hier)
             rates = self.problem.caches.ring.get(memo)        # shared by the problem's restrictions
             if rates is None:
                 rates = self.problem.caches.ring[memo] = stage_sync_rates(
-                    self.problem.cluster, a, b, [self.kinds[k][:2] for k in keys], bmax, hierarchical=self.hier)
+                    self.problem.cluster, a, b, [self.kinds[k][:2] for k in keys], self.bmax, hierarchical=self.hier)
             for key, (tops, rate, beta0) in zip(keys, rates):
-                sel = self.kind == key
-                cap = np.minimum(np.maximum(self.w_stage[sel], beta0), self.beta_max[sel])
+                sel = self.kind_rows[key]
+                w = self.w_stage[sel]
+                cap = np.minimum(np.maximum(w, beta0), self.beta_max[sel])
                 idx = np.minimum(np.searchsorted(tops, cap), len(tops) - 1)
-                pen[sel] += self.w_stage[sel] * rate[idx] * (1.0 - 1e-12)
+                pen[sel] += w * rate[idx] * (1.0 - 1e-12)
         return np.where(self.fits, pen, np.inf)
 
     def caps(self, T: float, allowed: np.ndarray) -> np.ndarray:

@@ -74,12 +74,15 @@ class ProblemCaches:
         tuple, holders) (:meth:`~CompositionProblem.ring_s`, :meth:`~CompositionProblem.sync_s`),
         per-type rings (``("type", ...)``), block rings
         (:func:`~hpp.formulation.composition.sync_pricing.block_rings_s`), and the copy bound's
-        stage sync-rate tables (:mod:`hpp.formulation.composition.copy_bound`).
+        stage sync-rate tables and the token naming their list of stage kinds
+        (:mod:`hpp.formulation.composition.copy_bound`).
 
     Per problem (keyed by candidate index, so never shared with a restriction):
 
     sync
-        :meth:`~CompositionProblem.sync_s` by (index, h) and stage specs by ("spec", index).
+        :meth:`~CompositionProblem.sync_s` by (index, h), stage specs by ("spec", index), and per block
+        (lo, hi) of a candidate the (type, holders per node) of its stage and its bytes by ("hold", index, lo, hi)
+        (:func:`~hpp.formulation.composition.sync_pricing.block_rings_s`).
     tp
         TP groups the nodes hold by (device type, TP degree).
     copies

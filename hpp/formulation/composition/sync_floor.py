@@ -285,17 +285,24 @@ def stage_sync_rates(cluster, a: int, b: int, kinds: Sequence[tuple[int, tuple[i
     bws: dict[Link, np.ndarray] = {}
     rises: dict[Link, float] = {}
 
+    tables: dict[tuple, np.ndarray] = {}
+
     def table(used: list[Link], factor: float, steps: float) -> np.ndarray:
-        """:func:`sync_rate_table`'s running least rate on the shared grid."""
+        """:func:`sync_rate_table`'s running least rate on the shared grid (kinds with the same links share it)."""
         if a < 2 or factor <= 0 or not used:
             return np.zeros(n)
+        key = (tuple(used), factor, steps)
+        got = tables.get(key)
+        if got is not None:
+            return got
         rate = np.full(n, math.inf)
         for link in used:
             bw = bws.get(link)
             if bw is None:
                 bw = bws[link] = _max_bw(link, bots / b, tops / a)
             rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
-        return np.minimum.accumulate(rate)
+        got = tables[key] = np.minimum.accumulate(rate)
+        return got
 
     out = []
     for tp, (node_max, intra, inter) in kinds:

@@ -163,19 +163,25 @@ def block_rings_s(problem, used: list[int], h: int, counts: dict[int, int] | Non
     ``counts[c]`` copies (see :func:`hpp.formulation.composition.objective.block_sync_s`); the bytes are the
     largest holder's. One type: :func:`type_ring_s` (least ``g``), several: :func:`mixed_ring_s`.
     """
-    specs = []
+    memo = problem.caches.sync
+    copies = []
     for c in used:
-        n = counts.get(c, 0) if counts is not None else (h if len(used) == 1 else max(1, h // len(used)))
-        cand = problem.candidates[c]
-        specs.append((cand.partition.boundaries, problem.stage_sync_specs(c), n, cand.partition.layer_param_bytes))
+        copies.append(counts.get(c, 0) if counts is not None else (h if len(used) == 1 else max(1, h // len(used))))
     out = []
     for lo, hi in blocks:
         holders = []
-        for bnd, spec, n, _ in specs:
-            s = bisect_right(bnd, lo) - 1          # the stage holding layer lo (empty stages skipped)
-            if 0 <= s < len(spec):
-                holders.append((spec[s][0], spec[s][1], n))
-        w = max(sum(lb[lo:hi]) for *_, lb in specs)
+        w = -math.inf
+        for c, n in zip(used, copies):
+            got = memo.get(("hold", c, lo, hi))
+            if got is None:             # (type, holders per node) of the stage holding layer lo, and [lo, hi)'s bytes
+                cand = problem.candidates[c]
+                bnd, spec = cand.partition.boundaries, problem.stage_sync_specs(c)
+                st = bisect_right(bnd, lo) - 1           # the stage holding layer lo (empty stages skipped)
+                got = memo[("hold", c, lo, hi)] = (spec[st][:2] if 0 <= st < len(spec) else None,
+                                                   sum(cand.partition.layer_param_bytes[lo:hi]))
+            if got[0] is not None:
+                holders.append((*got[0], n))
+            w = max(w, got[1])
         key = ("block", w, *holders)
         ring = problem.caches.ring.get(key)
         if ring is None:
