@@ -257,6 +257,11 @@ class _Range:
         for _ in range(30):
             used = np.flatnonzero(x > 1e-12)
             cols = np.array([self._best_in_group(g, cap) for g in used.tolist()], dtype=np.int64)
+            # copies on a group that adds nothing at T (every member not allowed at this level, or not started
+            # by T) leave the LP's value alone: dropped, so that no capacity of a member not allowed is counted
+            # below T (that priced F too low: a weaker bound, and one that depended on the LP's warm start)
+            live = cap[cols] > 0
+            used, cols = used[live], cols[live]
             sol = (T, allowed, dict(zip(cols.tolist(), x[used].tolist())), cap)
             T2 = _least_T_fixed(s, cols, x[used], T)
             below = T2 * (1 - _REL_TOL) - 1e-12
