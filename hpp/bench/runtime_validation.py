@@ -191,7 +191,7 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
             bg, load0 = background_load(), _load()
             rep = run_plan(path, steps=steps, emulate_speed=spec.emulate, launcher="fork", time_scale=time_scale,
                            timeline=timeline if (name == "hpp" and timeline is not None) else None,
-                           run_timeout_s=600.0)
+                           run_timeout_s=600.0, host_calibration=False)   # the profile is this host's, just measured
             load1 = _load()
             m, p = rep.measured, rep.predicted
             D = float(p.get("time_scale") or 1.0)

@@ -51,6 +51,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float,
                    help="with --emulate-speed: slow every device by this common factor >= 1 "
                         "(default: max(1, cluster devices / host cores))")
+    p.add_argument("--no-host-calibration", dest="host_calibration", action="store_false",
+                   help="CPU: predict with the profile's times as measured (default: a probe of one profiled layer "
+                        "scales them to this host's speed)")
     p.add_argument("--threads", type=int, default=1, help="torch compute threads per rank (default 1)")
     p.add_argument("--naive-allreduce", action="store_true", help="one blocking all-reduce per layer")
     p.add_argument("--timeline", help="write predicted vs measured Gantt chart PNG here")
@@ -96,6 +99,11 @@ def _human_run(rep: dict) -> str:
             else f"n/a ({pr.get('reason')})")
     if pr.get("time_scale", 1.0) != 1.0 and pr.get("plan_iteration_time_s") is not None:
         pred += f" (time scale {pr['time_scale']:g}; the plan's own {pr['plan_iteration_time_s']:.4f} s)"
+    hs = pr.get("host_speed")
+    if hs and hs.get("factor") is not None:
+        pred += f" (profile times x {hs['factor']:.2f}: this host's speed probe vs the profile's host)"
+    elif hs:
+        pred += f" (profile times as measured: {hs.get('reason')})"
     tr = rep.get("training") or {}
     lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
@@ -184,7 +192,7 @@ def _run(args: argparse.Namespace, run_plan) -> dict:
                     rdzv_endpoint=args.rdzv_endpoint, node_map=args.node_map,
                     emulate_node_type=args.emulate_node_type, save=args.save, save_every=args.save_every,
                     resume=args.resume, lr_total_steps=args.lr_total_steps, log_dir=args.log_dir,
-                    dry_run=args.dry_run).to_dict()
+                    dry_run=args.dry_run, host_calibration=args.host_calibration).to_dict()
 
 
 def _profile_parser() -> argparse.ArgumentParser:

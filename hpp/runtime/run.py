@@ -59,6 +59,7 @@ from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.runtime.checkpoint import latest_checkpoint
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
+from hpp.runtime.host_speed import HostSpeed, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
@@ -103,7 +104,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
              node_rank: int = 0, rdzv_endpoint: str | None = None, node_map: str | Sequence[int] | None = None,
              emulate_node_type: str | None = None, save: str | Path | None = None, save_every: int = 0,
              resume: str | Path | None = None, lr_total_steps: int | None = None,
-             log_dir: str | Path | None = None, dry_run: str | Path | None = None) -> RunReport:
+             log_dir: str | Path | None = None, dry_run: str | Path | None = None,
+             host_calibration: bool = True) -> RunReport:
     """Execute the plan in ``plan_path`` for ``steps`` optimizer steps and report measured vs predicted.
 
     Parameters
@@ -145,6 +147,9 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     dry_run : path, optional
         Check everything, write ``dry_run/worker_config.json`` and return this host's torchrun
         command (:attr:`RunReport.command`) without starting anything (for a launcher of your own).
+    host_calibration : bool
+        CPU: predict at this host's speed (:func:`hpp.runtime.host_speed.calibrate_host_speed`, a probe of
+        under 2 s on this host, once, after the run); False: the profile's times as measured.
 
     Raises
     ------
@@ -272,7 +277,10 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     measured, collectives, ranks = summarise_run(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                                  steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
-    predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed)
+    speed = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else \
+        HostSpeed.skipped("host calibration off (--no-host-calibration)")
+    predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed,
+                            host_speed=speed)
     timeline_path = None
     if timeline is not None:
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)

@@ -19,7 +19,8 @@ from hpp.formulation.cost_model import estimate_plan
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.runtime.host_model import host_terms, simulate_host_run
+from hpp.runtime.host_model import host_terms, scale_cpu_work, simulate_host_run
+from hpp.runtime.host_speed import HostSpeed
 from hpp.runtime.launch import LaunchResult
 from hpp.runtime.layout import blocks
 from hpp.runtime.metrics import StepMetrics
@@ -44,7 +45,8 @@ class RunReport:
         last step, from the stages' events).
     predicted : dict
         ``iteration_time_s`` and ``throughput_samples_per_s`` from
-        :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale``,
+        :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale`` (on CPU: the host
+        model at this host's speed, ``host_speed``, see :func:`predict_run`),
         ``plan_iteration_time_s`` at time scale 1, ``pipelines`` (per stage forward/backward
         seconds), or ``None`` with ``reason``.
     collectives : dict
@@ -92,13 +94,20 @@ class RunReport:
 
 
 def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0,
-                device: str = "cpu", emulate_speed: bool = False) -> dict[str, Any]:
+                device: str = "cpu", emulate_speed: bool = False, host_speed: HostSpeed | None = None
+                ) -> dict[str, Any]:
     """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host_model``).
 
     A CPU run shares this host's cores among its ranks (and pads emulated devices): the host
     model replays the step with processor sharing, and its iteration time is what the run should
     measure (``cost_model_iteration_time_s`` keeps the closed form, ``plan_iteration_time_s`` the
-    plan's own estimate).
+    plan's own estimate, both on the profile as is).
+
+    ``host_speed`` (CPU only; :func:`hpp.runtime.host_speed.calibrate_host_speed`): with a factor,
+    the host model runs on the profile with every CPU term x that factor
+    (:func:`hpp.runtime.host_model.scale_cpu_work`), i.e. at this host's speed, once (the time
+    scale pads the CPU time so scaled); ``host_speed`` in the result says what was compared, or why
+    not, and ``host_model.profile_as_is_iteration_time_s`` is the host model without the factor.
     """
     if profile is None:
         return {"iteration_time_s": None, "throughput_samples_per_s": None,
@@ -111,12 +120,18 @@ def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, t
     t_iter, extra = est.iteration_time_s, {}
     if device == "cpu":
         cores = os.cpu_count() or 1
-        host = simulate_host_run(plan, cluster, profile, cores=cores, emulate_speed=emulate_speed,
-                                 time_scale=time_scale)
+        factor = host_speed.factor if host_speed is not None else None
+        here = scale_cpu_work(profile, factor) if factor is not None else profile
+        host = simulate_host_run(plan, cluster, here, cores=cores, emulate_speed=emulate_speed, time_scale=time_scale)
+        as_is = host if factor is None else simulate_host_run(plan, cluster, profile, cores=cores,
+                                                              emulate_speed=emulate_speed, time_scale=time_scale)
         t_iter = host.iteration_time_s
         extra = {"cost_model_iteration_time_s": est.iteration_time_s,
                  "host_model": {"cores": cores, "cpu_s": list(host.cpu_s),
-                                "contention": list(host_terms(profile, cores=cores).contention)}}
+                                "contention": list(host_terms(profile, cores=cores).contention),
+                                "profile_as_is_iteration_time_s": as_is.iteration_time_s}}
+        if host_speed is not None:
+            extra["host_speed"] = host_speed.to_dict()
     return {"iteration_time_s": t_iter, "throughput_samples_per_s": plan.global_batch_size / t_iter,
             **extra, "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
             "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,

@@ -64,22 +64,10 @@ _REL_TOL = 1e-9             # certification step below a found T
 
 @dataclass(frozen=True)
 class CopyBound:
-    """Result of :func:`copy_bound`.
-
-    Attributes
-    ----------
-    bound_s : float
-        A lower bound of the composition objective over every plan of the candidates [s].
-    counts : dict[int, int]
-        The best plan found (the incumbent given or a better one).
-    objective_s : float
-        Its objective [s].
-    nodes, lp_solves : int
-        Level evaluations and LP solves.
-    wall_s : float
-    ranges : list of tuple
-        Per pipeline-count range (a, b, bound of the range [s]).
-    """
+    """Result of :func:`copy_bound`: ``bound_s`` a lower bound of the composition objective over every plan
+    of the candidates [s]; ``counts``/``objective_s`` the best plan found (the incumbent given or a better one)
+    and its objective [s]; ``nodes``/``lp_solves`` level evaluations and LP solves; ``wall_s``; ``ranges``
+    per pipeline-count range (a, b, a lower bound of the range [s])."""
 
     bound_s: float
     counts: dict
@@ -162,8 +150,7 @@ class _Search:
             kind.append(i)
         self.kind = np.array(kind, dtype=np.int64)
         self.kind_rows = {k: np.flatnonzero(self.kind == k) for k in self.kinds}     # candidates of each kind
-        # the sync-rate memo's key: one token per list of kinds (hashing their links on every range is slow),
-        # kept in the problem's caches so that its restrictions share the rate tables
+        # the sync-rate memo's key: one token per list of kinds (hashing links per range is slow), shared by restrictions
         self.kinds_token = problem.caches.ring.setdefault(
             ("sync_kinds", tuple(self.kinds[k][2] for k in sorted(self.kinds))), object())
         self.bmax = float(self.beta_max.max(initial=1.0))
@@ -257,9 +244,8 @@ class _Range:
         for _ in range(30):
             used = np.flatnonzero(x > 1e-12)
             cols = np.array([self._best_in_group(g, cap) for g in used.tolist()], dtype=np.int64)
-            # copies on a group that adds nothing at T (every member not allowed at this level, or not started
-            # by T) leave the LP's value alone: dropped, so that no capacity of a member not allowed is counted
-            # below T (that priced F too low: a weaker bound, and one that depended on the LP's warm start)
+            # copies on a group adding nothing at T (no member allowed, or none started) are dropped: else a member
+            # not allowed would count below T (F too low: a weaker bound that depended on the LP's warm start)
             live = cap[cols] > 0
             used, cols = used[live], cols[live]
             sol = (T, allowed, dict(zip(cols.tolist(), x[used].tolist())), cap)
@@ -366,10 +352,8 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
                 if exact_prices:
                     cut_s = min(cut_s, v)
 
-    # best-first over the intervals of every range: (lower value, range, i, j, F(L[j])); an entry with
-    # i == j is a single level, whose lower value is exact. Popping the least lower value first, the
-    # first single level (or the first entry within rel_tol of the cut or of a known level value) has
-    # the least lower value of all that remain: it is the bound, and no other interval is split.
+    # best first over every range's intervals (lower value, range, i, j, F(L[j])); i == j: one level. The first
+    # popped level (or entry within rel_tol of the cut or a known level value) is the least of all left: the bound.
     ranges: list[tuple[int, int, _Range | None]] = []
     heap: list[tuple[float, int, int, int, float]] = []
     known = math.inf                    # least exact value L[k] + F(L[k]) met (a level's own value)
