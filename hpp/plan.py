@@ -320,7 +320,7 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
         ``num_micro_batches`` (naming the file and the field).
     """
     check_header(d, fmt=PLAN_FORMAT, version=PLAN_VERSION, what="a plan", source=source,
-                 format_fix="for Sailor or Metis plans pass --format sailor|metis", shape_fix="see hpp/plan.py")
+                 format_fix="give a plan that hpp plan --out wrote (Sailor or Metis plans: hpp estimate --format sailor|metis)", shape_fix="see hpp/plan.py")
     pipes_raw = _req(d, "pipelines", source=source, where="", fix="list the pipelines")
     if not isinstance(pipes_raw, list) or not pipes_raw:
         raise HppInputError("no pipelines", source=source, field="pipelines", fix="give at least one pipeline")

@@ -20,8 +20,9 @@ that relaxation alone lost up to a micro-batch per copy). The bound is the least
 ranges and levels; the levels are searched by bisection, best first over the intervals of all
 ranges (an interval [P_i, P_j] is worth at least P_i + F(P_j), F being non-increasing): the interval of
 least worth is split until it is a single level, or worth at least the incumbent (then the bound is
-its worth, at most the incumbent), so no interval worth more than the bound is ever split. Each F is found by Newton steps from above on the LP's
-step capacity and certified by one LP solve just below it (capacity < G).
+its worth, at most the incumbent), so no interval worth more than the bound is ever split. Each F is
+found by Newton steps from above on the LP's step capacity and certified by one LP solve just below it
+(capacity < G).
 
 Incumbent: each LP solution at a level is rounded (floor of the copies, the best-capacity
 candidate of each device-count column) and filled up, then priced exactly
