@@ -151,9 +151,9 @@ class _Search:
             kind.append(i)
         self.kind = np.array(kind, dtype=np.int64)
         self.kind_rows = {k: np.flatnonzero(self.kind == k) for k in self.kinds}     # candidates of each kind
-        # the sync-rate memo's key: one token per list of kinds (hashing links per range is slow), shared by restrictions
+        self.kind_keys = sorted(self.kinds)   # memo key below: one token per kind list, shared by restrictions
         self.kinds_token = problem.caches.ring.setdefault(
-            ("sync_kinds", tuple(self.kinds[k][2] for k in sorted(self.kinds))), object())
+            ("sync_kinds", tuple(self.kinds[k][2] for k in self.kind_keys)), object())
         self.bmax = float(self.beta_max.max(initial=1.0))
         self.node_max = max((nd.num_devices for nd in cl.nodes), default=1)
         self.h_max = int(min(sum(problem.inventory.values()),
@@ -163,9 +163,9 @@ class _Search:
         """pen_c over the range [a, b]: sync floor + optimizer step [s] (inf where no copy fits)."""
         pen = self.opt.copy()
         if a >= 2:
-            keys = sorted(self.kinds)
-            memo = ("sync_rates", self.kinds_token, a, b, self.bmax, self.hier)
-            rates = self.problem.caches.ring.get(memo)        # shared by the problem's restrictions
+            keys = self.kind_keys
+            memo = ("sync_rates", self.kinds_token, a, b, self.bmax, self.hier)   # (hashing links per range: slow)
+            rates = self.problem.caches.ring.get(memo)
             if rates is None:
                 rates = self.problem.caches.ring[memo] = stage_sync_rates(
                     self.problem.cluster, a, b, [self.kinds[k][:2] for k in keys], self.bmax, hierarchical=self.hier)
@@ -353,15 +353,15 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
                 if exact_prices:
                     cut_s = min(cut_s, v)
 
-    # best first over every range's intervals (lower value, range, i, j, F(L[j])); i == j: one level. The first
-    # popped level (or entry within rel_tol of the cut or a known level value) is the least of all left: the bound.
+    # best first over all ranges' intervals (lower, range, i, j, F(L[j])): the first level popped is the bound
     ranges: list[tuple[int, int, _Range | None]] = []
     heap: list[tuple[float, int, int, int, float]] = []
     known = math.inf                    # least exact value L[k] + F(L[k]) met (a level's own value)
+    least_opt = float(np.min(np.where(s.fits, s.opt, np.inf), initial=np.inf))
     for a, b in h_ranges(s.h_max, s.node_max):
         r = len(ranges)
         # b copies cannot finish G in time: no penalties, no LP needed (the least optimizer step is a floor)
-        quick = float(np.min(np.where(s.fits, s.opt, np.inf), initial=np.inf)) + _few_copies_s(s, b, s.fits)
+        quick = least_opt + _few_copies_s(s, b, s.fits)
         if quick >= cut_s * (1 - rel_tol):
             ranges.append((a, b, None))
             heapq.heappush(heap, (quick, r, 0, 0, math.inf))

@@ -147,6 +147,7 @@ class SolverSettings:
         if self.max_candidates is not None:
             return self.max_candidates
         budget = self.deterministic_time
-        if self.cpsat_params and parse_cpsat_params(self.cpsat_params).HasField("max_deterministic_time"):
-            budget = parse_cpsat_params(self.cpsat_params).max_deterministic_time
+        params = parse_cpsat_params(self.cpsat_params) if self.cpsat_params else None
+        if params is not None and params.HasField("max_deterministic_time"):
+            budget = params.max_deterministic_time
         return SMALL_BUDGET_MAX_CANDIDATES if budget <= DEFAULT_DETERMINISTIC_TIME else MAX_CANDIDATES
