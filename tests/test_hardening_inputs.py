@@ -346,3 +346,14 @@ def test_replan_without_a_node_seeded_from_the_previous_plan(tmp_path, capsys):
     assert len(res["plan"]["cluster"]["nodes"]) == 3
     assert res["search"]["source"] in ("cp-sat", "heuristic", "previous")
     assert max(d for p in res["plan"]["pipelines"] for s in p["stages"] for d in s["device_ids"]) < 12
+
+
+def test_hpp_run_on_a_json_of_another_format_names_the_command_that_reads_it(tmp_path, capsys):
+    # hpp run has no --format: the fix names hpp plan --out and hpp estimate --format (the fresh-user trial's report)
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"format": "hpp-cluster", "version": 2}))
+    assert main(["run", str(path), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cluster.json" in err[0] and "field 'format'" in err[0]
+    assert "hpp plan --out" in err[0] and "hpp estimate --format sailor|metis" in err[0]
+    assert "pass --format" not in err[0]
