@@ -88,16 +88,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         writer.writerows(dataclasses.asdict(r) for r in rows)
     _chart([r for r in rows if r.emulated], args.out.with_suffix(".png"))
     print(f"{'cluster':<12} {'plan':<13} {'dev':>3} {'emu':>3} {'D':>3} {'plan s':>7} {'model s':>7} {'pred s':>7} "
-          f"{'meas s':>7} {'error':>6} {'cpu':>5} {'norm s':>7} {'err norm':>8} {'bg':>4} {'bg s':>7} {'load':>5}")
+          f"{'meas s':>7} {'error':>6} {'steal':>5} {'nost s':>7} {'cpu':>5} {'norm s':>7} {'err norm':>8} "
+          f"{'bg':>4} {'bg s':>7} {'load':>5}")
     for r in rows:
         print(f"{r.cluster:<12} {r.plan:<13} {r.devices_used:>3} {'yes' if r.emulated else 'no':>3} "
               f"{r.time_scale:>3g} {r.predicted_plan_s:>7.3f} {r.predicted_model_s:>7.3f} {r.predicted_s:>7.3f} "
-              f"{r.measured_s:>7.3f} {r.error:>+6.0%} {r.cpu_ratio:>5.2f} {r.predicted_norm_s:>7.3f} "
+              f"{r.measured_s:>7.3f} {r.error:>+6.0%} {r.steal:>5.0%} {r.predicted_nosteal_s:>7.3f} "
+              f"{r.cpu_ratio:>5.2f} {r.predicted_norm_s:>7.3f} "
               f"{r.error_norm:>+8.0%} {r.background:>4.1f} {r.predicted_bg_s:>7.3f} {r.load_before:>5.1f}")
-    print("pred s: the host model (cores shared by the ranks, CPU contention, emulation padding), what the run should "
-          "measure; model s: the cost model's closed form at time scale D; plan s: the plan's own prediction (D = 1); "
+    print("pred s: the host model (cores shared by the ranks, CPU contention, emulation padding, the hypervisor's steal "
+          "during the run), what the run should measure; steal: the share of the time the cores wanted to run that the "
+          "hypervisor took (hpp.runtime.host_steal); nost s: pred s without it; model s: the cost model's closed form at time scale D; plan s: the plan's own prediction (D = 1); "
           "cpu: CPU seconds the ranks' forward/backward used / predicted (the host's speed vs when profiled); "
-          "norm s: pred s with the CPU terms x cpu; bg: other processes computing on the host just before the run "
+          "norm s: pred s with the CPU terms x cpu (steal too); bg: other processes computing on the host just before the run "
           "(hpp.runtime.host_probe.background_load; 0 on a quiet host); bg s: pred s with that background load")
     print(f"{time.perf_counter() - t0:.0f} s; wrote {args.out}; load average now {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores (the 15 % target needs a quiet host: load below 0.5)")

@@ -45,6 +45,13 @@ def test_profile_plan_run_chain(tmp_path, capsys):
         planned["predicted"]["iteration_time_s"], rel=1e-9)
     assert ran["predicted"]["host_model"]["cores"] >= 1 and ran["predicted"]["iteration_time_s"] > 0
     assert ran["collectives"]["count"] >= 1
+    # the hypervisor's steal during the kept steps (Linux) is the host model's input, and without it its own figure
+    steal, hm = ran["measured"]["host_steal"], ran["predicted"]["host_model"]
+    if steal is not None:
+        assert 0 <= steal["fraction"] < 1 and steal["steps"] == 2 and hm["steal"] == steal["fraction"]
+        assert hm["without_steal_iteration_time_s"] <= ran["predicted"]["iteration_time_s"] + 1e-12
+        assert (hm["without_steal_iteration_time_s"] < ran["predicted"]["iteration_time_s"]) == (steal["fraction"] > 0)
+    assert all("host" not in r["phases_s"] for r in ran["ranks"])
 
 
 def test_cpu_hetero_4_scenario_plans_from_bundled_profile(capsys):

@@ -208,8 +208,8 @@ def results_markdown(results: Path) -> str:
     out += _memory_markdown(results) + _network_markdown(results)
     rv = read_rows(results / "runtime_validation.csv")
     if rv:
-        cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error",
-                            "measured_throughput", "measured_speedup_of_hpp", "predicted_speedup_of_hpp")
+        cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error", "steal",
+                            "predicted_nosteal_s", "cpu_ratio", "error_norm", "measured_throughput", "measured_speedup_of_hpp", "predicted_speedup_of_hpp")
                 if c in rv[0]]
         out += ["### Runtime validation on emulated CPU clusters (`experiments/runtime_validation.py`)", "",
                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

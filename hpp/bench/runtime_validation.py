@@ -12,10 +12,12 @@ whose ranks then all run at the host's speed) and returns one :class:`Validation
 Predictions of a run (host seconds):
 
 - ``predicted_s``: :func:`hpp.runtime.host_model.simulate_host_run`, the step as this
-  host executes it (ranks sharing its cores, CPU contention, emulation padding, and the
+  host executes it (ranks sharing its cores, CPU contention, emulation padding, the
   real-op probe measured with the profile: kappa past the cores and the CPU an op pays
-  after a wait, :mod:`hpp.runtime.host_ops`); the target compares the measured time with
-  this (``error``);
+  after a wait, :mod:`hpp.runtime.host_ops`, and ``steal``, the share of the time the
+  cores wanted to run that the hypervisor took during the run's kept steps,
+  :mod:`hpp.runtime.host_steal`); the target compares the measured time with this
+  (``error``); ``predicted_nosteal_s`` is the same without the steal;
 - ``predicted_model_s``: the cost model's closed form at this run's ``D`` (dedicated cores);
 - ``predicted_plan_s``: the plan's own prediction (``D = 1``, the emulated cluster).
 
@@ -115,6 +117,8 @@ class ValidationRow:
     measured_speedup_of_hpp: float   # this plan's measured time / HPP's (same cluster)
     predicted_speedup_of_hpp: float
     cpu_ratio: float
+    steal: float                     # hypervisor's share of the time the cores wanted to run (run's kept steps)
+    predicted_nosteal_s: float       # the host model without the steal
     predicted_norm_s: float
     error_norm: float
     background: float
@@ -169,10 +173,10 @@ def _measured_cpu(rep) -> float:
 
 
 def _predict(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emulate: bool, time_scale: float,
-             cpu_factor: float = 1.0, background: float = 0.0):
+             cpu_factor: float = 1.0, background: float = 0.0, steal: float = 0.0):
     prof = scale_cpu_work(profile, cpu_factor) if cpu_factor != 1.0 else profile
     return simulate_host_run(plan, cluster, prof, cores=os.cpu_count() or 1, emulate_speed=emulate,
-                             time_scale=time_scale, background=background)
+                             time_scale=time_scale, background=background, steal=steal)
 
 
 def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], profile: ModelProfile, *,
@@ -195,11 +199,13 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
             load1 = _load()
             m, p = rep.measured, rep.predicted
             D = float(p.get("time_scale") or 1.0)
-            host = _predict(plan, cluster, profile, emulate=spec.emulate, time_scale=D)
+            steal = (m.get("host_steal") or {}).get("fraction") or 0.0
+            host = _predict(plan, cluster, profile, emulate=spec.emulate, time_scale=D, steal=steal)
+            nosteal = _predict(plan, cluster, profile, emulate=spec.emulate, time_scale=D)
             ratio = _measured_cpu(rep) / sum(host.cpu_s) if sum(host.cpu_s) > 0 else float("nan")
-            norm = _predict(plan, cluster, profile, emulate=spec.emulate, time_scale=D, cpu_factor=ratio)
+            norm = _predict(plan, cluster, profile, emulate=spec.emulate, time_scale=D, cpu_factor=ratio, steal=steal)
             with_bg = _predict(plan, cluster, profile, emulate=spec.emulate, time_scale=D,
-                               background=bg if bg == bg else 0.0)
+                               background=bg if bg == bg else 0.0, steal=steal)
             kept = m["step_times_s"][rep.warmup_steps:] or m["step_times_s"]
             med = m["iteration_time_s"]
             ref_measured = ref_measured or med
@@ -212,7 +218,8 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
                 float(p.get("cost_model_iteration_time_s") or p.get("iteration_time_s") or float("nan")),
                 host.iteration_time_s, med, (max(kept) - min(kept)) / med, med / host.iteration_time_s - 1.0,
                 m["throughput_samples_per_s"], plan.global_batch_size / host.iteration_time_s,
-                med / ref_measured, host.iteration_time_s / ref_predicted, ratio, norm.iteration_time_s,
+                med / ref_measured, host.iteration_time_s / ref_predicted, ratio, steal, nosteal.iteration_time_s,
+                norm.iteration_time_s,
                 med / norm.iteration_time_s - 1.0, bg, with_bg.iteration_time_s,
                 wall / cpu if cpu else float("nan"),
                 max(r["phases_s"]["batch_s"] + r["phases_s"]["sync_wait_s"] + r["phases_s"]["optimizer_s"]

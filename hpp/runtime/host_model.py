@@ -11,6 +11,8 @@ one host of ``C`` cores, which changes the time in two ways this module models:
   the profile; 1 when not measured).
 - **Other load** (``background``): processes of other users that compute all the time
   take their share of the cores too (0 on a quiet host).
+- **Steal** (``steal``): on a virtual host the hypervisor takes a share of the time a core
+  wants to run; a computing rank gets ``1 - steal`` of its share (:mod:`hpp.runtime.host_steal`).
 - **Real-op costs** (:mod:`hpp.runtime.host_ops`, ``meta["host_time"]["op_probe"]`` when the
   profile has it): ``kappa(n)`` measured with the model's own layer op for ``n`` *runnable*
   processes, past the cores (oversubscription), replaces the matmul contention; and each
@@ -200,7 +202,8 @@ def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emula
 
 def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, cores: int, emulate_speed: bool,
                       time_scale: float = 1.0, host: HostTimeTerms | None = None, background: float = 0.0,
-                      ops: OpProbe | None = None, config: CostModelConfig = CostModelConfig()) -> HostPrediction:
+                      ops: OpProbe | None = None, steal: float = 0.0,
+                      config: CostModelConfig = CostModelConfig()) -> HostPrediction:
     """One step of ``plan`` as ``hpp run`` executes it on a host of ``cores`` cores (see the module docstring).
 
     Parameters
@@ -213,6 +216,11 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
         Contention factors (default: the profile's ``meta["host_time"]``, else none).
     background : float
         Other processes computing all the time (>= 0; 0 = a quiet host).
+    steal : float
+        Share of the time a virtual core wants to run that the hypervisor takes (in [0, 1); 0 = a
+        dedicated host; :mod:`hpp.runtime.host_steal` measures it): a computing rank's core share
+        ``min(1, C / n)`` becomes ``(1 - steal) min(1, C / n)``, in CPU seconds as in work, as
+        Linux charges stolen time to no thread.
     ops : OpProbe, optional
         Real-op costs (kappa past the cores, CPU per op after a wait, a receive's late wake). Default: the profile's
         ``meta["host_time"]["op_probe"]`` when ``host`` is not given either, else none.
@@ -222,10 +230,10 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
     HppInputError
         A stage's entry is missing from the profile.
     ValueError
-        ``cores < 1``, ``time_scale < 1`` or ``background < 0``.
+        ``cores < 1``, ``time_scale < 1``, ``background < 0`` or ``steal`` outside [0, 1).
     """
-    if cores < 1 or not time_scale >= 1.0 or background < 0:
-        raise ValueError(f"cores={cores}, time_scale={time_scale}, background={background}")
+    if cores < 1 or not time_scale >= 1.0 or background < 0 or not 0.0 <= steal < 1.0:
+        raise ValueError(f"cores={cores}, time_scale={time_scale}, background={background}, steal={steal}")
     if ops is None and host is None:
         ops = op_probe_of(profile.meta)
     host = host or host_terms(profile, cores=cores)
@@ -319,7 +327,7 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
     while any(not st.get("done") for st in state):
         computing = [r for r in range(R) if "left" in state[r] and state[r]["pad_until"] is None]
         n = len(computing) + background
-        share = min(1.0, cores / n) if n > 0 else 1.0
+        share = (1.0 - steal) * (min(1.0, cores / n) if n > 0 else 1.0)
         kappa = ops.kappa_at(n) if ops is not None else host.kappa(min(n, cores))
         rate = share / kappa                                # work [profile s] per wall s
         t_next = math.inf

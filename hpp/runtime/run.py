@@ -279,8 +279,11 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
     speed = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else \
         HostSpeed.skipped("host calibration off (--no-host-calibration)")
+    steal = measured["host_steal"]["fraction"] if measured.get("host_steal") and len(share.ranks) == plan.num_devices \
+        else None                                     # the host model is a one-host model
     predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed,
-                            host_speed=speed)
+                            host_speed=speed, steal=steal,
+                            run_cpu_s=[r["phases_s"]["cpu_s"] for r in ranks] if steal is not None else None)
     timeline_path = None
     if timeline is not None:
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)

@@ -21,6 +21,7 @@ from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.host_model import host_terms, scale_cpu_work, simulate_host_run
 from hpp.runtime.host_speed import HostSpeed
+from hpp.runtime.host_steal import run_steal
 from hpp.runtime.launch import LaunchResult
 from hpp.runtime.layout import blocks
 from hpp.runtime.metrics import StepMetrics
@@ -42,11 +43,14 @@ class RunReport:
         ``mfu`` (model FLOPs per step / iteration time / the devices' summed peak FLOP/s;
         ``None`` when a device type's peak is unknown, e.g. CPUs), ``flops_per_step``,
         ``step_times_s`` (all steps), ``pipelines`` (per pipeline: ``schedule_s`` of the
-        last step, from the stages' events).
+        last step, from the stages' events), ``host_steal`` (on Linux: the stolen share of the
+        time this host's cores wanted to run during the kept steps,
+        :func:`hpp.runtime.host_steal.run_steal`; else ``None``).
     predicted : dict
         ``iteration_time_s`` and ``throughput_samples_per_s`` from
         :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale`` (on CPU: the host
-        model at this host's speed, ``host_speed``, see :func:`predict_run`),
+        model at this host's speed, ``host_speed``, and the steal measured during the steps,
+        ``host_model.steal``, see :func:`predict_run`),
         ``plan_iteration_time_s`` at time scale 1, ``pipelines`` (per stage forward/backward
         seconds), or ``None`` with ``reason``.
     collectives : dict
@@ -94,8 +98,8 @@ class RunReport:
 
 
 def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0,
-                device: str = "cpu", emulate_speed: bool = False, host_speed: HostSpeed | None = None
-                ) -> dict[str, Any]:
+                device: str = "cpu", emulate_speed: bool = False, host_speed: HostSpeed | None = None,
+                steal: float | None = None, run_cpu_s: list[float] | None = None) -> dict[str, Any]:
     """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host_model``).
 
     A CPU run shares this host's cores among its ranks (and pads emulated devices): the host
@@ -108,6 +112,17 @@ def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, t
     (:func:`hpp.runtime.host_model.scale_cpu_work`), i.e. at this host's speed, once (the time
     scale pads the CPU time so scaled); ``host_speed`` in the result says what was compared, or why
     not, and ``host_model.profile_as_is_iteration_time_s`` is the host model without the factor.
+
+    ``steal`` (CPU only; :func:`hpp.runtime.host_steal.run_steal`'s ``fraction`` of this run): the share
+    of the time the host's cores wanted to run that its hypervisor took; the host model gives every
+    computing rank ``1 - steal`` of its core share. ``host_model.steal`` says what was used and
+    ``host_model.without_steal_iteration_time_s`` is the host model without it (0 or ``None``: the same).
+
+    ``run_cpu_s`` (CPU only): per rank, the CPU seconds the run's forward/backward ops used (the ranks'
+    median ``phases_s.cpu_s``). Their sum over the host model's ``cpu_s`` is ``host_model.run_cpu_ratio``
+    (1: the ranks ran at the speed predicted; the host's speed moves within minutes on a virtual
+    host), and ``host_model.at_run_cpu_speed_iteration_time_s`` the host model with the CPU terms x that
+    ratio too: a diagnostic that separates the host's speed from the schedule model, not a prediction.
     """
     if profile is None:
         return {"iteration_time_s": None, "throughput_samples_per_s": None,
@@ -122,14 +137,25 @@ def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, t
         cores = os.cpu_count() or 1
         factor = host_speed.factor if host_speed is not None else None
         here = scale_cpu_work(profile, factor) if factor is not None else profile
-        host = simulate_host_run(plan, cluster, here, cores=cores, emulate_speed=emulate_speed, time_scale=time_scale)
+        stolen = steal or 0.0
+        host = simulate_host_run(plan, cluster, here, cores=cores, emulate_speed=emulate_speed, time_scale=time_scale,
+                                 steal=stolen)
+        no_steal = host if stolen == 0.0 else simulate_host_run(plan, cluster, here, cores=cores,
+                                                                emulate_speed=emulate_speed, time_scale=time_scale)
         as_is = host if factor is None else simulate_host_run(plan, cluster, profile, cores=cores,
-                                                              emulate_speed=emulate_speed, time_scale=time_scale)
+                                                              emulate_speed=emulate_speed, time_scale=time_scale,
+                                                              steal=stolen)
+        ratio = sum(run_cpu_s) / sum(host.cpu_s) if run_cpu_s and sum(host.cpu_s) > 0 else None
+        at_run = None if ratio is None or not ratio > 0 else simulate_host_run(
+            plan, cluster, scale_cpu_work(profile, (factor or 1.0) * ratio), cores=cores, emulate_speed=emulate_speed,
+            time_scale=time_scale, steal=stolen).iteration_time_s
         t_iter = host.iteration_time_s
         extra = {"cost_model_iteration_time_s": est.iteration_time_s,
                  "host_model": {"cores": cores, "cpu_s": list(host.cpu_s),
                                 "contention": list(host_terms(profile, cores=cores).contention),
-                                "profile_as_is_iteration_time_s": as_is.iteration_time_s}}
+                                "steal": steal, "without_steal_iteration_time_s": no_steal.iteration_time_s,
+                                "profile_as_is_iteration_time_s": as_is.iteration_time_s,
+                                "run_cpu_ratio": ratio, "at_run_cpu_speed_iteration_time_s": at_run}}
         if host_speed is not None:
             extra["host_speed"] = host_speed.to_dict()
     return {"iteration_time_s": t_iter, "throughput_samples_per_s": plan.global_batch_size / t_iter,
@@ -164,7 +190,8 @@ def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: 
                 "flops_per_step": flops,
                 "mfu": flops / median / peak_flops if flops is not None and peak_flops else None,
                 "peak_flops_per_s": peak_flops,
-                "step_times_s": per_step, "pipelines": pipes}
+                "step_times_s": per_step, "pipelines": pipes,
+                "host_steal": run_steal(results, warmup_steps=warmup_steps)}
     last = [r["collectives"][-1] for r in results]
     collectives = {"count": sum(c["count"] for c in last), "bytes": sum(c["bytes"] for c in last),
                    "launched_in_backward_by_rank": [c.get("launched_in_backward", 0) for c in last],
@@ -176,6 +203,6 @@ def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: 
                                      "peak_memory_reserved_bytes", "slowdown",
                                      "time_scale", "compute_s", "cpu_s", "padding_s", "flops_per_step")}
         kept_phases = r["phases"][warmup_steps:] if steps > warmup_steps else r["phases"]
-        row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0]}
+        row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0] if k != "host"}
         ranks.append(row)
     return measured, collectives, ranks

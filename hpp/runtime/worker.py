@@ -1,8 +1,7 @@
 """One rank of an HPP run: its (TP-sharded) pipeline stage, the block all-reduces, the optimizer step.
 
-Entry points: :func:`run_worker` (a library call, used by the fork launcher of
-the tests) and ``python -m hpp.runtime.worker CONFIG.json OUT_DIR`` (what
-``torchrun`` starts; rank and world size come from its environment).
+Entry points: :func:`run_worker` (a library call, used by the fork launcher of the tests) and ``python -m
+hpp.runtime.worker CONFIG.json OUT_DIR`` (what ``torchrun`` starts; rank and world size from its environment).
 
 A rank builds its stage from the model (``model_name`` through
 :func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards it
@@ -50,6 +49,7 @@ from hpp.runtime.data import make_batch_source
 from hpp.runtime.emulation import Instrument
 from hpp.runtime.gradsync import GradSync
 from hpp.runtime.gradsync_units import sync_units
+from hpp.runtime.host_steal import read_cpu_ticks, tick_delta
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
 from hpp.runtime.model_api import IGNORE_INDEX, RuntimeModel
 from hpp.runtime.models import LegacyGPT, ModelConfig
@@ -275,6 +275,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             instrument.reset()
             lr = optimizer.param_groups[0]["lr"]
             dist.barrier()
+            ticks0 = read_cpu_ticks()
             t0 = time.perf_counter()
             inputs, targets = source.batch(step)
             denominator[0] = max(1, target_count(targets))
@@ -300,7 +301,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             step_loss = float(sum(float(l.detach()) for l in losses)) if reports_loss else None
             step_times.append(t_end - t0)
             losses_out.append(step_loss)
-            phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument))
+            phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument,
+                                       host=tick_delta(ticks0, read_cpu_ticks())))
             coll.append(collective_record(sync.stats))
             events = event_records(instrument, t0)
             done = step + 1
