@@ -16,8 +16,9 @@ from typing import Any, Sequence
 
 from dataclasses import replace
 
-from hpp.cli_inputs import DEFAULT_GBS, check_writable, left_out_types, plan_inputs
-from hpp.cli_output import estimate_json, idle_devices_note, num, plan_source, print_estimate, print_memory_breakdown
+from hpp.cli_inputs import DEFAULT_GBS, check_writable, left_out_types, max_tp_note, plan_inputs, solver_settings
+from hpp.cli_output import (estimate_json, idle_devices_note, named_solver_note, num, plan_source, print_estimate,
+                            print_memory_breakdown)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
@@ -76,7 +77,7 @@ def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
 def cmd_plan(args) -> int:
     from hpp.baselines.single_shape import run_baselines      # lazy: numpy/OR-Tools (see the module top)
     from hpp.formulation.candidates import SearchSpace
-    from hpp.formulation.composition.settings import SolverSettings, parse_cpsat_params
+    from hpp.formulation.composition.settings import parse_cpsat_params
     from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
     from hpp.replan import SEED_NAME
 
@@ -87,9 +88,7 @@ def cmd_plan(args) -> int:
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
                         max_types_per_pipeline=args.max_types_per_pipeline,
                         mixed_tp_pipelines=args.mixed_tp_pipelines)
-    settings = SolverSettings(solver=args.solver, max_time_in_seconds=args.time_limit, num_workers=args.workers,
-                              random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
-                              cpsat_params=args.cpsat_params or "")
+    settings = solver_settings(args)     # a --solver named explicitly runs on up to 200 candidates
     planner = PlannerConfig(space=space, solver=settings, cost=_cost_config(args))
     try:
         left_out = left_out_types(cluster, profile, space)
@@ -97,7 +96,7 @@ def cmd_plan(args) -> int:
         if not (args.profile and e.field == "nodes[*].device_type" and not e.source):
             raise
         raise HppInputError(f"{e.message} (--profile {args.profile})", field=e.field, fix=e.fix) from None
-    notes = cluster_notes(cluster) + list(left_out.values())
+    notes = cluster_notes(cluster) + list(left_out.values()) + [n for n in [max_tp_note(cluster, profile, space)] if n]
     check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
@@ -137,8 +136,7 @@ def cmd_plan(args) -> int:
     comp = res.composition
     source, source_line = plan_source(res.stats, comp)
     idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()))
-    if idle:
-        notes.append(idle)
+    notes += [n for n in (idle, named_solver_note(args.solver, comp)) if n]
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
               "solve_s": comp.wall_s, "source": source, "hit_time_limit": comp.hit_time_limit,
@@ -278,7 +276,8 @@ def _parser() -> argparse.ArgumentParser:
                                              f"with --cluster)")
     p.add_argument("--micro-batch-sizes", type=_int_list,
                    help="comma-separated micro-batch sizes to consider (default: all measured)")
-    p.add_argument("--max-tp", type=int, help="largest TP degree (default: the largest measured that fits a node)")
+    p.add_argument("--max-tp", type=int, help="cap on the measured TP degrees (default: the largest measured that fits "
+                                              "a node; a cap that is no measured degree is said in a note)")
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline")
     p.add_argument("--max-types-per-pipeline", type=int, default=2,
                    help="most GPU types in one pipeline (3 searches far more shapes)")
@@ -289,11 +288,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")
     p.add_argument("--cpsat-on-subset", action="store_true",
-                   help="with more candidates than CP-SAT's limit (16 at the default budget, 200 with a larger "
-                        "max_deterministic_time), still run it on the best ones (it may improve the plan but cannot "
-                        "certify it; default: skip it there)")
-    p.add_argument("--solver", default="cp-sat", choices=["cp-sat", "milp", "heuristic", "greedy"],
-                   help="composition solver (greedy: the old name of heuristic)")
+                   help="with more candidates than the exact solver's limit (16 at the default budget, 200 with a "
+                        "larger max_deterministic_time or a --solver named), still run it on the best ones (it may "
+                        "improve the plan but cannot certify it; default: skip it there)")
+    p.add_argument("--solver", choices=["cp-sat", "milp", "heuristic", "greedy"],
+                   help="composition solver (default: cp-sat, on up to 16 candidates at the default budget; an exact "
+                        "solver named here runs on up to 200; greedy: the old name of heuristic)")
     p.add_argument("--cpsat-params", metavar="TEXT",
                    help='extra CP-SAT parameters in text format, e.g. "num_workers:1,random_seed:1" (applied last)')
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")

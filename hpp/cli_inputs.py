@@ -3,8 +3,9 @@
 :func:`plan_inputs` resolves ``--scenario`` / ``--cluster`` / ``--model`` / ``--profile`` /
 ``--previous`` and ``--exclude-devices`` / ``--exclude-nodes`` into one :class:`PlanInputs`, with
 a line for every default it used (the CLI prints them: nothing is planned silently), and
-:func:`left_out_types` says which device types the search cannot use and why. Every refusal is
-an :class:`~hpp.errors.HppInputError` naming the flag (exit 2, one line).
+:func:`left_out_types` says which device types the search cannot use and why, :func:`max_tp_note` what a
+``--max-tp`` that is no measured TP degree leaves, and :func:`solver_settings` turns the solver flags into
+the search's settings. Every refusal is an :class:`~hpp.errors.HppInputError` naming the flag (exit 2, one line).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
 # hpp.replan and hpp.formulation.candidates load numpy and OR-Tools (about 1.4 s against 0.16 s for
 # `import hpp.cli`, measured): imported where used ("lazy: numpy/OR-Tools"), so `hpp --help` stays fast.
 
-__all__ = ["PlanInputs", "plan_inputs", "check_plan_args", "check_writable", "left_out_types", "DEFAULT_GBS"]
+__all__ = ["PlanInputs", "plan_inputs", "check_plan_args", "check_writable", "left_out_types", "max_tp_note",
+           "solver_settings", "DEFAULT_GBS"]
 
 #: Global batch [samples] of ``hpp plan --cluster FILE`` without ``--gbs``.
 DEFAULT_GBS = 1024
@@ -183,3 +185,38 @@ def left_out_types(cluster, profile, space) -> dict[str, str]:
         out[t] = (f"{t} left out: {profile.model} on {t} is profiled only at TP {list(profile.tp_degrees(t))} "
                   f"({'; '.join(why)}); the other types are planned")
     return out
+
+
+def max_tp_note(cluster, profile, space) -> str | None:
+    """A note when ``--max-tp`` is not one of the profile's measured TP degrees on the cluster's types (None otherwise).
+
+    ``max_tp`` is a cap on the measured degrees (:func:`hpp.formulation.candidates.stage_kinds`), not a
+    degree of its own: ``--max-tp 3`` means "at most 3", i.e. TP 1 and 2 when those are measured. It is
+    accepted (a cap is meaningful at any value >= 1) and said, so that nobody reads it as "TP 3".
+    """
+    from hpp.formulation.candidates import stage_kinds    # lazy: numpy
+
+    types = sorted(t for t in cluster.count_by_type() if t in profile.device_types)
+    measured = sorted({tp for t in types for tp in profile.tp_degrees(t)})
+    if space.max_tp is None or space.max_tp in measured:
+        return None
+    used = sorted({k.tp_degree for ks in stage_kinds(cluster, profile, space).values() for k in ks})
+    return (f"--max-tp {space.max_tp} is a cap, not a TP degree: {profile.model} is profiled at TP {measured} on "
+            f"{', '.join(types)}; the search uses TP {used} (measured, at most {space.max_tp}, fitting a node and "
+            f"dividing the heads)")
+
+
+def solver_settings(args):
+    """The search's :class:`~hpp.formulation.composition.settings.SolverSettings` from ``hpp plan``'s flags.
+
+    An exact solver named with ``--solver`` (``cp-sat``, ``milp``) is run on up to
+    :data:`~hpp.formulation.composition.settings.MAX_CANDIDATES` candidates even at the default budget, whose
+    limit is :data:`~hpp.formulation.composition.settings.SMALL_BUDGET_MAX_CANDIDATES`: who names a solver
+    expects it to run. Without ``--solver`` (None): CP-SAT with the budget's limit, as before.
+    """
+    from hpp.formulation.composition.settings import DEFAULT_SOLVER, MAX_CANDIDATES, SolverSettings  # lazy: OR-Tools
+
+    named_exact = args.solver in ("cp-sat", "milp")
+    return SolverSettings(solver=args.solver or DEFAULT_SOLVER, max_time_in_seconds=args.time_limit,
+                          num_workers=args.workers, random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
+                          cpsat_params=args.cpsat_params or "", max_candidates=MAX_CANDIDATES if named_exact else None)

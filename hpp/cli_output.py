@@ -1,5 +1,6 @@
 """What ``hpp plan`` and ``hpp estimate`` print: the plan table (identical pipelines grouped), its JSON,
-and the one-line notes (where the returned plan came from, idle devices, types left out).
+and the one-line notes (where the returned plan came from, idle devices, types left out, a named solver
+that did not run).
 
 Pure formatting: estimates and plans in, strings out (or written to a stream).
 """
@@ -10,7 +11,8 @@ import math
 import sys
 from typing import Any, Iterable, Mapping
 
-__all__ = ["print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note"]
+__all__ = ["print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
+           "named_solver_note"]
 
 
 def num(x: Any) -> Any:
@@ -187,3 +189,15 @@ def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset
             why.append("using them was not predicted faster (a slow or memory-short device, or the gradient sync "
                        "among more replicas, would cost more than it adds)")
     return f"{n} of {cluster.num_devices} devices are idle ({types}): {'; '.join(why)}"
+
+
+def named_solver_note(named: str | None, comp) -> str | None:
+    """A note when the exact solver named with ``--solver`` was skipped for having too many candidates.
+
+    ``named``: the ``--solver`` value (None when not given); ``comp``: the search's ``SolveResult``. None when
+    the solver ran, was not named, or was not needed (the incumbent already met the bound).
+    """
+    if named not in ("cp-sat", "milp") or comp.solver_status or "skipped" not in (comp.note or ""):
+        return None
+    return (f"--solver {named} did not run: {comp.note.split(';')[0].split(': ', 1)[-1]} (the most it is run on); "
+            f"add --cpsat-on-subset to run it on the best ones (it may improve the plan, its bound does not count)")

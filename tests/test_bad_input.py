@@ -162,7 +162,7 @@ def test_types_without_a_requested_micro_batch_size_are_left_out_and_said():
 @pytest.mark.parametrize("argv, words", [
     (["plan", "--gbs", "abc"], "hpp plan: error: argument --gbs: invalid int value: 'abc'. Fix: see hpp plan --help"),
     (["plan", "--solver", "foo"], "hpp plan: error: argument --solver: invalid choice: 'foo'"),
-    (["plan", "--no-such-flag"], "hpp: error: unrecognized arguments: --no-such-flag. Fix: see hpp --help"),
+    (["plan", "--no-such-flag"], "hpp plan: error: unknown option --no-such-flag. Fix: see hpp plan --help"),
     ([], "hpp: error: the following arguments are required: command. Fix: see hpp --help"),
     (["run"], "hpp run: error: the following arguments are required: plan, --steps. Fix: see hpp run --help"),
     (["bench-solvers", "--suite"], "hpp bench-solvers: error: argument --suite: expected one argument"),

@@ -208,7 +208,7 @@ def test_help_shows_the_defaults_and_the_cluster_format(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     out = capsys.readouterr().out
-    for text in ("1024 with --cluster", "(default: 10.0)", "(default: 8)", "(default: cp-sat)",
+    for text in ("1024 with --cluster", "(default: 10.0)", "(default: 8)", "(default: cp-sat,",
                  "num_devices (required)", "fit_gb_per_s", "gpus_per_node = the type's usual node size"):
         assert text in " ".join(out.split()), text
 

@@ -19,7 +19,7 @@ from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.runtime.processes import RunInterrupted, interrupt_signals
 
-__all__ = ["run_main", "profile_main", "main"]
+__all__ = ["run_main", "profile_main", "main", "few_steps_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +104,19 @@ def _human_run(rep: dict) -> str:
         pred += f" (profile times x {hs['factor']:.2f}: this host's speed probe vs the profile's host)"
     elif hs:
         pred += f" (profile times as measured: {hs.get('reason')})"
+    hm = pr.get("host_model") or {}
+    if hm.get("steal"):
+        pred += (f" (the hypervisor took {hm['steal']:.0%} of the cores' time during the steps; "
+                 f"{hm['without_steal_iteration_time_s']:.4f} s without)")
+    diag = (f"  host speed       the ranks' ops used {hm['run_cpu_ratio']:.2f} x the CPU seconds predicted; "
+            f"at their speed the host model gives {hm['at_run_cpu_speed_iteration_time_s']:.4f} s (a diagnostic)"
+            if hm.get("at_run_cpu_speed_iteration_time_s") is not None else None)
     tr = rep.get("training") or {}
     lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
              f"{tr.get('optimizer')} lr {tr.get('lr')})",
              f"  iteration time   measured {m['iteration_time_s']:.4f} s (median after warm-up)   predicted {pred}",
+             *([diag] if diag else []),
              f"  throughput       measured {m['throughput_samples_per_s']:.2f} samples/s, "
              f"{m['tokens_per_s']:.0f} tokens/s"
              + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
@@ -169,12 +177,36 @@ def _run_command(args: argparse.Namespace) -> int:
         print(json.dumps(rep) if args.json else "\n".join([shlex.join(rep["command"]),
                                                             *(f"  note: {n}" for n in rep["notes"])]))
         return 0
+    few = few_steps_note(args.steps, args.warmup_steps)
+    if few:
+        rep["notes"] = [*rep.get("notes", []), few]
     print(json.dumps(rep) if args.json else _human_run(rep))
     if rep.get("verify") is not None:
         line = _verify_line(rep["verify"])
         (sys.stderr if args.json else sys.stdout).write(line + "\n")
         return 0 if rep["verify"]["passed"] else 1
     return 0
+
+
+def few_steps_note(steps: int, warmup_steps: int) -> str | None:
+    """A note when the measured median is over fewer than 3 steps after the warm-up (None otherwise).
+
+    The numbers are not changed; the note says over how many steps the median is and which ``--steps``
+    gives 3 after the warm-up.
+
+    >>> print(few_steps_note(2, 1))       # doctest: +NORMALIZE_WHITESPACE
+    the measured iteration time is the median of 1 step after the warm-up of 1: use --steps 4 or more
+    for a steadier figure
+    >>> few_steps_note(4, 1) is None
+    True
+    """
+    kept, enough = steps - warmup_steps, warmup_steps + 3
+    if kept >= 3:
+        return None
+    if kept <= 0:            # the run's own note says the median includes the warm-up steps
+        return f"use --steps {enough} or more for a median over 3 steps after the warm-up of {warmup_steps}"
+    return (f"the measured iteration time is the median of {kept} step{'s' if kept > 1 else ''} after the warm-up of "
+            f"{warmup_steps}: use --steps {enough} or more for a steadier figure")
 
 
 def _run(args: argparse.Namespace, run_plan) -> dict:
