@@ -169,7 +169,14 @@ def test_cli_flag_and_summary(monkeypatch):
            "collectives": {"count": 2, "bytes": 8, "mode": "block-bucketed", "num_blocks": 2},
            "predicted": {"iteration_time_s": 0.42, "throughput_samples_per_s": 76.0, "time_scale": 1.0,
                          "host_speed": HostSpeed(2.41, profile_s=1.0, here_s=2.41).to_dict()}}
-    assert "predicted 0.4200 s (profile times x 2.41: this host's speed probe vs the profile's host)" \
-        in cli._human_run(rep)
+    assert ("predicted 0.4200 s (profile times x 2.41: this host ran the speed probe 2.41 x slower than the "
+            "profile's host)") in cli._human_run(rep)
+    rep["predicted"]["host_model"] = {"steal": 0.004, "without_steal_iteration_time_s": 0.41}
+    assert "hypervisor" not in cli._human_run(rep)              # under half a percent: not worth a word
+    rep["predicted"]["host_model"] = {"steal": 0.14, "without_steal_iteration_time_s": 0.376,
+                                      "run_cpu_ratio": 1.06, "at_run_cpu_speed_iteration_time_s": 0.4616}
+    text = cli._human_run(rep)
+    assert "(the hypervisor took 14% of the cores' time during the steps; 0.3760 s without)" in text
+    assert "the ranks' ops used 1.06 x the CPU seconds predicted; at their speed the host model gives 0.4616 s" in text
     rep["predicted"]["host_speed"] = HostSpeed.skipped("host calibration off (--no-host-calibration)").to_dict()
     assert "(profile times as measured: host calibration off (--no-host-calibration))" in cli._human_run(rep)

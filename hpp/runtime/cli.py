@@ -101,11 +101,12 @@ def _human_run(rep: dict) -> str:
         pred += f" (time scale {pr['time_scale']:g}; the plan's own {pr['plan_iteration_time_s']:.4f} s)"
     hs = pr.get("host_speed")
     if hs and hs.get("factor") is not None:
-        pred += f" (profile times x {hs['factor']:.2f}: this host's speed probe vs the profile's host)"
+        pred += (f" (profile times x {hs['factor']:.2f}: this host ran the speed probe {hs['factor']:.2f} x "
+                 f"{'slower' if hs['factor'] >= 1 else 'faster'} than the profile's host)")
     elif hs:
         pred += f" (profile times as measured: {hs.get('reason')})"
     hm = pr.get("host_model") or {}
-    if hm.get("steal"):
+    if (hm.get("steal") or 0.0) >= 0.005:
         pred += (f" (the hypervisor took {hm['steal']:.0%} of the cores' time during the steps; "
                  f"{hm['without_steal_iteration_time_s']:.4f} s without)")
     diag = (f"  host speed       the ranks' ops used {hm['run_cpu_ratio']:.2f} x the CPU seconds predicted; "

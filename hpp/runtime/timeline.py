@@ -134,7 +134,9 @@ def write_timeline_png(path: Path, *, plan: Plan, results: list[dict[str, Any] |
     fig, axes = plt.subplots(1, ncols, figsize=(7 * ncols, 0.45 * len(measured_rows) + 1.5), squeeze=False,
                              sharex=True)
     if predicted_rows:
-        _draw(axes[0][0], predicted_rows, "predicted (cost model, 1 iteration)")
+        host = predicted.get("iteration_time_s")
+        _draw(axes[0][0], predicted_rows, "predicted by the cost model (dedicated cores, 1 iteration)" + (
+            f"; on this host's shared cores: {host:.3f} s" if host is not None and "host_model" in predicted else ""))
     _draw(axes[0][-1], measured_rows, "measured (last step)")
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
