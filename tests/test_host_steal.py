@@ -63,3 +63,11 @@ def test_steal_does_not_shorten_the_emulation_padding():
                                steal=0.5)
     # an op of c CPU s takes 2c wall s when half is stolen, and the padding to 2c then adds nothing
     assert stolen.iteration_time_s == pytest.approx(base.iteration_time_s + 0.4)   # only the optimizer, 0.4 -> 0.8
+
+
+def test_a_run_whose_cpu_seconds_disagree_with_the_probe_says_so():
+    from hpp.runtime.run_report import speed_moved_note
+    assert speed_moved_note({"host_model": {"run_cpu_ratio": 1.1}}) is None
+    assert speed_moved_note({"host_model": {"run_cpu_ratio": None}}) is None and speed_moved_note({}) is None
+    assert "0.54 x the CPU seconds" in speed_moved_note({"host_model": {"run_cpu_ratio": 0.54}})
+    assert "1.40 x" in speed_moved_note({"host_model": {"run_cpu_ratio": 1.4}})

@@ -64,7 +64,7 @@ from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
-from hpp.runtime.run_report import RunReport, predict_run, summarise_run
+from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
@@ -284,6 +284,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed,
                             host_speed=speed, steal=steal,
                             run_cpu_s=[r["phases_s"]["cpu_s"] for r in ranks] if steal is not None else None)
+    notes += [n for n in [speed_moved_note(predicted)] if n]
     timeline_path = None
     if timeline is not None:
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)

@@ -27,7 +27,7 @@ from hpp.runtime.layout import blocks
 from hpp.runtime.metrics import StepMetrics
 from hpp.runtime.profiler import dilate_profile
 
-__all__ = ["RunReport", "predict_run", "summarise_run"]
+__all__ = ["RunReport", "predict_run", "summarise_run", "speed_moved_note"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,18 @@ def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, t
             "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
                                                           "p2p_s": s.p2p_s}
                                                          for s in p.stages]} for p in est.pipelines]}
+
+
+def speed_moved_note(predicted: dict[str, Any], *, low: float = 0.8, high: float = 1.25) -> str | None:
+    """A note when the ranks' CPU seconds disagree with the speed probe (``host_model.run_cpu_ratio`` outside
+    [low, high]): the host's speed moved between the run and the probe, e.g. another process computed during
+    one of them, and the prediction is not one to trust. None otherwise (or without the ratio)."""
+    ratio = (predicted.get("host_model") or {}).get("run_cpu_ratio")
+    if ratio is None or low <= ratio <= high:
+        return None
+    return (f"the ranks' ops used {ratio:.2f} x the CPU seconds the speed probe predicts: the host's speed moved "
+            f"between the run and the probe (another process computing?); rerun with nothing else on the host "
+            f"for a prediction to trust")
 
 
 def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int, steps_seen: list[StepMetrics],
