@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.formulation.stage_costs import stacked_times_on_links
+from hpp.formulation.stage_costs import stacked_costs_on_links
 
 __all__ = ["SuffixTrie"]
 
@@ -84,18 +84,22 @@ class SuffixTrie:
         :meth:`StageBalancer._stage_costs` (the same element-wise selections), for all costs at once."""
         bal = self.balancer
         mi, ti = np.array(self.cost_mask, dtype=np.int64), np.array(self.cost_time, dtype=np.int64)
-        fits = np.stack([m[0] for m in self.masks])[mi]
-        full = np.stack([m[1] for m in self.masks])[mi]
-        base_of: dict = {}                 # the stage times of all (kind, b, link_in, link_out) in one batch
-        which = np.array([base_of.setdefault((k, b), len(base_of)) for k, b, _, _ in self.times], dtype=np.int64)
-        p_in = np.stack([bal.link_p2p(k, b, i) for k, b, i, _ in self.times])
-        p_out = np.stack([bal.link_p2p(k, b, o) for k, b, _, o in self.times])
-        none_s, full_s = stacked_times_on_links([bal.base_table(k, b) for k, b in base_of], which, p_in, p_out,
-                                                config=bal.cache.config)
-        C = np.where(fits, none_s[ti], np.inf)
-        if bal.allow_recompute:
-            C = np.where(full, full_s[ti], C)
-        return C, full, 2.0 * p_out[ti]
+        upper = np.triu(np.ones(self.masks[0][0].shape, dtype=bool), k=1)
+        full_m = np.stack([m[1] for m in self.masks])
+        fits = np.stack([m[0] for m in self.masks]) & upper       # where the tables' times are finite: u < v
+        use = full_m & upper if bal.allow_recompute else None
+        base_of: dict = {}                 # the stage times of all (kind, b, link_in, link_out) in one batch ...
+        p2p_of: dict = {}                  # ... and their transfers, once per (kind, b, link options)
+        which, p_in, p_out = [], [], []
+        for k, b, i, o in self.times:
+            which.append(base_of.setdefault((k, b), len(base_of)))
+            p_in.append(p2p_of.setdefault((k, b, i), len(p2p_of)))
+            p_out.append(p2p_of.setdefault((k, b, o), len(p2p_of)))
+        P = np.stack([bal.link_p2p(k, b, i) for k, b, i in p2p_of])
+        which, p_in, p_out = (np.array(x, dtype=np.int64) for x in (which, p_in, p_out))
+        C = stacked_costs_on_links([bal.base_table(k, b) for k, b in base_of], which, P[p_in], P[p_out], ti, fits,
+                                   use if use is not None and use.any() else None, mi, config=bal.cache.config)
+        return C, full_m[mi], 2.0 * P[p_out[ti]]
 
     def stacked(self, name: str) -> np.ndarray:
         """``(T, ...)`` field ``name`` of every table, stacked once (both assemblies read them)."""

@@ -31,7 +31,7 @@ from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
 __all__ = ["StageCostTable", "StageCostCache", "build_stage_cost_table", "table_on_links", "times_on_links",
-           "p2p_on_links", "stacked_times_on_links"]
+           "p2p_on_links", "stacked_costs_on_links"]
 
 
 @dataclass(frozen=True)
@@ -238,20 +238,38 @@ def p2p_on_links(base: StageCostTable, links: tuple[Link, ...], transfer_memo: d
     return got
 
 
-def stacked_times_on_links(bases: list[StageCostTable], which: np.ndarray, p_in: np.ndarray, p_out: np.ndarray,
-                           *, config: CostModelConfig = CostModelConfig()) -> tuple[np.ndarray, np.ndarray]:
-    """(compute_none_s, compute_full_s), each (T, L+1, L+1): :func:`times_on_links` of ``bases[which[i]]`` with
-    transfers ``p_in[i]`` / ``p_out[i]`` ((T, L+1), :func:`p2p_on_links`) for all T at once: the same
-    element-wise operations in the same order, so the same values bit for bit."""
+def stacked_costs_on_links(bases: list[StageCostTable], which: np.ndarray, p_in: np.ndarray, p_out: np.ndarray,
+                           time_of: np.ndarray, fits: np.ndarray, use_full: np.ndarray | None, mask_of: np.ndarray,
+                           *, config: CostModelConfig = CostModelConfig(), rows: int = 32) -> np.ndarray:
+    """(M, L+1, L+1) DP stage costs: cost i has the times t = ``time_of[i]`` (:func:`times_on_links` of
+    ``bases[which[t]]`` on transfers ``p_in[t]`` / ``p_out[t]``, :func:`p2p_on_links`; the same operations, so
+    the same values bit for bit): ``compute_full_s`` where ``use_full[mask_of[i]]``, else ``compute_none_s`` where
+    ``fits[mask_of[i]]`` (masks limited to u < v), else inf; gathered ``rows`` costs at a time (small temporaries)."""
     parts = [b._mem_cache["link_parts"] for b in bases]
-    k = np.array([p2p_waits_per_transfer(e, config) for e, *_ in parts])[which]
-    wait = k[:, None, None] * (p_in[:, :, None] + p_out[:, None, :])
-    shape = parts[0][1].shape
-    fixed = np.stack([np.broadcast_to(np.asarray(f, dtype=np.float64), shape) for _, _, _, f, _, _ in parts])[which]
-    upper = np.stack([u for *_, u, _ in parts])[which]
-    none = np.where(upper, np.stack([fb for _, fb, *_ in parts])[which] + wait + fixed, np.inf)
-    full = np.where(upper, np.stack([fb2 for _, _, fb2, *_ in parts])[which] + wait + fixed, np.inf)
-    return none, full
+    FB, FB2 = np.stack([p[1] for p in parts]), np.stack([p[2] for p in parts])
+    k = np.array([p2p_waits_per_transfer(p[0], config) for p in parts])[which]
+    none = p_in[:, :, None] + p_out[:, None, :]
+    none *= k[:, None, None]                                  # the waits k (c_in + c_out) ...
+    full = np.take(FB2, which, axis=0) + none if use_full is not None else None
+    none += np.take(FB, which, axis=0)                        # ... plus F + B (x + y == y + x)
+    if any(not (np.ndim(p[3]) == 0 and p[3] == 0.0) for p in parts):      # else + 0.0: no change for x >= 0
+        fixed = np.stack([np.broadcast_to(np.asarray(p[3], dtype=np.float64), FB.shape[1:]) for p in parts])[which]
+        none += fixed
+        if full is not None:
+            full += fixed
+    M = len(time_of)
+    C = np.empty((M, *FB.shape[1:]))
+    tmp = np.empty((min(rows, M), *FB.shape[1:]))
+    for lo in range(0, M, rows):
+        hi = min(M, lo + rows)
+        t, m, out = time_of[lo:hi], mask_of[lo:hi], C[lo:hi]
+        np.take(none, t, axis=0, out=out)
+        np.copyto(out, np.inf, where=~fits[m])
+        if full is not None:
+            use = use_full[m]
+            if use.any():
+                np.copyto(out, np.take(full, t, axis=0, out=tmp[:hi - lo]), where=use)
+    return C
 
 
 @dataclass

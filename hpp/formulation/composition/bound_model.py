@@ -175,15 +175,22 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
         return e
 
     transfers: dict[tuple, float] = {}
+    by_bytes: dict[tuple, float] = {}
 
     def cheapest(k: StageKind, mbs: int, v: int, opts: tuple[int, tuple[Link, ...]]) -> float:
-        """min over the links ``opts`` (id, links) of the transfer of kind k's output after layer v-1 (memoised)."""
+        """min over the links ``opts`` (id, links) of the transfer of kind k's output after layer v-1 (memoised,
+        and by the bytes: without the runtime step's time terms a transfer depends on the link and the bytes only,
+        and most layers send equal bytes)."""
         key = (k, mbs, v, opts[0])
         got = transfers.get(key)
         if got is None:
             e = entry(k, mbs)
             out_bytes = e.output_bytes[v - 1]
-            got = transfers[key] = min(p2p_transfer_s(e, link, out_bytes) for link in opts[1])
+            bkey = (opts[0], out_bytes, None if e.step_time is None else id(e))
+            got = by_bytes.get(bkey)
+            if got is None:
+                got = by_bytes[bkey] = min(p2p_transfer_s(e, link, out_bytes) for link in opts[1])
+            transfers[key] = got
         return got
 
     def record(a: StageKind, b: StageKind, run: int | None, mbs: int, v: int):

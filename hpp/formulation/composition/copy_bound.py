@@ -24,20 +24,18 @@ its worth, at most the incumbent), so no interval worth more than the bound is e
 found by Newton steps from above on the LP's step capacity and certified by one LP solve just below it
 (capacity < G).
 
-Incumbent: each LP solution at a level is rounded (floor of the copies, the best-capacity
-candidate of each device-count column) and filled up, then priced exactly
-(:func:`~hpp.formulation.composition.objective.composition_objective_s`); the best is improved by a local
-search over copy counts (one copy more, less, or swapped).
+Incumbent: each LP solution at a level is rounded (floor of the copies, the best-capacity candidate of each
+device-count column), filled up and priced exactly (:func:`~hpp.formulation.composition.objective.composition_objective_s`);
+the best is improved by a local search over copy counts (one copy more, less, or swapped).
 
 Why the bound holds even where parts are dropped: a dropped interval or range records its own lower
 value (not the cut), and the result is the least of the recorded values and the cut, so a cut that is
 not a true plan's objective can only lower the bound, never make it invalid. A pipeline-count range
 whose b copies cannot finish G in time (one copy must finish G/b samples) is dropped without an LP.
 
-Preconditions: the candidates' fill, bottleneck and optimizer times are lower bounds of what the
-cost model can price them at (:meth:`CompositionProblem.bound_problem`); the sync floor covers the
-all-reduce forms of :mod:`hpp.formulation.collectives` (flat ring over the slowest link of the ring,
-hierarchical) with any bandwidth fit; a new form needs its own floor in :mod:`hpp.formulation.composition.sync_floor`.
+Preconditions: the candidates' fill, bottleneck and optimizer times are lower bounds of their cost-model prices
+(:meth:`CompositionProblem.bound_problem`); the sync floor covers :mod:`hpp.formulation.collectives`' all-reduce forms
+(flat ring on its slowest link, hierarchical) with any fit; a new form needs its own floor in :mod:`.sync_floor`.
 """
 
 from __future__ import annotations
@@ -141,13 +139,15 @@ class _Search:
         kind_id: dict[tuple, int] = {}
         self.kinds: dict[int, tuple[int, tuple, tuple]] = {}
         kind = []
+        lids: dict[tuple, int] = {}          # per type: its links' key and an id (not hashing links per candidate)
+        link_key = {t: (lk, lids.setdefault(lk, len(lids))) for t, (g, intra, inter) in type_links.items()
+                    for lk in [(g, tuple(intra), tuple(inter))]}
         for _, _, k in largest:
-            links = type_links[k.device_type]
-            key = (k.tp_degree, links[0], tuple(links[1]), tuple(links[2]))
-            i = kind_id.get(key)
+            lk, lid = link_key[k.device_type]
+            i = kind_id.get((k.tp_degree, lid))
             if i is None:
-                i = kind_id[key] = len(kind_id)
-                self.kinds[i] = (k.tp_degree, links, key)
+                i = kind_id[(k.tp_degree, lid)] = len(kind_id)
+                self.kinds[i] = (k.tp_degree, type_links[k.device_type], (k.tp_degree, *lk))
             kind.append(i)
         self.kind = np.array(kind, dtype=np.int64)
         self.kind_rows = {k: np.flatnonzero(self.kind == k) for k in self.kinds}     # candidates of each kind

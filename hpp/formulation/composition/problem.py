@@ -81,7 +81,8 @@ class ProblemCaches:
 
     sync
         :meth:`~CompositionProblem.sync_s` by (index, h), stage specs by ("spec", index), and per block
-        (lo, hi) of a candidate the (type, holders per node) of its stage and its bytes by ("hold", index, lo, hi)
+        (lo, hi) of a candidate the (type, holders per node) of its stage and its bytes, in a dict per candidate
+        by ("hold", index), keyed by the block (lo, hi)
         (:func:`~hpp.formulation.composition.sync_pricing.block_rings_s`).
     tp
         TP groups the nodes hold by (device type, TP degree).

@@ -63,7 +63,7 @@ class StepLP:
         if not np.any(obj > 0):
             return 0.0, None
         m, n = self.m, self.n
-        cfull = np.r_[obj, np.zeros(m)]
+        cfull = np.concatenate((obj, np.zeros(m)))          # (np.r_ costs ~10 us a solve)
         scale = float(obj.max())
         B = list(self.basis)
         for it in range(200):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -112,6 +113,41 @@ def _max_bw(link: Link, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
     return np.where(qmin <= 0.0, peak, bw)
 
 
+def _max_bw_rows(links: Sequence[Link], x0: np.ndarray, x1: np.ndarray) -> np.ndarray:
+    """(len(links), n): :func:`_max_bw` of each link over [c0, c1] with ``x0``, ``x1`` = ``fit_x(c0)``, ``fit_x(c1)``
+    (they do not depend on the link), all links in one batch: the same element-wise operations, the fit's
+    coefficients as columns (a link without fit as the fit 0, which is not positive: its peak)."""
+    A, B, C = (np.array(col, dtype=np.float64)[:, None] for col in zip(*(l.fit_gb_per_s or (0.0, 0.0, 0.0)
+                                                                         for l in links)))
+    peak = np.array([l.max_bytes_per_s for l in links], dtype=np.float64)[:, None]
+    q0, q1 = _fit(A, B, C, x0), _fit(A, B, C, x1)
+    qmax, qmin = np.maximum(q0, q1), np.minimum(q0, q1)
+    curved = A != 0.0
+    if curved.all():                            # the vertex
+        xv = -B / (2.0 * A)
+        qv, inside = _fit(A, B, C, xv), (x0 <= xv) & (xv <= x1)
+    elif curved.any():
+        with np.errstate(divide="ignore", invalid="ignore"):        # rows without curvature: masked out
+            xv = -B / (2.0 * A)
+            qv, inside = _fit(A, B, C, xv), (x0 <= xv) & (xv <= x1) & curved
+    if curved.any():
+        np.maximum(qmax, qv, out=qmax, where=inside)
+        np.minimum(qmin, qv, out=qmin, where=inside)
+    qmax *= 1e9
+    bw = np.minimum(qmax, peak, out=qmax)
+    np.copyto(bw, peak, where=qmin <= 0.0)
+    return bw
+
+
+def _fit(a, b, c, x: np.ndarray) -> np.ndarray:
+    """``a x^2 + b x + c`` as :func:`~hpp.formulation.collectives.fit_gb_per_s` evaluates it (the same floats)."""
+    q = a * x
+    q *= x
+    q += b * x
+    q += c
+    return q
+
+
 def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, factor: float | None = None,
                     latency_steps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Least sync seconds per byte of a gradient split into blocks of at most ``beta`` bytes [s/byte].
@@ -153,6 +189,17 @@ def _roots(a: float, b: float, c: float) -> list[float]:
     return sorted(((-b - r) / (2.0 * a), (-b + r) / (2.0 * a)))
 
 
+@lru_cache(maxsize=512)
+def _rise_parts(link: Link) -> tuple[tuple[float, ...], tuple[float, ...], float, tuple[float, float, float]]:
+    """What :func:`ring_cost_increasing_from` needs of a fitted link, whatever the chunks: the fit's roots where
+    it falls through 0, every root it cuts at, the peak [GB/s] and g's coefficients (kept per link)."""
+    a, b, c = link.fit_gb_per_s
+    peak = link.max_bytes_per_s / 1e9
+    ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
+    return (tuple(r for r in _roots(a, b, c) if 2.0 * a * r + b < 0),
+            tuple(_roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc)), peak, (ga, gb, gc))
+
+
 def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
     """The least chunk [bytes] from which a ring's cost 2 (h-1)/h * B / bw(B/h) + latency grows with B, for
     chunks up to ``max_chunk_bytes``, as :meth:`Link.bandwidth_bytes_per_s` prices it (exact, from the fit).
@@ -168,13 +215,12 @@ def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
     lo, hi = math.log2(1.0 / 1e6), math.log2(max(max_chunk_bytes, 1.0) / 1e6)
     if hi <= lo:
         return 0.0
+    falls, roots, peak, (ga, gb, gc) = _rise_parts(link)
     bad = -math.inf                      # the largest x where the cost can fall
-    for r in _roots(a, b, c):
-        if lo < r <= hi and 2.0 * a * r + b < 0:
+    for r in falls:
+        if lo < r <= hi:
             bad = max(bad, r)            # the fit falls through 0: the price drops to the peak's
-    peak = link.max_bytes_per_s / 1e9
-    ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
-    cuts = sorted({lo, hi, *[r for r in _roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc) if lo < r < hi]})
+    cuts = sorted({lo, hi, *[r for r in roots if lo < r < hi]})
     for x0, x1 in zip(cuts, cuts[1:]):
         xm = 0.5 * (x0 + x1)
         fm = a * xm * xm + b * xm + c
@@ -277,49 +323,56 @@ def _hier_group(a: int, b: int, g_max: int, num_nodes: int | None = None) -> int
 def stage_sync_rates(cluster, a: int, b: int, kinds: Sequence[tuple[int, tuple[int, list[Link], list[Link]]]],
                      beta_max: float, *, hierarchical: bool = True) -> list[tuple[np.ndarray, np.ndarray, float]]:
     """:func:`stage_sync_rate` of several stage kinds ``(tp, links)`` at once, same values: the kinds share
-    the grid and the range [a, b], so each distinct link's bandwidth over the grid (and its
-    :func:`ring_cost_increasing_from`) is computed once rather than once per kind and form."""
+    the grid and the range [a, b], so each distinct link's bandwidth over the grid (all links in one batch,
+    :func:`_max_bw_rows`), its rate terms and its :func:`ring_cost_increasing_from` are computed once rather than
+    once per kind and form."""
     n = max(2, int(math.ceil(math.log(max(beta_max, 2.0) / _GRID_FROM) / math.log(_GRID_RATIO))) + 2)
     tops = _GRID_FROM * _GRID_RATIO ** np.arange(n, dtype=np.float64)
-    bots = np.r_[0.0, tops[:-1]]
-    bws: dict[Link, np.ndarray] = {}
-    rises: dict[Link, float] = {}
-
+    bots = np.concatenate(([0.0], tops[:-1]))
+    plans, needed = [], {}                  # per kind: (flat links, g, hierarchical?); the links the tables use
+    for tp, (node_max, intra, inter) in kinds:
+        g_max = max(1, node_max - tp + 1)
+        flat_links = intra + inter if a <= g_max else (inter or intra)
+        g = _hier_group(a, b, g_max, len(cluster.nodes))
+        hier = bool(hierarchical and inter and g >= 2)
+        plans.append((flat_links, g, hier))
+        for link in (*flat_links, *(inter if hier else ())):
+            needed.setdefault(id(link), link)       # by id: the kinds' links are the cluster's (hashing is slow)
+    row = {i: r for r, i in enumerate(needed)}
+    if a >= 2 and needed:                   # their bandwidths over the grid, in one batch
+        bw = _max_bw_rows(list(needed.values()), fit_x(bots / b), fit_x(tops / a)) if len(needed) > 1 else \
+            _max_bw(next(iter(needed.values())), bots / b, tops / a)[None, :]
+        lat = np.array([link.latency_s for link in needed.values()], dtype=np.float64)[:, None]
+    terms: dict[tuple, np.ndarray] = {}
     tables: dict[tuple, np.ndarray] = {}
 
     def table(used: list[Link], factor: float, steps: float) -> np.ndarray:
         """:func:`sync_rate_table`'s running least rate on the shared grid (kinds with the same links share it)."""
         if a < 2 or factor <= 0 or not used:
             return np.zeros(n)
-        key = (tuple(used), factor, steps)
+        rows = [row[id(link)] for link in used]
+        key = (tuple(rows), factor, steps)
         got = tables.get(key)
-        if got is not None:
-            return got
-        rate = np.full(n, math.inf)
-        for link in used:
-            bw = bws.get(link)
-            if bw is None:
-                bw = bws[link] = _max_bw(link, bots / b, tops / a)
-            rate = np.minimum(rate, factor / bw + steps * link.latency_s / tops)
-        got = tables[key] = np.minimum.accumulate(rate)
+        if got is None:
+            term = terms.get((factor, steps))
+            if term is None:                # factor / bw + steps * latency / tops of each link (row)
+                term = terms[(factor, steps)] = factor / bw + (steps * lat) / tops
+            got = tables[key] = np.minimum.accumulate(term[rows].min(axis=0) if len(rows) > 1 else term[rows[0]])
         return got
 
+    rises: dict[int, float] = {}
     out = []
-    for tp, (node_max, intra, inter) in kinds:
-        g_max = max(1, node_max - tp + 1)
-        flat_links = intra + inter if a <= g_max else (inter or intra)
+    for (flat_links, g, hier), (tp, (node_max, intra, inter)) in zip(plans, kinds):
         rate = table(flat_links, 2.0 * (a - 1) / a, 2.0 * (a - 1))
         used = list(flat_links)
-        g = _hier_group(a, b, g_max, len(cluster.nodes))
-        if hierarchical and inter and g >= 2:
-            hier = table(inter, max(0.0, 2.0 / g - 2.0 / a), max(0.0, 2.0 * (a / g - 1.0)))
-            rate = np.minimum(rate, hier)
+        if hier:
+            rate = np.minimum(rate, table(inter, max(0.0, 2.0 / g - 2.0 / a), max(0.0, 2.0 * (a / g - 1.0))))
             used += inter
         chunk0 = 0.0
-        for link in dict.fromkeys(used):
-            r = rises.get(link)
+        for link in used:
+            r = rises.get(id(link))
             if r is None:
-                r = rises[link] = ring_cost_increasing_from(link, beta_max / max(a, 1))
+                r = rises[id(link)] = ring_cost_increasing_from(link, beta_max / max(a, 1))
             chunk0 = max(chunk0, r)
         out.append((tops, rate, min(beta_max, chunk0 * b)))
     return out

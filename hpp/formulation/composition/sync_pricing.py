@@ -117,26 +117,57 @@ def mixed_ring_s(num_bytes: float, holders: Sequence[tuple[str, int, int]], clus
     key = ("mixed", num_bytes, h, classes, spans)
     if cache is not None and key in cache:
         return cache[key]
+    plan = cache.get(("mixed-orders", classes, spans)) if cache is not None else None
+    if plan is None:
+        plan = _ring_orders(classes, spans, cluster, links)
+        if cache is not None:
+            cache[("mixed-orders", classes, spans)] = plan
+    distinct, orders, extra = plan
     chunk = num_bytes / h
-    cross = {}
-    for i, a in enumerate(classes):
-        for b in classes[i + 1:]:
-            cross[a, b] = cross[b, a] = cluster.type_link(a, b)
-    cost = {k: l.transfer_s(chunk) for k, l in cross.items()}
-
-    def worst(order: Sequence[str]) -> float:
-        return max(cost[a, b] for a, b in zip(order, (*order[1:], order[0])))
-
-    if len(classes) <= _EXACT_ORDERS_UP_TO:
-        order = min(((classes[0], *rest) for rest in permutations(classes[1:])), key=worst)
-    else:
-        order = classes
-    edges = [cross[a, b] for a, b in zip(order, (*order[1:], order[0]))] + [links[t].inter for t in spans]
-    slowest = max(edges, key=lambda l: l.transfer_s(chunk))
-    got = ring_allreduce_s(num_bytes, h, slowest)
+    cost = [l.transfer_s(chunk) for l in distinct]
+    # the first order of least worst edge (min's tie rule), then the first slowest of its edges and the
+    # spanning classes' own links (max's tie rule)
+    best, best_worst = orders[0], max(cost[i] for i in orders[0])
+    for edges in orders[1:]:
+        worst = max(cost[i] for i in edges)
+        if worst < best_worst:
+            best, best_worst = edges, worst
+    slowest = best[0]
+    for i in best + extra:
+        if cost[i] > cost[slowest]:
+            slowest = i
+    got = ring_allreduce_s(num_bytes, h, distinct[slowest])
     if cache is not None:
         cache[key] = got
     return got
+
+
+def _ring_orders(classes: tuple[str, ...], spans: tuple[str, ...], cluster: Cluster,
+                 links: dict[str, TypeLinks]) -> tuple[list[Link], list[tuple[int, ...]], tuple[int, ...]]:
+    """The candidate cyclic class orders of :func:`mixed_ring_s` (each class contiguous, the first class
+    first; all of them up to ``_EXACT_ORDERS_UP_TO`` classes, else the sorted order), as indices into a list
+    of the distinct links: (links, per order its edges' links in ring order, the spanning classes' own
+    links). Depends on the classes only, so kept per (classes, spans)."""
+    distinct: list[Link] = []
+    index: dict[Link, int] = {}
+
+    def idx(link: Link) -> int:
+        got = index.get(link)
+        if got is None:
+            got = index[link] = len(distinct)
+            distinct.append(link)
+        return got
+
+    cross = {}
+    for i, a in enumerate(classes):
+        for b in classes[i + 1:]:
+            cross[a, b] = cross[b, a] = idx(cluster.type_link(a, b))
+    if len(classes) <= _EXACT_ORDERS_UP_TO:
+        orders = [(classes[0], *rest) for rest in permutations(classes[1:])]
+    else:
+        orders = [classes]
+    edges = [tuple(cross[a, b] for a, b in zip(o, (*o[1:], o[0]))) for o in orders]
+    return distinct, edges, tuple(idx(links[t].inter) for t in spans)
 
 
 def ring_table_s(w: np.ndarray, max_pipelines: int, links: TypeLinks, g: int) -> np.ndarray:
@@ -163,33 +194,59 @@ def block_rings_s(problem, used: list[int], h: int, counts: dict[int, int] | Non
     ``counts[c]`` copies (see :func:`hpp.formulation.composition.objective.block_sync_s`); the bytes are the
     largest holder's. One type: :func:`type_ring_s` (least ``g``), several: :func:`mixed_ring_s`.
     """
-    memo = problem.caches.sync
-    copies = []
-    for c in used:
-        copies.append(counts.get(c, 0) if counts is not None else (h if len(used) == 1 else max(1, h // len(used))))
+    memo, rings = problem.caches.sync, problem.caches.ring
+    key = ("blocks", tuple(used), tuple(blocks))
+    static = memo.get(key)
+    if static is None:
+        static = memo[key] = _block_holders(problem, used, blocks)
+    if counts is not None:
+        copies = [counts.get(c, 0) for c in used]
+    else:
+        copies = [h if len(used) == 1 else max(1, h // len(used))] * len(used)
     out = []
-    for lo, hi in blocks:
-        holders = []
+    for w, hold, one in static:
+        if one is not None:             # holders of one type: its ring at the least g among all their copies
+            out.append(problem.type_ring_s(one[0], one[1], w, sum(copies[j] for j, _ in hold)))
+            continue
+        holders = [(*tg, copies[j]) for j, tg in hold]
+        key = ("block", w, *holders)
+        ring = rings.get(key)
+        if ring is None:
+            ring = rings[key] = mixed_ring_s(w, holders, problem.cluster, problem.type_links, rings)
+        out.append(ring)
+    return out
+
+
+def _block_holders(problem, used: list[int], blocks: list[tuple[int, int]]) -> list[tuple]:
+    """Per block of :func:`block_rings_s`, what does not depend on the copies: (the largest holder's bytes,
+    ((index into ``used``, (type, g)) of each holder), (type, least g) when all holders have one type, else
+    None). Per candidate and block, the (type, g) of its stage holding the block's first layer and the block's
+    bytes are kept in the problem's ``("hold", c)`` memo."""
+    memo = problem.caches.sync
+    holds = []                          # per used candidate: {block: ((type, g) of its holder or None, bytes)}
+    for c in used:
+        got = memo.get(("hold", c))
+        if got is None:
+            got = memo[("hold", c)] = {}
+        holds.append(got)
+    out = []
+    for blk in blocks:
+        hold = []
         w = -math.inf
-        for c, n in zip(used, copies):
-            got = memo.get(("hold", c, lo, hi))
+        for j, (c, per) in enumerate(zip(used, holds)):
+            got = per.get(blk)
             if got is None:             # (type, holders per node) of the stage holding layer lo, and [lo, hi)'s bytes
+                lo, hi = blk
                 cand = problem.candidates[c]
                 bnd, spec = cand.partition.boundaries, problem.stage_sync_specs(c)
                 st = bisect_right(bnd, lo) - 1           # the stage holding layer lo (empty stages skipped)
-                got = memo[("hold", c, lo, hi)] = (spec[st][:2] if 0 <= st < len(spec) else None,
-                                                   sum(cand.partition.layer_param_bytes[lo:hi]))
+                got = per[blk] = (spec[st][:2] if 0 <= st < len(spec) else None,
+                                  sum(cand.partition.layer_param_bytes[lo:hi]))
             if got[0] is not None:
-                holders.append((*got[0], n))
-            w = max(w, got[1])
-        key = ("block", w, *holders)
-        ring = problem.caches.ring.get(key)
-        if ring is None:
-            if len({t for t, _, _ in holders}) == 1:
-                ring = problem.type_ring_s(holders[0][0], min(g for _, g, _ in holders), w,
-                                           sum(n for *_, n in holders))
-            else:
-                ring = mixed_ring_s(w, holders, problem.cluster, problem.type_links, problem.caches.ring)
-            problem.caches.ring[key] = ring
-        out.append(ring)
+                hold.append((j, got[0]))
+            if got[1] > w:
+                w = got[1]
+        types = {tg[0] for _, tg in hold}
+        one = (hold[0][1][0], min(tg[1] for _, tg in hold)) if len(types) == 1 else None
+        out.append((w, tuple(hold), one))
     return out
