@@ -180,3 +180,14 @@ def test_cli_flag_and_summary(monkeypatch):
     assert "the ranks' ops used 1.06 x the CPU seconds predicted; at their speed the host model gives 0.4616 s" in text
     rep["predicted"]["host_speed"] = HostSpeed.skipped("host calibration off (--no-host-calibration)").to_dict()
     assert "(profile times as measured: host calibration off (--no-host-calibration))" in cli._human_run(rep)
+
+
+def test_probes_before_and_after_the_run_bracket_its_speed():
+    from hpp.runtime.host_speed import bracket
+    before = HostSpeed(2.0, reference="ref", profile_s=1.0, here_s=2.0, samples_s=(1.9, 2.0, 2.1), probe_wall_s=0.5)
+    after = HostSpeed(3.0, reference="ref", profile_s=1.0, here_s=3.0, samples_s=(2.9, 3.0, 3.1), probe_wall_s=0.4)
+    both = bracket(before, after)
+    assert both.factor == pytest.approx(2.5) and both.samples_s == (1.9, 2.0, 2.1, 2.9, 3.0, 3.1)  # median of six
+    assert both.probe_wall_s == pytest.approx(0.9) and "3 rounds before the run, 3 after" in both.reference
+    skipped = HostSpeed.skipped("no")
+    assert bracket(skipped, after) is after and bracket(before, skipped) is before

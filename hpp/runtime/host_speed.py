@@ -18,7 +18,8 @@ used it), thread count, dtype / autocast, warm-up and repeat counts (``meta["war
 probe measures that ``rounds`` times (3) and takes the median: on gpt-tiny 0.6 s wall on
 this project's 2-core VM (Dec 1 2026), plus, in a process that has not trained yet (``hpp
 run``'s), 1.5-2 s of torch's first use (AdamW imports ``torch._dynamo``, the first backward),
-paid by one untimed iteration first. The host's factor is
+paid by one untimed iteration first. ``hpp run`` probes before the run and after it and takes the
+median of both probes' rounds (:func:`bracket`). The host's factor is
 
     ``factor = here_s / profile_s``  (> 1: this host is slower than the profile's)
 
@@ -52,7 +53,7 @@ from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.profiler import measure_layer
 from hpp.runtime.zoo import load_runtime_model
 
-__all__ = ["HostSpeed", "calibrate_host_speed", "reference_of", "probe_reference_s", "PROBE_BUDGET_S"]
+__all__ = ["HostSpeed", "calibrate_host_speed", "bracket", "reference_of", "probe_reference_s", "PROBE_BUDGET_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -262,3 +263,22 @@ def calibrate_host_speed(profile: ModelProfile | None, *, device: str = "cpu", m
                 1e3 * here, 1e3 * ref, here / ref, wall)
     return HostSpeed(here / ref, reference=reference, profile_s=ref, here_s=here, samples_s=tuple(samples),
                      probe_wall_s=wall)
+
+
+def bracket(before: HostSpeed, after: HostSpeed) -> HostSpeed:
+    """One factor from a probe before the run and one after it: the median of both probes' rounds.
+
+    A virtual host's speed moves within minutes (Dec 2 2026, this project's VM: the probe after a
+    run gave x 1.89-2.71 for six runs within 25 minutes, and the ranks' own CPU seconds said the host
+    had run 0.70-1.06 x that during the steps), so probing on both sides of the run brackets the
+    speed the run had. If only one of the two has a factor, that one is returned.
+    """
+    if before.factor is None:
+        return after
+    if after.factor is None:
+        return before
+    samples = before.samples_s + after.samples_s
+    here = statistics.median(samples)
+    return HostSpeed(here / after.profile_s, reference=f"{after.reference}; {len(before.samples_s)} rounds before "
+                     f"the run, {len(after.samples_s)} after", profile_s=after.profile_s, here_s=here,
+                     samples_s=samples, probe_wall_s=before.probe_wall_s + after.probe_wall_s)

@@ -59,7 +59,7 @@ from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.runtime.checkpoint import latest_checkpoint
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
-from hpp.runtime.host_speed import HostSpeed, calibrate_host_speed
+from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
@@ -149,7 +149,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         command (:attr:`RunReport.command`) without starting anything (for a launcher of your own).
     host_calibration : bool
         CPU: predict at this host's speed (:func:`hpp.runtime.host_speed.calibrate_host_speed`, a probe of
-        under 2 s on this host, once, after the run); False: the profile's times as measured.
+        under 2 s on this host before the run and one after it, :func:`~hpp.runtime.host_speed.bracket`);
+        False: the profile's times as measured.
 
     Raises
     ------
@@ -249,6 +250,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                         warmup_steps=warmup_steps, world_size=plan.num_devices, emulate_speed=emulate_speed,
                         notes=notes, dtype=run_dtype, training=asdict(training), data=data_desc)
     verified = None
+    speed_before = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else None
     logs = Path(log_dir) if log_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="hpp-run-", dir=out_dir) as tmp:
         monitor = StepMonitor(Path(tmp), ranks=share.ranks, first_step=start, steps=steps,
@@ -277,7 +279,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     measured, collectives, ranks = summarise_run(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                                  steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
-    speed = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else \
+    speed = bracket(speed_before, calibrate_host_speed(profile, device=device, model=rt)) if speed_before else \
         HostSpeed.skipped("host calibration off (--no-host-calibration)")
     steal = measured["host_steal"]["fraction"] if measured.get("host_steal") and len(share.ranks) == plan.num_devices \
         else None                                     # the host model is a one-host model
