@@ -52,9 +52,10 @@ def one_run(i: int, work: Path, steps: int) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--out", type=Path, default=RESULTS / "closed_loop_demo.csv")
+    ap.add_argument("--runs", type=int, default=6, help="plan-and-run repetitions (default 6)")
+    ap.add_argument("--steps", type=int, default=8, help="hpp run --steps (default 8)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "closed_loop_demo.csv",
+                    help="CSV written (default experiments/results/closed_loop_demo.csv, the committed figures)")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hpp-demo-") as tmp:

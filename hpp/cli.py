@@ -122,7 +122,8 @@ def cmd_plan(args) -> int:
         if params.HasField("max_deterministic_time"):
             det = params.max_deterministic_time
     say(f"HPP search ({settings.solver}; " + (f"wall-clock limit {args.time_limit:g} s)" if args.time_limit else
-        f"deterministic: a budget of {det:g} work units; --time-limit S sets a wall limit)"))
+        (f"deterministic: a budget of {det:g} work units" if settings.solver == "cp-sat" else
+         "deterministic: no wall-clock limit") + "; --time-limit S sets a wall limit)"))
     res = plan_hpp(cluster, profile, gbs, config=planner, profile_ref=profile_ref_for(profile), progress=progress,
                    seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")

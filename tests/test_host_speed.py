@@ -171,6 +171,9 @@ def test_cli_flag_and_summary(monkeypatch):
                          "host_speed": HostSpeed(2.41, profile_s=1.0, here_s=2.41).to_dict()}}
     assert ("predicted 0.4200 s (profile times x 2.41: this host ran the speed probe 2.41 x slower than the "
             "profile's host)") in cli._human_run(rep)
+    rep["predicted"]["host_speed"] = HostSpeed(0.8, profile_s=1.0, here_s=0.8).to_dict()
+    assert "(profile times x 0.80: this host ran the speed probe 1.25 x faster than the profile's host)" \
+        in cli._human_run(rep)
     rep["predicted"]["host_model"] = {"steal": 0.004, "without_steal_iteration_time_s": 0.41}
     assert "hypervisor" not in cli._human_run(rep)              # under half a percent: not worth a word
     rep["predicted"]["host_model"] = {"steal": 0.14, "without_steal_iteration_time_s": 0.376,

@@ -215,7 +215,11 @@ def results_markdown(results: Path) -> str:
                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in rv:
             out.append("| " + " | ".join(_f(r[c], ".0f" if c == "devices_used" else ".3f") for c in cols) + " |")
-        out += ["", "![runtime](experiments/results/runtime_validation.png)", ""]
+        out += ["", "predicted_s: the host model with the hypervisor's steal measured during the run (steal: its share "
+                "of the time the cores wanted to run); predicted_nosteal_s: the same without it; error: measured / "
+                "predicted - 1; cpu_ratio: CPU seconds the ranks' ops used / predicted (the host's speed vs the "
+                "profile's); error_norm: the error with the CPU terms x cpu_ratio (docs/RUNTIME.md, \"Time truth\").",
+                "", "![runtime](experiments/results/runtime_validation.png)", ""]
     return "\n".join(out)
 
 

@@ -101,8 +101,9 @@ def _human_run(rep: dict) -> str:
         pred += f" (time scale {pr['time_scale']:g}; the plan's own {pr['plan_iteration_time_s']:.4f} s)"
     hs = pr.get("host_speed")
     if hs and hs.get("factor") is not None:
-        pred += (f" (profile times x {hs['factor']:.2f}: this host ran the speed probe {hs['factor']:.2f} x "
-                 f"{'slower' if hs['factor'] >= 1 else 'faster'} than the profile's host)")
+        f = hs["factor"]
+        pred += (f" (profile times x {f:.2f}: this host ran the speed probe {max(f, 1 / f):.2f} x "
+                 f"{'slower' if f >= 1 else 'faster'} than the profile's host)")
     elif hs:
         pred += f" (profile times as measured: {hs.get('reason')})"
     hm = pr.get("host_model") or {}

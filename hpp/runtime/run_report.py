@@ -174,9 +174,9 @@ def speed_moved_note(predicted: dict[str, Any], *, low: float = 0.8, high: float
     ratio = (predicted.get("host_model") or {}).get("run_cpu_ratio")
     if ratio is None or low <= ratio <= high:
         return None
-    return (f"the ranks' ops used {ratio:.2f} x the CPU seconds the speed probe predicts: the host's speed moved "
-            f"between the run and the probe (another process computing?); rerun with nothing else on the host "
-            f"for a prediction to trust")
+    return (f"the ranks' ops used {ratio:.2f} x the CPU seconds predicted at the speed probe's speed: the host's "
+            f"speed moved between the probe and the run, or the profile's op times do not hold in this run (tiny "
+            f"ops are dominated by per-op overhead); the prediction is off by about that factor")
 
 
 def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int, steps_seen: list[StepMetrics],
