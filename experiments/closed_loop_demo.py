@@ -17,7 +17,6 @@ About 35 s a run on this project's 2-core VM; run it on a quiet host (nothing el
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+from hpp.fileio import write_rows_csv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ("run", "measured_s", "predicted_s", "error", "steal", "predicted_nosteal_s", "error_nosteal",
@@ -65,13 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"run {i}: measured {r['measured_s']:.3f} s, predicted {r['predicted_s']:.3f} s ({r['error']:+.0%}); "
                   f"steal {r['steal']:.0%}, without it {r['predicted_nosteal_s']:.3f} s ({r['error_nosteal']:+.0%}); "
                   f"speed factor {r['host_speed_factor']:.2f}, the ranks' CPU x {r['run_cpu_ratio']:.2f}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".csv.tmp")
-    with tmp_out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    tmp_out.replace(args.out)
+    write_rows_csv(rows, args.out, columns=FIELDS)
     ok = sum(abs(r["error"]) <= 0.15 for r in rows)
     ok0 = sum(abs(r["error_nosteal"]) <= 0.15 for r in rows)
     print(f"without the steal: within 15 % in {ok0} of {len(rows)} runs "

@@ -19,8 +19,6 @@ the other load measured just before each run (``background load corrected``).
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import logging
 import os
 import sys
@@ -31,6 +29,7 @@ from typing import Sequence
 import torch  # noqa: F401  (the fork launcher needs torch imported in the parent)
 
 from hpp.bench.runtime_validation import DEFAULT_CLUSTERS, QUICK_CLUSTERS, max_abs_error, validate
+from hpp.fileio import write_dataclass_csv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -82,10 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = validate(specs, steps=steps, time_scale=args.time_scale, repeats=5 if args.quick else 10,
                     timeline=args.out.with_name(args.out.stem + "_timeline.png"), closed_loop=not args.no_closed_loop,
                     quick=args.quick, profile_out=args.out.with_name(args.out.stem + "_profile.json"))
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in dataclasses.fields(rows[0])])
-        writer.writeheader()
-        writer.writerows(dataclasses.asdict(r) for r in rows)
+    write_dataclass_csv(rows, args.out)
     _chart([r for r in rows if r.emulated], args.out.with_suffix(".png"))
     print(f"{'cluster':<12} {'plan':<13} {'dev':>3} {'emu':>3} {'D':>3} {'plan s':>7} {'model s':>7} {'pred s':>7} "
           f"{'meas s':>7} {'error':>6} {'steal':>5} {'nost s':>7} {'cpu':>5} {'norm s':>7} {'err norm':>8} "

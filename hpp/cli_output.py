@@ -199,5 +199,5 @@ def named_solver_note(named: str | None, comp) -> str | None:
     """
     if named not in ("cp-sat", "milp") or comp.solver_status or "skipped" not in (comp.note or ""):
         return None
-    return (f"--solver {named} did not run: {comp.note.split(';')[0].split(': ', 1)[-1]} (the most it is run on); "
-            f"add --cpsat-on-subset to run it on the best ones (it may improve the plan, its bound does not count)")
+    return (f"--solver {named} did not run: {comp.note}; add --cpsat-on-subset to run it on the best ones (it may "
+            f"improve the plan, its bound does not count)")

@@ -281,11 +281,11 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
     speed = bracket(speed_before, calibrate_host_speed(profile, device=device, model=rt)) if speed_before else \
         HostSpeed.skipped("host calibration off (--no-host-calibration)")
-    steal = measured["host_steal"]["fraction"] if measured.get("host_steal") and len(share.ranks) == plan.num_devices \
-        else None                                     # the host model is a one-host model
+    one_host = len(share.ranks) == plan.num_devices   # the host model (steal, the ranks' CPU speed) is a one-host model
+    steal = measured["host_steal"]["fraction"] if one_host and measured.get("host_steal") else None
     predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed,
                             host_speed=speed, steal=steal,
-                            run_cpu_s=[r["phases_s"]["cpu_s"] for r in ranks] if steal is not None else None)
+                            run_cpu_s=[r["phases_s"]["cpu_s"] for r in ranks] if one_host else None)
     notes += [n for n in [speed_moved_note(predicted)] if n]
     timeline_path = None
     if timeline is not None:

@@ -275,7 +275,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             instrument.reset()
             lr = optimizer.param_groups[0]["lr"]
             dist.barrier()
-            ticks0 = read_cpu_ticks()
+            ticks0 = read_cpu_ticks() if rank == 0 else None     # the host's steal: one reader (run_steal's)
             t0 = time.perf_counter()
             inputs, targets = source.batch(step)
             denominator[0] = max(1, target_count(targets))
