@@ -20,7 +20,7 @@ import numpy as np
 from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
-from hpp.formulation.candidates import SearchSpace, build_candidates, stage_kinds
+from hpp.formulation.candidates import SearchSpace, build_candidates_bounded, stage_kinds
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.composition import CompositionProblem, SyncFloor
 from hpp.formulation.collectives import pipeline_link
@@ -149,8 +149,17 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                                        global_batch_size=global_batch_size)
     link = cache.link
     balancer = StageBalancer(cache, allow_recompute=space.allow_recompute, memoise=pruning.memoise)
-    cands, stats = build_candidates(cluster, profile, balancer, space, pruning, workers=workers)
+    priced = cache.links if getattr(balancer, "packed_p2p", False) and hasattr(cache, "links") else None
+    if priced is None and hasattr(cache, "links"):
+        priced = lambda a, b, run=None: cache.links(a, b)            # noqa: E731  (lower-bound options)
+
+    def bound(cs):      # the bound model, run inside each stage-balance worker on its share
+        return lower_bound_candidates(cluster, profile, cs, pipeline_link=link, config=config, priced_links=priced)
+
+    cands, lb_cands, stats = build_candidates_bounded(cluster, profile, balancer, space, pruning, workers=workers,
+                                                      bound=bound)
     stats["candidates_s"] = time.perf_counter() - t0
+    stats["bound_model_s"] = stats.pop("bound_model_cpu_s", 0.0)
     stats["types_left_out"] = left_out
     stats["cache"] = cache.cache_info()
     stats["dp_rows_computed"] = balancer.rows_computed
@@ -160,13 +169,7 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                               fix="add devices with more memory, allow recomputation, raise --max-stages or --max-tp,"
                                   " or use smaller micro-batches")
     problem = CompositionProblem(cands, cluster, global_batch_size, link)
-    t1 = time.perf_counter()
-    priced = cache.links if getattr(balancer, "packed_p2p", False) and hasattr(cache, "links") else None
-    if priced is None and hasattr(cache, "links"):
-        priced = lambda a, b, run=None: cache.links(a, b)            # noqa: E731  (lower-bound options)
-    lb_cands = lower_bound_candidates(cluster, profile, cands, pipeline_link=link, config=config, priced_links=priced)
     problem.bound = CompositionProblem(lb_cands, cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster))
-    stats["bound_model_s"] = time.perf_counter() - t1
     problem.estimator = _estimator(cluster, profile, global_batch_size, cands, config,
                                    profile_ref or {"name": profile.model})
     return problem, stats

@@ -127,7 +127,7 @@ def test_plan_flags_out_of_range(argv, message, capsys):
 def test_unprofiled_micro_batch_and_unwritable_out_fail_before_the_search(argv, message, capsys, monkeypatch):
     import hpp.planner
     called = []
-    monkeypatch.setattr(hpp.planner, "build_candidates", lambda *a, **k: called.append(1) or ([], {}))
+    monkeypatch.setattr(hpp.planner, "build_candidates_bounded", lambda *a, **k: called.append(1) or ([], [], {}))
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Fix:" in err[0], err

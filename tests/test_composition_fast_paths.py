@@ -77,6 +77,25 @@ def test_fill_in_order_equals_one_copy_at_a_time(problem):
         assert fast == plain
 
 
+def test_objective_cutoff_answers_below_cutoff_as_the_full_objective(problem):
+    # with cutoff_s the sync is not priced once T_pipe + T_opt >= cutoff: inf then, else the same float
+    rng = random.Random(3)
+    n = len(problem.candidates)
+    cut_off = kept = 0
+    for _ in range(300):
+        counts = {c: rng.randint(1, 3) for c in rng.sample(range(n), rng.randint(1, 3))}
+        if not problem.fits(counts):
+            continue
+        full = composition_objective_s(problem, counts)
+        for cutoff in (full * 0.5, full * (1 - 1e-12), full, full * (1 + 1e-12), math.inf):
+            got = composition_objective_s(problem, counts, cutoff_s=cutoff)
+            assert (got < cutoff) == (full < cutoff)
+            assert got == full or got == math.inf
+            cut_off += got == math.inf
+            kept += got == full
+    assert cut_off > 0 and kept > 0          # both branches ran
+
+
 def test_solo_objective_equals_the_general_objective(problem):
     for c in range(0, len(problem.candidates), 7):
         x = problem.max_copies(c)

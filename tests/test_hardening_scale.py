@@ -183,13 +183,14 @@ def test_a_baseline_plan_returned_is_said_once_and_consistently(capsys, monkeypa
     # max_types_per_pipeline, so on 3 types it has no plan), so a weaker search is built: one-stage
     # candidates only (pure DP), which the single-shape baseline (21.6 s vs ~45 s) beats
     import hpp.planner as hp
-    build = hp.build_candidates
+    build = hp.build_candidates_bounded
 
     def one_stage_candidates(*a, **k):
-        cands, stats = build(*a, **k)
-        return [c for c in cands if len(c.shape) == 1], stats
+        cands, bounds, stats = build(*a, **k)
+        keep = [i for i, c in enumerate(cands) if len(c.shape) == 1]
+        return [cands[i] for i in keep], [bounds[i] for i in keep], stats
 
-    monkeypatch.setattr(hp, "build_candidates", one_stage_candidates)
+    monkeypatch.setattr(hp, "build_candidates_bounded", one_stage_candidates)
     args = ["plan", "--workers", "1"]
     assert main([*args, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

@@ -13,7 +13,8 @@ from hpp.formulation.composition import SolverSettings
 from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.planner import make_problem, plan_hpp, pipeline_link
-from hpp.formulation.cost_model import estimate_plan
+from hpp.formulation.cost_model import CostModelConfig, estimate_plan
+from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.profiles.bundled import load_bundled_profile
@@ -302,6 +303,14 @@ def test_candidates_from_workers_equal_one_process(monkeypatch, rule_off):
     two, s2 = make_problem(sc.cluster(), prof, sc.global_batch_size, pruning=pruning, workers=2)
     assert s1["workers"] == 1 and s2["workers"] == 2
     assert _cand_keys(one) == _cand_keys(two)
+    # the bound model ran inside the workers on their shares: the same lower-bound records as one call on all
+    assert _cand_keys(one.bound) == _cand_keys(two.bound)
+    cache = StageCostCache.for_cluster(sc.cluster(), prof, CostModelConfig(), global_batch_size=sc.global_batch_size)
+    direct = lower_bound_candidates(sc.cluster(), prof, one.candidates, pipeline_link=cache.link,
+                                    priced_links=cache.links)
+    assert [(c.shape, c.micro_batch_size, c.partition) for c in direct] == \
+        [(c.shape, c.micro_batch_size, c.partition) for c in one.bound.candidates]
+    assert any(b.partition != c.partition for b, c in zip(one.bound.candidates, one.candidates))
     for k in ("shapes", "balanced", "infeasible", "dominated", "fill_variants", "shapes_pruned_memory",
               "dp_rows_computed", "dp_rows_reused"):
         assert s1[k] == s2[k], k

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 
 import numpy as np
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 from hpp.errors import HppInputError
 from hpp.forkshare import can_fork, run_shares, usable_cores
@@ -32,7 +33,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.rules import (DominanceKeys, PruningOptions, dominance_order, ends_with_dead_suffix,
                                 type_group_orders, undominated_mask)
 
-__all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates",
+__all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates", "build_candidates_bounded",
            "remove_dominated", "tp_capacity", "model_head_counts", "runnable_tp_degrees",
            "common_micro_batch_sizes", "usable_cores", "PARALLEL_MIN_PAIRS"]
 
@@ -173,11 +174,24 @@ def _undominated(batch: PartitionBatch, usage: DominanceKeys) -> np.ndarray:
     return undominated_mask(batch.micro_batch_size, usage.keyset[si], usage.subsets, feat, pos)
 
 
-def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys):
-    """One worker's share: its sizes balanced, then (rule on) its dominated rows removed.
+def _candidates(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys) -> list[Candidate]:
+    """The rows of ``batch`` as candidates, in row order."""
+    return [Candidate(shapes[i], b, part, *usage.of[i])
+            for i, b, part in zip(batch.shape_index.tolist(), batch.micro_batch_size.tolist(), batch.partitions())]
+
+
+#: Bound model: candidates -> the same candidates with lower-bound times (same order), e.g.
+#: :func:`hpp.formulation.composition.bound_model.lower_bound_candidates` with its links bound.
+BoundFn = Callable[[Sequence[Candidate]], Sequence[Candidate]]
+
+
+def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys, bound: BoundFn | None = None):
+    """One worker's share: its sizes balanced, then (rule on) its dominated rows removed, then (``bound``
+    given) each row's lower-bound (bottleneck, fill, optimizer step) [s] as an (R, 3) array (else None).
 
     Dominance compares candidates of the same micro-batch size only, so removing it per share of
-    the sizes drops exactly the candidates that one pass over all of them drops.
+    the sizes drops exactly the candidates that one pass over all of them drops. The bound model prices
+    each candidate on its own (its memos only cache), so any split gives the same values.
     """
     batch, stats = _balance_shapes(shapes, sizes, balancer, pruning, keep_b)
     stats["dominated"] = 0
@@ -185,44 +199,56 @@ def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys):
         keep = _undominated(batch, usage)
         stats["dominated"] = int(len(batch) - keep.sum())
         batch = batch.take(keep)
-    return batch, stats
+    lb = None
+    if bound is not None:
+        t0 = time.process_time()
+        lb = np.array([(c.partition.bottleneck_s, c.partition.fill_s, c.partition.optimizer_s)
+                       for c in bound(_candidates(batch, shapes, usage))], dtype=np.float64).reshape(-1, 3)
+        stats["bound_model_cpu_s"] = time.process_time() - t0
+    return batch, stats, lb
 
 
-def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: DominanceKeys, finish):
-    """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); ``finish(batch, stats)``
-    of their rows and counters, merged (it runs while the children exit)."""
+def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: DominanceKeys, finish,
+                        bound: BoundFn | None = None):
+    """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); ``finish(batch, stats, lb)``
+    of their rows, counters and lower-bound rows, merged (it runs while the children exit)."""
     def counters():
         return [balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses]
 
     def share(keep_b):      # the counters it adds, so that a child's reach the parent
         before = counters()
-        batch, stats = _share(shapes, sizes, balancer, pruning, keep_b, usage)
-        return batch, stats, [a - b for a, b in zip(counters(), before)]
+        batch, stats, lb = _share(shapes, sizes, balancer, pruning, keep_b, usage, bound)
+        return batch, stats, [a - b for a, b in zip(counters(), before)], lb
 
     def merge(results):
         total = [s + sum(r[2][i] for r in results) for i, s in enumerate(start)]
         balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses = total
         stats = dict(results[0][1])
-        for _, got, _ in results[1:]:
+        for _, got, _, _ in results[1:]:
             for k, v in got.items():
                 stats[k] += v
-        return finish(PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats)
+        lb = None if bound is None else np.concatenate([r[3] for r in results])
+        return finish(PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats, lb)
 
     start = counters()
     return run_shares(share, groups, merge=merge)
 
 
 def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys,
-                          dominated: bool) -> list[Candidate]:
+                          dominated: bool, lb: np.ndarray | None = None) -> tuple[list[Candidate], list[Candidate]]:
     """The candidates in the order one pass gives: the dominance visiting order with the rule on
-    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant)."""
+    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant); and, with
+    ``lb`` (R, 3), the same candidates with those lower-bound times (else [])."""
     if dominated:
         order = _visit_order(batch, usage.num_devices)
     else:
         order = np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index))
-    batch = batch.take(order)
-    return [Candidate(shapes[i], b, part, *usage.of[i])
-            for i, b, part in zip(batch.shape_index.tolist(), batch.micro_batch_size.tolist(), batch.partitions())]
+    cands = _candidates(batch.take(order), shapes, usage)
+    if lb is None:
+        return cands, []
+    return cands, [Candidate(c.shape, c.micro_batch_size,
+                             c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups)
+                   for c, (t, f, o) in zip(cands, lb[order].tolist())]
 
 
 #: (shape, micro-batch size) pairs below which the candidates are built in one process (a fork costs ~10 ms).
@@ -231,6 +257,15 @@ PARALLEL_MIN_PAIRS = 1000
 
 def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBalancer, space: SearchSpace,
                      pruning: PruningOptions, *, workers: int = 1) -> tuple[list[Candidate], dict[str, int]]:
+    """Stage-balance every shape of the space at every common measured micro-batch size:
+    :func:`build_candidates_bounded` without a bound model, returning (candidates, stats)."""
+    cands, _, stats = build_candidates_bounded(cluster, profile, balancer, space, pruning, workers=workers)
+    return cands, stats
+
+
+def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: StageBalancer, space: SearchSpace,
+                             pruning: PruningOptions, *, workers: int = 1, bound: BoundFn | None = None
+                             ) -> tuple[list[Candidate], list[Candidate], dict[str, int]]:
     """Stage-balance every shape of the space at every common measured micro-batch size.
 
     Each (shape, micro-batch size) gives its least-bottleneck partition and, when different,
@@ -245,11 +280,17 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
         test are keyed by size, so nothing is shared or lost) and the candidates come back in the
         same order as from one process: the result is identical (tested).
 
+    bound : callable, optional
+        The bound model (candidates -> lower-bound candidates, same order). Applied inside each worker
+        to its share (its values do not depend on the split: each candidate is priced on its own), so
+        that it runs in parallel with the shares.
+
     Returns
     -------
-    (candidates, stats)
-        Feasible candidates (dominated ones removed if the rule is on) and counters:
-        shapes, shapes_pruned_memory, infeasible, dominated, workers.
+    (candidates, bound_candidates, stats)
+        Feasible candidates (dominated ones removed if the rule is on); ``bound(candidates)`` (same
+        order; [] without ``bound``); counters: shapes, shapes_pruned_memory, infeasible, dominated,
+        workers, and with ``bound`` bound_model_cpu_s (CPU seconds of the bound model, summed over workers).
     """
     if workers < 0:
         raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
@@ -263,16 +304,16 @@ def build_candidates(cluster: Cluster, profile: ModelProfile, balancer: StageBal
     groups = _split_sizes(sizes, n) if n > 1 else []
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
 
-    def finish(batch: PartitionBatch, part_stats: dict[str, int]) -> tuple[list[Candidate], dict[str, int]]:
-        return _in_one_process_order(batch, shapes, usage, pruning.dominated), part_stats
+    def finish(batch: PartitionBatch, part_stats: dict[str, int], lb: np.ndarray | None):
+        return _in_one_process_order(batch, shapes, usage, pruning.dominated, lb), part_stats
 
     if parallel:
-        out, part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, finish)
+        (out, out_lb), part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, finish, bound)
     else:
-        out, part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage))
+        (out, out_lb), part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage, bound))
     stats = {"shapes": len(shapes), **part_stats, "workers": len(groups) if parallel else 1}
     log.debug("candidates: %s", stats)
-    return out, stats
+    return out, out_lb, stats
 
 
 def remove_dominated(cands: list[Candidate]) -> list[Candidate]:

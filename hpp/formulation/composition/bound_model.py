@@ -267,19 +267,40 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
         if n == 1:
             run_memo[key] = base[0]
             return base[0]
-        # dp[(crossings so far capped at forced, state of the last boundary)] = least max so far
-        dp = {(min(forced, x), x): base[0] + w[0][2 * x] for x in (0, 1)}
+        # least max so far per (crossings so far capped at forced) and state of the last boundary (0 intra, 1 inter)
+        inf = float("inf")
+        top = forced
+        d0, d1 = [inf] * (top + 1), [inf] * (top + 1)
+        d0[0] = base[0] + w[0][0]
+        d1[min(top, 1)] = base[0] + w[0][2]
         for j in range(1, n):
-            nxt: dict[tuple[int, int], float] = {}
-            for (c, xp), val in dp.items():
-                for x in ((0, 1) if j < n - 1 else (0,)):
-                    t = base[j] + w[j - 1][2 * xp + 1] + (w[j][2 * x] if j < n - 1 else 0.0)
-                    key = (min(forced, c + x), x)
-                    v = max(val, t)
-                    if v < nxt.get(key, float("inf")):
-                        nxt[key] = v
-            dp = nxt
-        got = run_memo[key] = min(v for (c, _), v in dp.items() if c >= forced)
+            bj, (_, in0, _, in1) = base[j], w[j - 1]
+            if j == n - 1:          # the run's last stage: no boundary after it inside the run
+                n0 = [inf] * (top + 1)
+                for c in range(top + 1):
+                    for val, t in ((d0[c], bj + in0 + 0.0), (d1[c], bj + in1 + 0.0)):
+                        if val < inf:
+                            v = val if val > t else t
+                            if v < n0[c]:
+                                n0[c] = v
+                d0, d1 = n0, [inf] * (top + 1)
+                break
+            out0, out2 = w[j][0], w[j][2]
+            n0, n1 = [inf] * (top + 1), [inf] * (top + 1)
+            for c in range(top + 1):
+                c1 = c + 1 if c < top else top
+                for val, win in ((d0[c], in0), (d1[c], in1)):
+                    if val < inf:
+                        t = bj + win + out0
+                        v = val if val > t else t
+                        if v < n0[c]:
+                            n0[c] = v
+                        t = bj + win + out2
+                        v = val if val > t else t
+                        if v < n1[c1]:
+                            n1[c1] = v
+            d0, d1 = n0, n1
+        got = run_memo[key] = min(d0[top], d1[top])
         return got
 
     out = []
@@ -332,6 +353,8 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 exact = tau                     # exact per-stage times: where the crossings go matters
                 for first, n, forced in all_runs:
                     exact = max(exact, run_bottleneck(cand, runs, first, n, forced))
+                    if exact >= p.bottleneck_s:     # capped below: the other runs cannot change it
+                        break
                 tau = min(p.bottleneck_s, exact)      # never above the search's own price
         part = p._replace(bottleneck_s=max(0.0, tau) * keep, fill_s=max(0.0, phi) * keep,
                           optimizer_s=p.optimizer_s * keep)

@@ -347,7 +347,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
             if key in seen_plans:
                 continue
             seen_plans.add(key)
-            v = composition_objective_s(problem, plan)
+            v = composition_objective_s(problem, plan, cutoff_s=best_obj)
             if v < best_obj:
                 best_counts, best_obj = plan, v
                 if exact_prices:

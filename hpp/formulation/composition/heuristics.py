@@ -129,7 +129,7 @@ def greedy_composition(problem: CompositionProblem) -> tuple[dict[int, int], flo
                 pref: dict[int, int] = {}
                 for i in sequence[:k]:
                     pref[i] = pref.get(i, 0) + 1
-                obj = composition_objective_s(problem, pref)
+                obj = composition_objective_s(problem, pref, cutoff_s=best[1])
                 if obj < best[1]:
                     best = (pref, obj)
     return best
@@ -199,7 +199,8 @@ def _least_solo(problem: CompositionProblem, members: Sequence[int], floor: Sequ
     return sorted((c for c in members if c in solo), key=solo.__getitem__)[:k]
 
 
-def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict[int, int], float]:
+def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4,
+                   floor: Sequence[float] | None = None) -> tuple[dict[int, int], float]:
     """Heuristic (no bound): combine per-device-type fills, top up with mixed pipelines, then trim.
 
     1. Rank the candidates by :func:`solo_objective_s` (its copies alone, as many as fit); only the
@@ -209,6 +210,8 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
     3. Top the best combination up with copies of multi-type candidates that use leftover devices.
     4. Trim: fewer copies of a candidate when that is faster (less gradient sync / fill).
 
+    ``floor``: :func:`_solo_floors_s` of ``problem`` if already computed.
+
     Returns
     -------
     (counts, objective_s)
@@ -216,7 +219,8 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
     cands = problem.candidates
     if not cands:
         return {}, math.inf
-    floor = _solo_floors_s(problem)
+    if floor is None:
+        floor = _solo_floors_s(problem)
     by_type: dict[str, list[int]] = {}
     mixed: list[int] = []
     for c, cand in enumerate(cands):
@@ -234,7 +238,7 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
         chosen = [c for c in combo if c is not None]
         counts = {c: problem.max_copies(c) for c in chosen}
         counts, _ = _fill_in_order(problem, counts, mixed[:top_k])
-        obj = composition_objective_s(problem, counts)
+        obj = composition_objective_s(problem, counts, cutoff_s=best[1])
         if obj < best[1]:
             best = (counts, obj)
     counts, obj = best
@@ -249,7 +253,7 @@ def fill_heuristic(problem: CompositionProblem, *, top_k: int = 4) -> tuple[dict
                     continue
                 if trial[c] == 0:
                     del trial[c]
-                t = composition_objective_s(problem, trial)
+                t = composition_objective_s(problem, trial, cutoff_s=obj * (1 - 1e-12))
                 if t < obj * (1 - 1e-12):
                     counts, obj, improved = trial, t, True
                     break
@@ -268,11 +272,11 @@ def best_incumbent(problem: CompositionProblem, *, pool_size: int = 8, max_evals
     (counts, objective_s)
     """
     g_counts, g_obj = greedy_composition(problem)
-    f_counts, f_obj = fill_heuristic(problem)
+    floor = _solo_floors_s(problem)
+    f_counts, f_obj = fill_heuristic(problem, floor=floor)
     counts, obj = (f_counts, f_obj) if f_obj < g_obj else (g_counts, g_obj)
     if not counts or max_evals <= 0:
         return counts, obj
-    floor = _solo_floors_s(problem)
     members = [c for c in range(len(problem.candidates)) if math.isfinite(floor[c])]
     pool = _least_solo(problem, members, floor, pool_size)
     counts, obj, _ = local_search(problem, dict(counts), obj, pool, max_evals=max_evals)
@@ -318,7 +322,7 @@ def local_search(problem: CompositionProblem, counts: dict[int, int], obj: float
             if not t or not problem.fits(t):
                 continue
             evals += 1
-            v = composition_objective_s(problem, t)
+            v = composition_objective_s(problem, t, cutoff_s=obj * (1 - 1e-12))
             if v < obj * (1 - 1e-12):
                 counts, obj, improved = t, v, True
                 break

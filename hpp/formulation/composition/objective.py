@@ -62,13 +62,21 @@ def block_sync_s(problem: CompositionProblem, used: Sequence[int], h: int,
     return worst
 
 
-def composition_objective_s(problem: CompositionProblem, counts: dict[int, int]) -> float:
-    """T_pipe + T_sync + T_opt of ``counts`` copies (see the module docstring) [s]; inf if empty."""
+def composition_objective_s(problem: CompositionProblem, counts: dict[int, int], *,
+                            cutoff_s: float = math.inf) -> float:
+    """T_pipe + T_sync + T_opt of ``counts`` copies (see the module docstring) [s]; inf if empty.
+
+    ``cutoff_s``: inf is returned, without pricing the sync, when T_pipe + T_opt >= ``cutoff_s``: the
+    objective is then >= ``cutoff_s`` as well (T_sync >= 0, and float addition is monotone), so a caller
+    that only asks "is it below cutoff_s?" gets the same answer.
+    """
     counts = {c: x for c, x in counts.items() if x > 0}
     if not counts:
         return math.inf
     h = sum(counts.values())
     t_pipe = pipeline_time_for_counts(problem.candidates, counts, problem.global_batch_size)
-    t_sync = block_sync_s(problem, list(counts), h, counts)
     t_opt = max(problem.candidates[c].partition.optimizer_s for c in counts)
+    if t_pipe + t_opt >= cutoff_s:
+        return math.inf
+    t_sync = block_sync_s(problem, list(counts), h, counts)
     return t_pipe + t_sync + t_opt
