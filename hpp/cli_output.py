@@ -159,7 +159,8 @@ def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
         name = src.split(":", 1)[1]
         return (src, f"plan returned: the {name} baseline's, which the cost model prices below the search's best; "
                      f"objective, bound and gap above are this plan's")
-    what = {"cp-sat": "CP-SAT's solution", "milp": "the MILP's solution"}.get(src, "the heuristic incumbent")
+    what = {"cp-sat": "CP-SAT's solution", "milp": "the MILP's solution",
+            "lp-rounding": "a rounded solution of the bound's LP, improved by a local search"}.get(src, "the heuristic incumbent")
     return src, f"plan returned: the search's, {what}"
 
 

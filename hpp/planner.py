@@ -94,7 +94,7 @@ class PlannerResult:
         The cost model's prediction of ``plan``.
     search : SolveResult
         Figures of ``plan``: status, objective (= ``estimate.iteration_time_s``), bound, gap,
-        ``source`` (``"heuristic"``, ``"cp-sat"``, ``"milp"`` or ``"baseline:<name>"``).
+        ``source`` (``"heuristic"``, ``"lp-rounding"``, ``"cp-sat"``, ``"milp"`` or ``"baseline:<name>"``).
     wall_s : float
         Total search time (candidates + solve + binding) [s].
     stats : dict

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from ortools.linear_solver.python import model_builder_helper as mbh
 from scipy.sparse import csr_matrix
 
 from hpp.forkshare import can_fork, run_shares, usable_cores
-from hpp.formulation.composition.copy_bound import copy_bound
+from hpp.formulation.composition.copy_bound import CopyBound, copy_bound
 from hpp.formulation.composition.problem import CompositionProblem
 
 __all__ = ["lp_lower_bound_pipe_s", "composition_lower_bound_s", "composition_bounds"]
@@ -217,14 +217,18 @@ def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int =
 
 
 def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, workers: int = 1,
-                       incumbent_s: float | None = None, copies: bool = True) -> tuple[float, float]:
+                       incumbent_s: float | None = None, copies: bool = True,
+                       search_price: Callable[[dict, float], float] | None = None,
+                       on_copy_bound: Callable[[CopyBound], None] | None = None) -> tuple[float, float]:
     """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
 
     The second value is the larger of the sync-class LP bound below (with ``copies``: its class of all
     candidates only) and, with ``copies`` (default), the branch and bound of :func:`hpp.formulation.composition.copy_bound.copy_bound` (micro-batches per copy
     kept integer, pipeline counts and penalty levels searched; issue 21 item 6). ``incumbent_s``:
     the objective of a known plan; parts of the search worth at least it are dropped with that
-    value (the bound is then at most ``incumbent_s``, still a valid lower bound).
+    value (the bound is then at most ``incumbent_s``, still a valid lower bound). ``search_price`` and
+    ``on_copy_bound`` (with ``copies``): passed to the copy bound / called with its result (its LP
+    solutions' rounded plans priced by the caller's search problem; the bound does not depend on them).
 
     The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
     Sync classes: a plan of h >= 2 pipelines has T_sync >= sync_c(2) for every candidate c it
@@ -268,7 +272,10 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
         best = min(best, lo + pipe + t_opt)
     if copies:
         inc = None if incumbent_s is None or not math.isfinite(incumbent_s) else incumbent_s
-        best = max(best, copy_bound(problem, cutoff_s=inc, max_evals=0).bound_s)
+        cb = copy_bound(problem, cutoff_s=inc, max_evals=0, search_price=search_price)
+        if on_copy_bound is not None:
+            on_copy_bound(cb)
+        best = max(best, cb.bound_s)
     return pipe_all, best
 
 

@@ -12,7 +12,9 @@ What every solver does, in one place:
    incumbent's objective are dropped (rule ``incumbent_bound``; any plan using one is slower).
 3. Bound: the LP bound (:func:`hpp.formulation.composition.lp_bound.composition_bounds`) on the *bound problem*
    (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
-   any link model) of all candidates left.
+   any link model) of all candidates left. The copy bound's LP solutions, rounded, are priced by the search
+   model too: the best, where it beats the incumbent there, is improved by a local search over copy counts
+   and becomes a second answer (``lp-rounding``); the bound does not depend on it.
 4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
    (at most ``settings.candidate_limit``: 16 at the default budget, where CP-SAT's presolve alone takes the
    budget on larger inputs), with the incumbent as hint and cutoff; its bound then counts.
@@ -39,7 +41,7 @@ from typing import Callable, Mapping
 from hpp.errors import HppInputError
 from hpp.formulation.composition.objective import composition_objective_s, pipeline_time_for_counts
 from hpp.formulation.composition.problem import CompositionProblem
-from hpp.formulation.composition.heuristics import best_incumbent, solo_objective_s
+from hpp.formulation.composition.heuristics import best_incumbent, rounded_lp_incumbent, solo_objective_s
 from hpp.formulation.composition.lp_bound import composition_bounds
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings
 from hpp.pruning.rules import exceeds_incumbent
@@ -115,8 +117,8 @@ class SolveResult:
     num_candidates : int
         Candidates left after the presolve.
     source : str
-        Where the answer comes from: ``"heuristic"`` (the incumbent), ``"cp-sat"`` / ``"milp"`` (the exact
-        solver's), or ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
+        Where the answer comes from: ``"heuristic"`` (the incumbent), ``"lp-rounding"`` (the copy bound's
+        rounded LP plan, locally improved), ``"cp-sat"`` / ``"milp"`` (the exact solver's), or ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
     bound_method : str
         What proved ``bound_s``: ``"lp"``, ``"cp-sat"``, ``"milp"`` or ``"cutoff"`` (nothing beats the incumbent).
     hit_time_limit : bool
@@ -287,6 +289,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     else:
         inc_counts, _ = _heuristic(problem)
     inc_obj = judge(inc_counts)
+    inc_model = composition_objective_s(problem, inc_counts) if inc_counts else math.inf
     answers = [(inc_obj, "heuristic", inc_counts)]
     keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
     if settings.warm_start and math.isfinite(inc_obj):
@@ -296,8 +299,17 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         return SolveResult(name, "INFEASIBLE", math.inf, math.nan, math.nan, time.perf_counter() - t0,
                            num_candidates=0, source="", note="no candidate fits the inventory")
     bsub = bp.restricted(keep)
+    copy_bounds: list = []
+
+    def search_price(plan: dict, cutoff_s: float) -> float:     # the copy bound's rounded plans, search prices
+        return composition_objective_s(problem, {keep[c]: x for c, x in plan.items()}, cutoff_s=cutoff_s)
+
     lb_pipe, lb_total = composition_bounds(bsub, workers=settings.num_workers,
-                                           incumbent_s=inc_obj if math.isfinite(inc_obj) else None)
+                                           incumbent_s=inc_obj if math.isfinite(inc_obj) else None,
+                                           search_price=search_price, on_copy_bound=copy_bounds.append)
+    rounded = rounded_lp_incumbent(problem, keep, copy_bounds[0] if copy_bounds else None, inc_model)
+    if rounded:
+        answers.append((judge(rounded), "lp-rounding", rounded))
     bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
     if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
