@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
-from hpp.bench.search_report import OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, target_lines
+from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, search_targets,
+                                     target_lines)
 from hpp.errors import InfeasibleError
 from hpp.fileio import write_dataclass_csv
 from hpp.formulation.candidates import SearchSpace
@@ -195,7 +196,12 @@ def results_markdown(results: Path) -> str:
         checks = target_lines(so)
         if checks:
             out += ["", "Checks against issue 4's targets (printed by the benchmark too):", "", "```", *checks, "```"]
+        checks = search_targets(so)
+        if checks:
+            out += ["", "Checks against issue 21's gap and speed targets (printed by the benchmark too; what limits "
+                    "the gap: the next table):", "", "```", *checks, "```"]
         out += ["", "![search overhead](experiments/results/search_overhead.png)", ""]
+    out += _gap_markdown(results)
     cm = results / "cost_model_validation.json"
     if cm.exists():
         mape = json.loads(cm.read_text())["mape_pct"]
@@ -272,3 +278,24 @@ def _network_markdown(results: Path) -> list[str]:
                    f"{b['gpus_used']} / {a['gpus_used']} | {_f(b['search_cpu_s'])} / {_f(a['search_cpu_s'])} | "
                    f"{_f(a.get('search_cpu_ratio') or 'nan')} |")
     return out + [""]
+
+
+def _gap_markdown(results: Path) -> list[str]:
+    """The gap-progress section (issue 21's escape clause) from ``gap_progress.csv`` ([] without it)."""
+    from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table
+    rows = read_gap_csv(results / "gap_progress.csv")
+    if not rows:
+        return []
+    sums = summarise(rows)
+    return ["### What limits the gap (`experiments/gap_progress.py`)", "",
+            "Per input, how far each method moves the incumbent (the best plan's iteration time as the cost model "
+            "predicts it) and the bound (a proven lower bound of that same time, always on the bound problem as "
+            "`solve()` builds it): `heuristic` (the search's heuristics; bound: the LP without the copy bound), "
+            "`default` (`hpp plan --no-baselines`), `copy-bound-deep` (the copy bound with rel_tol 0 and 10x its "
+            "local search), CP-SAT at 1 and 10 work units and the MILP at 10 units on every presolved candidate "
+            "with the incumbent as hint (the 10-unit runs on the smallest inputs only, the exact solvers not above "
+            "2,000 candidates; the CSV says which ran). exact-model floor: the gap of the best plan against the "
+            "exact solvers' own bound-model price of that plan (no proof on that model goes past it). bound's own "
+            "plan: the copy bound's LP copies at its least level, where the bound comes from: what the relaxation "
+            "says that plan costs at least, against what the cost model says it costs (rounded to whole copies).",
+            "", summary_table(sums), "", *limits_lines(sums), ""]

@@ -55,7 +55,7 @@ from hpp.formulation.composition.heuristics import _fill_in_order, local_search
 from hpp.formulation.composition.copy_bound_levels import Range, Search, few_copies_s
 from hpp.formulation.composition.step_lp import h_ranges
 
-__all__ = ["CopyBound", "copy_bound"]
+__all__ = ["CopyBound", "copy_bound", "round_plans"]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ class CopyBound:
     of the candidates [s]; ``counts``/``objective_s`` the best plan found (the incumbent given or a better one)
     and its objective [s]; ``nodes``/``lp_solves`` level evaluations and LP solves; ``wall_s``; ``ranges``
     per pipeline-count range (a, b, a lower bound of the range [s]). With a ``search_price``: ``found`` the
-    rounded plan it prices least (None if none), ``found_s`` that price [s], ``pool`` the candidates by the
-    LPs' total copies, most first."""
+    rounded plan it prices least (None if none below ``search_cutoff_s``), ``found_s`` that price (else the
+    cutoff) [s], ``pool`` the candidates by the LPs' total copies, most first. ``known_plan``: the LP's copies (fractional, per candidate) at the level of least
+    exact value met, ``known_s`` that value [s] (the relaxation's own best plan: where the bound comes from)."""
 
     bound_s: float
     counts: dict
@@ -80,11 +81,14 @@ class CopyBound:
     found: dict | None = None
     found_s: float = math.inf
     pool: list = field(default_factory=list)
+    known_plan: dict = field(default_factory=dict)
+    known_s: float = math.inf
 
 
-def _round(problem: CompositionProblem, sol: tuple, extra_order: list[int]) -> list[dict[int, int]]:
+def round_plans(problem: CompositionProblem, sol: tuple, extra_order: list[int]) -> list[dict[int, int]]:
     """Integer plans near an LP solution: its copies rounded down, then filled up with its own candidates
-    (most fractional first) and ``extra_order``."""
+    (most fractional first) and ``extra_order``; only the plans that fit. ``sol``: (T, allowed, copies per
+    candidate, caps) as the level search records it; only the copies are read."""
     _, _, xs, _ = sol
     base = {c: int(math.floor(x + 1e-9)) for c, x in xs.items()}
     base = {c: x for c, x in base.items() if x > 0}
@@ -99,7 +103,8 @@ def _round(problem: CompositionProblem, sol: tuple, extra_order: list[int]) -> l
 def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem | None = None,
                incumbent: tuple[dict[int, int], float] | None = None, cutoff_s: float | None = None,
                rel_tol: float = 1e-4, max_evals: int = 400, pool_size: int = 8,
-               search_price: Callable[[dict, float], float] | None = None) -> CopyBound:
+               search_price: Callable[[dict, float], float] | None = None,
+               search_cutoff_s: float = math.inf) -> CopyBound:
     """Lower bound of the objective over all plans of the candidates, and the best plan met on the way.
 
     Parameters
@@ -129,6 +134,9 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
         ``problem`` is the bound problem; inf when it is at least ``cutoff_s``). Every rounded plan is priced
         by it as well, without changing the search (which cuts on ``problem``'s prices only), and the
         least is returned as ``found``: the LPs' plans as incumbents of the search.
+    search_cutoff_s : float
+        Only plans ``search_price`` prices below it count (the caller's incumbent, in the same prices): the
+        others are cut off before their sync is priced, and ``found`` stays None when none is below it.
 
     Returns
     -------
@@ -150,7 +158,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
     pool_score: dict[int, float] = {}
     out_ranges = []
     found: dict | None = None
-    found_s = math.inf
+    found_s = search_cutoff_s
 
     def consider(sol: tuple | None) -> None:
         nonlocal best_counts, best_obj, cut_s, found, found_s
@@ -158,7 +166,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
             return
         for c, x in sol[2].items():
             pool_score[c] = pool_score.get(c, 0.0) + x
-        for plan in _round(problem, sol, []):
+        for plan in round_plans(problem, sol, []):
             key = tuple(sorted(plan.items()))
             if key in seen_plans:
                 continue
@@ -177,6 +185,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
     ranges: list[tuple[int, int, Range | None]] = []
     heap: list[tuple[float, int, int, int, float]] = []
     known = math.inf                    # least exact value L[k] + F(L[k]) met (a level's own value)
+    known_plan: dict = {}
     least_opt = float(np.min(np.where(s.fits, s.opt, np.inf), initial=np.inf))
     for a, b in h_ranges(s.h_max, s.node_max):
         r = len(ranges)
@@ -203,6 +212,8 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
         nodes += 1
         consider(sol)
         if exact:
+            if L[k] + t_k < known and sol is not None:
+                known_plan = dict(sol[2])
             known = min(known, L[k] + t_k)
         if j >= 0:
             heapq.heappush(heap, (L[k + 1] + fj, r, k + 1, j, fj))
@@ -218,4 +229,4 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
     bound = min(bound, cut_s)
     log.debug("copy bound %.6g, incumbent %.6g, %d nodes, %d LP solves", bound, best_obj, nodes, solves)
     return CopyBound(bound, dict(best_counts), best_obj, nodes, solves, time.perf_counter() - t0, out_ranges,
-                     found, found_s, sorted(pool_score, key=lambda c: (-pool_score[c], c)))
+                     found, found_s, sorted(pool_score, key=lambda c: (-pool_score[c], c)), known_plan, known)

@@ -218,7 +218,7 @@ def composition_lower_bound_s(problem: CompositionProblem, *, num_classes: int =
 
 def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, workers: int = 1,
                        incumbent_s: float | None = None, copies: bool = True,
-                       search_price: Callable[[dict, float], float] | None = None,
+                       search_price: Callable[[dict, float], float] | None = None, search_cutoff_s: float = math.inf,
                        on_copy_bound: Callable[[CopyBound], None] | None = None) -> tuple[float, float]:
     """(LB on T_pipe over all candidates, LB on T_pipe + T_sync + T_opt) [s].
 
@@ -226,8 +226,8 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
     candidates only) and, with ``copies`` (default), the branch and bound of :func:`hpp.formulation.composition.copy_bound.copy_bound` (micro-batches per copy
     kept integer, pipeline counts and penalty levels searched; issue 21 item 6). ``incumbent_s``:
     the objective of a known plan; parts of the search worth at least it are dropped with that
-    value (the bound is then at most ``incumbent_s``, still a valid lower bound). ``search_price`` and
-    ``on_copy_bound`` (with ``copies``): passed to the copy bound / called with its result (its LP
+    value (the bound is then at most ``incumbent_s``, still a valid lower bound). ``search_price``,
+    ``search_cutoff_s`` and ``on_copy_bound`` (with ``copies``): passed to the copy bound / called with its result (its LP
     solutions' rounded plans priced by the caller's search problem; the bound does not depend on them).
 
     The first equals :func:`lp_lower_bound_pipe_s` (the class of all candidates computes it).
@@ -272,7 +272,7 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
         best = min(best, lo + pipe + t_opt)
     if copies:
         inc = None if incumbent_s is None or not math.isfinite(incumbent_s) else incumbent_s
-        cb = copy_bound(problem, cutoff_s=inc, max_evals=0, search_price=search_price)
+        cb = copy_bound(problem, cutoff_s=inc, max_evals=0, search_price=search_price, search_cutoff_s=search_cutoff_s)
         if on_copy_bound is not None:
             on_copy_bound(cb)
         best = max(best, cb.bound_s)

@@ -306,7 +306,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
 
     lb_pipe, lb_total = composition_bounds(bsub, workers=settings.num_workers,
                                            incumbent_s=inc_obj if math.isfinite(inc_obj) else None,
-                                           search_price=search_price, on_copy_bound=copy_bounds.append)
+                                           search_price=search_price, search_cutoff_s=inc_model,
+                                           on_copy_bound=copy_bounds.append)
     rounded = rounded_lp_incumbent(problem, keep, copy_bounds[0] if copy_bounds else None, inc_model)
     if rounded:
         answers.append((judge(rounded), "lp-rounding", rounded))
