@@ -5,8 +5,9 @@
                                                    # CP-SAT@10 and MILP@10 only on 2types-8, 3types-12, 4types-16)
 
 Methods (hpp/bench/gap_progress.py): heuristic (incumbent + LP bound without the copy bound), default
-(``plan_hpp``, no baseline seeds), copy-bound-deep (rel_tol 0, 10x local search), cp-sat and milp on all
-presolved candidates at deterministic budgets. Writes experiments/results/gap_progress.csv (with --quick:
+(``plan_hpp``, no baseline seeds), copy-bound-deep (rel_tol 0, 10x local search), bound-lp-plan (the copy
+bound's own LP plan: its relaxed price vs the cost model's), cp-sat and milp on all presolved candidates at
+deterministic budgets. Writes experiments/results/gap_progress.csv (with --quick:
 gap_progress_quick.csv) one row per method, and prints the per-input summary as a markdown table.
 """
 
