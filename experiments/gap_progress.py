@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hpp.bench.gap_progress import (FULL_SCENARIOS, FULL_SIZES, FULL_TYPES, MAX_EXACT_CANDIDATES, GapRow, gap_points,
-                                    measure_inputs, summarise, summary_table)
+                                    limits_lines, measure_inputs, summarise, summary_table)
 from hpp.cliparse import Parser
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.fileio import write_dataclass_csv
@@ -73,10 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gap_progress: error: {exc}", file=sys.stderr)
         return 2
     rows: list[GapRow] = []
+    partial = out.with_name(out.name + ".partial")
 
     def keep(row: GapRow) -> None:
         rows.append(row)
-        write_dataclass_csv(rows, out)         # every row on disk as soon as it is measured
+        write_dataclass_csv(rows, partial)     # every row on disk as soon as it is measured; OUT only when done
         print(f"  {row.input:<22} {row.method:<16} {row.budget:5g} {row.candidates:5d} cands  inc "
               f"{row.incumbent_s:9.5f}  bound {row.bound_s:9.5f}  gap {row.gap:7.2%}  {row.wall_s:7.2f} s  {row.note}",
               file=sys.stderr, flush=True)
@@ -87,11 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                        max_exact_candidates=args.max_exact_candidates, workers=args.workers,
                        wall_cap_s=args.wall_cap, on_row=keep)
     except InfeasibleError as exc:
-        print(f"gap_progress: stopped, no feasible plan ({exc.message})", file=sys.stderr)
+        print(f"gap_progress: stopped, no feasible plan ({exc.message}); the rows so far are in {partial}",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        print("interrupted: the rows measured so far are in the CSV", file=sys.stderr)
+        print(f"interrupted: {out} is unchanged; the rows measured so far are in {partial}", file=sys.stderr)
+        return 1
     if rows:
-        print(summary_table(summarise(rows)))
+        partial.replace(out)
+        sums = summarise(rows)
+        print(summary_table(sums))
+        print("\n".join(["", *limits_lines(sums)]))
     print(f"\nCSV: {out}")
     return 0
 

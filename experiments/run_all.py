@@ -2,12 +2,14 @@
 
     python experiments/run_all.py [--quick]
 
-Runs, in order: scenarios.py (speedups on the bundled scenarios), search_overhead.py
-(--quick: the small sweep; the full sweep is `python experiments/search_overhead.py`, ~30 min,
-and its CSV is reused when present), cost_model_validation.py, network_scenarios.py (one link vs
-per-pair links), runtime_validation.py. The memory tables read memory_validation.csv and
-memory_validation_bf16.csv, which `python experiments/memory_validation.py [--dtype bfloat16]`
-writes (about 6 minutes each on two idle cores; not rerun here).
+Runs, in order: scenarios.py (speedups on the bundled scenarios; --quick: up to 40 GPUs, written to
+scenarios_quick.csv, which the README does not read), search_overhead.py
+(--quick: the small sweep, written to search_overhead_quick.csv, which the README does not read; the
+full sweep is `python experiments/search_overhead.py`, 20-30 min, and its CSV is reused when present),
+cost_model_validation.py, network_scenarios.py (one link vs per-pair links), runtime_validation.py.
+Not rerun here, only read: the memory tables (memory_validation.csv and memory_validation_bf16.csv, which
+`python experiments/memory_validation.py [--dtype bfloat16]` writes, about 6 minutes each on two idle
+cores) and the gap-progress table (gap_progress.csv, `python experiments/gap_progress.py`, about 12 minutes).
 Bounded to about 15 minutes on 2 cores (about 4 with --quick).
 """
 
@@ -46,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quick = ["--quick"] if args.quick else []
     so_csv = HERE / "results" / "search_overhead.csv"
     # the README's table reads search_overhead.csv, which a plain --quick run leaves alone
-    plan = [("scenarios", quick), ("search_overhead", quick + ["--out", str(so_csv)])
+    plan = [("scenarios", quick), ("search_overhead", quick if args.quick else ["--out", str(so_csv)])
             if args.quick or not so_csv.exists() else None,
             ("cost_model_validation", []), ("network_scenarios", ["--repeats", "1" if args.quick else "3"]),
             ("runtime_validation", quick)]

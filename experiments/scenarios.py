@@ -23,8 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the GPU scenarios up to 40 GPUs only")
     ap.add_argument("--time-limit", type=float, default=5.0, help="HPP solver time limit [s]")
     ap.add_argument("--single-shape-budget", type=float, default=60.0, help="cap on the single-shape search [s]")
-    ap.add_argument("--out", type=Path, default=RESULTS / "scenarios.csv")
+    ap.add_argument("--out", type=Path, help="CSV to write (default results/scenarios.csv; with --quick "
+                    "results/scenarios_quick.csv, so that a quick run leaves the README's file alone)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = RESULTS / ("scenarios_quick.csv" if args.quick else "scenarios.csv")
     names = [n for n, s in SCENARIOS.items() if not args.quick or sum(c for _, c in s.gpus) <= 40]
     rows = scenario_rows(names, time_limit_s=args.time_limit, single_shape_budget_s=args.single_shape_budget)
     write_rows(rows, args.out)

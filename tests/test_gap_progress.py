@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from hpp.bench.gap_progress import METHODS, GapRow, measure_input, summarise, summary_table
+from hpp.bench.gap_progress import METHODS, GapRow, limits_lines, measure_input, summarise, summary_table
 from hpp.bench.search_overhead import BenchPoint
 from hpp.fileio import write_dataclass_csv
 from hpp.scenarios import make_cluster
@@ -66,6 +66,10 @@ def test_summary_and_csv(rows, tmp_path):
     assert s.remaining_gap == pytest.approx(s.default_gap) and s.remaining_gap == pytest.approx(0.0477, abs=5e-4)
     table = summary_table([s])
     assert table.splitlines()[2].startswith("| tiny | 4 | 67 | 4.8% |")
+    assert "| 5.4127 vs 5.9492 | cp-sat@0.2 OPTIMAL (its model 5.4 s); milp@0.2 OPTIMAL (its model 5.4 s) |" in table
+    limits = limits_lines([s])
+    assert limits[0].startswith("Beyond the default search, the methods moved the incumbent or the bound on 0 of 1")
+    assert "tiny 5.413 vs 5.949 s" in limits[1]            # the relaxation is loose at the bound's own plan
     path = tmp_path / "g.csv"
     write_dataclass_csv(rows, path)
     got = list(csv.DictReader(path.open()))

@@ -198,7 +198,7 @@ def test_search_targets_name_the_inputs_that_miss():
             _hpp_row("opt350-512", 512, 2, 0.5, 0.051)]
     lines = search_bench.search_targets(rows)
     assert lines[0] == "gap target <= 1% on inputs up to 64 GPUs: met at 1 of 2 (missed: 2types-16 2.00%)"
-    assert lines[1] == ("gap target <= 5% on inputs up to 1024 GPUs and the scenarios: met at 3 of 5 "
+    assert lines[1] == ("gap target <= 5% on inputs up to 1024 GPUs and the sweep's scenarios: met at 3 of 5 "
                         "(missed: 4types-1024 6.00%, opt350-512 5.10%)")
     assert lines[2] == "speed target <= 20 ms at 8/16 GPUs (median): met at 1 of 2 (missed: 2types-16 30 ms)"
     assert lines[3] == "speed target <= 1 s at 4types-1024: 1.30 s (NOT met)"

@@ -120,7 +120,7 @@ def search_targets(rows: list[SearchRow]) -> list[str]:
             continue
         miss = [r for r in sweep if not r.gap <= target]
         out.append(f"gap target <= {target:.0%} {'on inputs up to ' + str(most) + ' GPUs'}"
-                   f"{' and the scenarios' if most == GAP_TARGETS[-1][0] else ''}: met at {len(sweep) - len(miss)} of "
+                   f"{' and the sweep' + chr(39) + 's scenarios' if most == GAP_TARGETS[-1][0] else ''}: met at {len(sweep) - len(miss)} of "
                    f"{len(sweep)}" + (" (missed: " + ", ".join(f"{r.point} {r.gap:.2%}" for r in miss) + ")"
                                       if miss else ""))
     small = [r for r in hpp_rows if r.point[0].isdigit() and r.num_gpus in SMALL_GPUS]

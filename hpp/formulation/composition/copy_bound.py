@@ -68,8 +68,9 @@ class CopyBound:
     and its objective [s]; ``nodes``/``lp_solves`` level evaluations and LP solves; ``wall_s``; ``ranges``
     per pipeline-count range (a, b, a lower bound of the range [s]). With a ``search_price``: ``found`` the
     rounded plan it prices least (None if none below ``search_cutoff_s``), ``found_s`` that price (else the
-    cutoff) [s], ``pool`` the candidates by the LPs' total copies, most first. ``known_plan``: the LP's copies (fractional, per candidate) at the level of least
-    exact value met, ``known_s`` that value [s] (the relaxation's own best plan: where the bound comes from)."""
+    cutoff) [s], ``pool`` the candidates by the LPs' total copies, most first. ``known_plan``: the LP's copies
+    (fractional, per candidate) at the level of least exact value met, ``known_s`` that value [s] (the
+    relaxation's own best plan: where the bound comes from)."""
 
     bound_s: float
     counts: dict

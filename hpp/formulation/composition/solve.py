@@ -118,7 +118,8 @@ class SolveResult:
         Candidates left after the presolve.
     source : str
         Where the answer comes from: ``"heuristic"`` (the incumbent), ``"lp-rounding"`` (the copy bound's
-        rounded LP plan, locally improved), ``"cp-sat"`` / ``"milp"`` (the exact solver's), or ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
+        rounded LP plan, locally improved), ``"cp-sat"`` / ``"milp"`` (the exact solver's), or
+        ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
     bound_method : str
         What proved ``bound_s``: ``"lp"``, ``"cp-sat"``, ``"milp"`` or ``"cutoff"`` (nothing beats the incumbent).
     hit_time_limit : bool
