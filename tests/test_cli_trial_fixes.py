@@ -143,3 +143,27 @@ def test_named_solver_above_its_limit_says_how_to_run_it(capsys):
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert any(n.startswith("--solver milp did not run: ") and "> 200" in n and "--cpsat-on-subset" in n
                for n in notes), notes
+
+
+def test_an_unknown_cluster_key_unlike_any_valid_one_gets_no_misleading_suggestion(tmp_path, capsys):
+    # trial 11: {"colour": ...} was answered "did you mean 'format'?"; a typo still gets its suggestion
+    import json
+    from hpp.cli import main
+    from hpp.scenarios import get_scenario
+    from hpp.profiles.cluster_format import cluster_to_dict
+    d = cluster_to_dict(get_scenario("opt350-a100x4-v100x4").cluster())
+    for key, want in (("colour", "remove it; valid keys here:"), ("formatt", "did you mean 'format'?")):
+        bad = dict(d, **{key: 1})
+        path = tmp_path / f"{key}.json"
+        path.write_text(json.dumps(bad))
+        assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--no-baselines"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"unknown key '{key}'" in err[0] and want in err[0], err
+        assert key != "colour" or "did you mean" not in err[0]
+
+
+def test_an_unknown_model_names_the_profile_flag(capsys):
+    from hpp.cli import main
+    assert main(["plan", "--model", "nope", "--no-baselines"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no bundled profile for model 'nope'" in err[0] and "--profile FILE" in err[0], err

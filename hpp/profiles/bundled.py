@@ -60,7 +60,8 @@ def load_bundled_profile(model: str) -> ModelProfile:
         model = {m.lower(): m for m in available}.get(model.strip().lower(), model)
     if model not in available:
         raise HppInputError(f"no bundled profile for model {model!r}", field="model",
-                            fix=f"use one of {list(available)} or load a profile file")
+                            fix=f"use one of {list(available)}, or give a profile file (hpp plan --profile FILE; "
+                                f"hpp profile writes one)")
     res = resources.files("hpp.profiles").joinpath("data").joinpath(bundled_profile_filename(model))
     source = f"hpp/profiles/data/{bundled_profile_filename(model)}"
     return profile_from_dict(json.loads(res.read_text()), source=source)

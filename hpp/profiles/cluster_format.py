@@ -105,11 +105,16 @@ def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: f
                         fix="give bytes/s as a number > 0, or {\"max_bytes_per_s\": ..., \"fit_gb_per_s\": [a, b, c]}")
 
 
-def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
-    """The valid key most like ``key`` (an alias first, then difflib's best ratio)."""
+#: difflib similarity below which no valid key is suggested (``colour`` is not a typo of ``format``).
+_SUGGEST_RATIO = 0.5
+
+
+def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str | None:
+    """The valid key most like ``key`` (an alias first, then difflib's best ratio), None if none is close."""
     if aliases and key.lower() in aliases:
         return aliases[key.lower()]
-    return max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
+    best = max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
+    return best if difflib.SequenceMatcher(None, key.lower(), best).ratio() >= _SUGGEST_RATIO else None
 
 
 def _check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, where: str,
@@ -121,7 +126,8 @@ def _check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, wh
     key = str(unknown[0])
     more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:4]))})" if len(unknown) > 1 else ""
     raise HppInputError(f"unknown key {key!r}{more}", source=source, field=f"{where}{key}",
-                        fix=f"did you mean {_closest(key, valid, aliases)!r}? valid keys here: {', '.join(valid)}")
+                        fix=(f"did you mean {near!r}? " if (near := _closest(key, valid, aliases)) else "remove it; ")
+                        + f"valid keys here: {', '.join(valid)}")
 
 
 def _count(value: Any) -> bool:
