@@ -67,11 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"steal {r['steal']:.0%}, without it {r['predicted_nosteal_s']:.3f} s ({r['error_nosteal']:+.0%}); "
                   f"speed factor {r['host_speed_factor']:.2f}, the ranks' CPU x {r['run_cpu_ratio']:.2f}", flush=True)
     write_rows_csv(rows, args.out, columns=FIELDS)
-    ok = sum(abs(r["error"]) <= 0.15 for r in rows)
-    ok0 = sum(abs(r["error_nosteal"]) <= 0.15 for r in rows)
-    print(f"without the steal: within 15 % in {ok0} of {len(rows)} runs "
-          f"(max |error| {100 * max(abs(r['error_nosteal']) for r in rows):.1f} %)")
-    print(f"closed loop: within 15 % in {ok} of {len(rows)} runs (max |error| {100 * max(abs(r['error']) for r in rows):.1f} %)")
+    for label, key in (("without the steal", "error_nosteal"), ("closed loop", "error")):
+        ok = sum(abs(r[key]) <= 0.15 for r in rows)
+        print(f"{label}: within 15 % in {ok} of {len(rows)} runs (max |error| {100 * max(abs(r[key]) for r in rows):.1f} %)")
     return 0
 
 

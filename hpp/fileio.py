@@ -1,4 +1,4 @@
-"""Small file helpers shared by every loader and experiment: JSON in, CSV out.
+"""Small file helpers shared by every loader and experiment: JSON in, CSV out (and back in for the results).
 
 Every read error is an :class:`~hpp.errors.HppInputError` naming the file and the fix;
 every write goes through a temporary file and a rename, so no file is left half-written.
@@ -112,3 +112,20 @@ def write_dataclass_csv(rows: Sequence[Any], path: str | PathLike, *, row_type: 
     """
     kind = row_type or type(rows[0])
     write_rows_csv((asdict(r) for r in rows), path, columns=[fl.name for fl in fields(kind)])
+
+
+def read_dataclass_csv(path: str | PathLike, row_type: type) -> list[Any]:
+    """Rows of ``row_type`` (a dataclass of int, float and str fields) from a CSV that
+    :func:`write_dataclass_csv` wrote ([] if the file does not exist); columns the dataclass lacks are refused
+    (ValueError), missing ones take their defaults."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    kinds = {fl.name: fl.type for fl in fields(row_type)}
+    conv = {"int": int, "float": float, "str": str, int: int, float: float, str: str}
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    unknown = sorted({k for row in rows for k in row} - set(kinds))
+    if unknown:
+        raise ValueError(f"{path}: unknown column(s) {', '.join(unknown)}")
+    return [row_type(**{k: conv[kinds[k]](v) for k, v in row.items()}) for row in rows]

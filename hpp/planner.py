@@ -159,7 +159,6 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
     cands, lb_cands, stats = build_candidates_bounded(cluster, profile, balancer, space, pruning, workers=workers,
                                                       bound=bound)
     stats["candidates_s"] = time.perf_counter() - t0
-    stats["bound_model_s"] = stats.pop("bound_model_cpu_s", 0.0)
     stats["types_left_out"] = left_out
     stats["cache"] = cache.cache_info()
     stats["dp_rows_computed"] = balancer.rows_computed

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table
 from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, search_targets,
                                      target_lines)
 from hpp.errors import InfeasibleError
@@ -284,7 +285,6 @@ def _network_markdown(results: Path) -> list[str]:
 
 def _gap_markdown(results: Path) -> list[str]:
     """The gap-progress section (issue 21's escape clause) from ``gap_progress.csv`` ([] without it)."""
-    from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table
     rows = read_gap_csv(results / "gap_progress.csv")
     if not rows:
         return []

@@ -35,15 +35,15 @@ The thin script is ``experiments/gap_progress.py``.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from hpp.bench.search_overhead import BenchPoint, scenario_points, sweep_points
+from hpp.fileio import read_dataclass_csv
 from hpp.formulation.composition.copy_bound import copy_bound, round_plans
 from hpp.formulation.composition.heuristics import best_incumbent
 from hpp.formulation.composition.lp_bound import composition_bounds
@@ -355,18 +355,9 @@ def summary_table(summaries: Sequence[GapSummary]) -> str:
 
 
 def read_gap_csv(path: Path) -> list[GapRow]:
-    """Rows written by ``experiments/gap_progress.py`` ([] if the file does not exist); columns a row type
-    lacks are refused (ValueError), missing ones take their defaults."""
-    if not path.exists():
-        return []
-    kinds = {f.name: f.type for f in fields(GapRow)}
-    conv = {"int": int, "float": float, "str": str}
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
-    unknown = sorted({k for row in rows for k in row} - set(kinds))
-    if unknown:
-        raise ValueError(f"{path}: unknown column(s) {', '.join(unknown)}")
-    return [GapRow(**{k: conv[kinds[k]](v) for k, v in row.items()}) for row in rows]
+    """Rows written by ``experiments/gap_progress.py`` ([] if the file does not exist; ValueError on a column
+    :class:`GapRow` lacks)."""
+    return read_dataclass_csv(path, GapRow)
 
 
 def limits_lines(summaries: Sequence[GapSummary]) -> list[str]:

@@ -6,12 +6,11 @@ same CSV for the README's tables.
 
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hpp.fileio import write_dataclass_csv
+from hpp.fileio import read_dataclass_csv, write_dataclass_csv
 
 __all__ = ["SearchRow", "read_csv", "write_csv", "rows_by_point", "ratio_text", "summary_table", "search_targets",
            "target_lines", "REFERENCE", "OTHER_REFERENCE", "METIS_RANGE_S", "TARGET_RATIO", "TARGET_GPUS",
@@ -55,12 +54,7 @@ class SearchRow:
 
 def read_csv(path: Path) -> list[SearchRow]:
     """Rows written by :func:`write_csv` ([] if the file does not exist)."""
-    if not path.exists():
-        return []
-    types = {f.name: f.type for f in fields(SearchRow)}
-    conv = {"int": int, "float": float, "str": str}
-    with path.open() as f:
-        return [SearchRow(**{k: conv[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(f)]
+    return read_dataclass_csv(path, SearchRow)
 
 
 def write_csv(rows: list[SearchRow], path: Path) -> None:

@@ -204,7 +204,7 @@ def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys, bound
         t0 = time.process_time()
         lb = np.array([(c.partition.bottleneck_s, c.partition.fill_s, c.partition.optimizer_s)
                        for c in bound(_candidates(batch, shapes, usage))], dtype=np.float64).reshape(-1, 3)
-        stats["bound_model_cpu_s"] = time.process_time() - t0
+        stats["bound_model_s"] = time.process_time() - t0
     return batch, stats, lb
 
 
@@ -235,20 +235,27 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
 
 
 def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys,
-                          dominated: bool, lb: np.ndarray | None = None) -> tuple[list[Candidate], list[Candidate]]:
+                          dominated: bool, lb: np.ndarray | None, bound: BoundFn | None,
+                          stats: dict) -> tuple[list[Candidate], list[Candidate]]:
     """The candidates in the order one pass gives: the dominance visiting order with the rule on
-    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant); and, with
-    ``lb`` (R, 3), the same candidates with those lower-bound times (else [])."""
+    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant); and the same
+    candidates with lower-bound times: from the workers' rows ``lb`` (R, 3), else from ``bound`` run here on
+    them (its CPU seconds added to ``stats``), else []."""
     if dominated:
         order = _visit_order(batch, usage.num_devices)
     else:
         order = np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index))
     cands = _candidates(batch.take(order), shapes, usage)
-    if lb is None:
+    if lb is not None:
+        return cands, [Candidate(c.shape, c.micro_batch_size,
+                                 c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups)
+                       for c, (t, f, o) in zip(cands, lb[order].tolist())]
+    if bound is None:
         return cands, []
-    return cands, [Candidate(c.shape, c.micro_batch_size,
-                             c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups)
-                   for c, (t, f, o) in zip(cands, lb[order].tolist())]
+    t0 = time.process_time()
+    out = list(bound(cands))
+    stats["bound_model_s"] = time.process_time() - t0
+    return cands, out
 
 
 #: (shape, micro-batch size) pairs below which the candidates are built in one process (a fork costs ~10 ms).
@@ -281,16 +288,16 @@ def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: 
         same order as from one process: the result is identical (tested).
 
     bound : callable, optional
-        The bound model (candidates -> lower-bound candidates, same order). Applied inside each worker
-        to its share (its values do not depend on the split: each candidate is priced on its own), so
-        that it runs in parallel with the shares.
+        The bound model (candidates -> lower-bound candidates, same order). With workers, applied inside
+        each worker to its share (its values do not depend on the split: each candidate is priced on its
+        own), so that it runs in parallel; in one process, once on the final candidates.
 
     Returns
     -------
     (candidates, bound_candidates, stats)
         Feasible candidates (dominated ones removed if the rule is on); ``bound(candidates)`` (same
         order; [] without ``bound``); counters: shapes, shapes_pruned_memory, infeasible, dominated,
-        workers, and with ``bound`` bound_model_cpu_s (CPU seconds of the bound model, summed over workers).
+        workers, and with ``bound`` bound_model_s (CPU seconds of the bound model, summed over workers).
     """
     if workers < 0:
         raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
@@ -305,12 +312,12 @@ def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: 
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
 
     def finish(batch: PartitionBatch, part_stats: dict[str, int], lb: np.ndarray | None):
-        return _in_one_process_order(batch, shapes, usage, pruning.dominated, lb), part_stats
+        return _in_one_process_order(batch, shapes, usage, pruning.dominated, lb, bound, part_stats), part_stats
 
     if parallel:
         (out, out_lb), part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, finish, bound)
-    else:
-        (out, out_lb), part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage, bound))
+    else:           # no share to split: the bound model runs once, on the final candidates (finish)
+        (out, out_lb), part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage))
     stats = {"shapes": len(shapes), **part_stats, "workers": len(groups) if parallel else 1}
     log.debug("candidates: %s", stats)
     return out, out_lb, stats

@@ -287,10 +287,10 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     bp = problem.bound_problem()
     if incumbent is not None and incumbent.counts:
         inc_counts = dict(incumbent.counts)
+        inc_model = composition_objective_s(problem, inc_counts)
     else:
-        inc_counts, _ = _heuristic(problem)
+        inc_counts, inc_model = _heuristic(problem)     # the search model's price of it
     inc_obj = judge(inc_counts)
-    inc_model = composition_objective_s(problem, inc_counts) if inc_counts else math.inf
     answers = [(inc_obj, "heuristic", inc_counts)]
     keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
     if settings.warm_start and math.isfinite(inc_obj):

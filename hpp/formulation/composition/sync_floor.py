@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from hpp.errors import HppInputError
-from hpp.formulation.collectives import fit_gb_per_s, fit_x
+from hpp.formulation.collectives import fit_x
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["SyncFloor", "sync_rate_table", "stage_sync_rate", "stage_sync_rates", "ring_cost_increasing_from",
@@ -95,22 +95,9 @@ class SyncFloor:
 def _max_bw(link: Link, c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
     """Most bandwidth [bytes/s] ``link`` gives to any message in [c0, c1] bytes (elementwise), as
     :meth:`Link.bandwidth_bytes_per_s` prices it (peak where the fit is not positive, capped at peak;
-    the fit of :func:`~hpp.formulation.collectives.fit_gb_per_s`, at both ends and its vertex)."""
-    peak = link.max_bytes_per_s
-    if link.fit_gb_per_s is None:
-        return np.full(c0.shape, peak)
-    a, b, _ = link.fit_gb_per_s
-    x0, x1 = fit_x(c0), fit_x(c1)
-    q0, q1 = fit_gb_per_s(link, x0), fit_gb_per_s(link, x1)
-    qmax, qmin = np.maximum(q0, q1), np.minimum(q0, q1)
-    if a != 0.0:
-        xv = -b / (2.0 * a)
-        inside = (x0 <= xv) & (xv <= x1)
-        qv = fit_gb_per_s(link, xv)
-        qmax = np.where(inside, np.maximum(qmax, qv), qmax)
-        qmin = np.where(inside, np.minimum(qmin, qv), qmin)
-    bw = np.minimum(qmax * 1e9, peak)
-    return np.where(qmin <= 0.0, peak, bw)
+    the fit of :func:`~hpp.formulation.collectives.fit_gb_per_s`, at both ends and its vertex):
+    :func:`_max_bw_rows` of the one link."""
+    return _max_bw_rows([link], fit_x(c0), fit_x(c1))[0]
 
 
 def _max_bw_rows(links: Sequence[Link], x0: np.ndarray, x1: np.ndarray) -> np.ndarray:
