@@ -9,6 +9,8 @@ summary; exit 1 on any violation.
     python experiments/certify_check.py --instances 2000 --solvers heuristic,cp-sat --judge composition
     python experiments/certify_check.py --instances 200 --judge estimate --max-gpus 3   # cost-model oracle
     python experiments/certify_check.py --instances 500 --per-pair      # version-2 clusters (links per type pair)
+    python experiments/certify_check.py --instances 2000 --max-gpus 4 --type-classes \
+        --out experiments/results/certify_check_type_classes.csv          # the type-class bound (hpp plan --type-classes)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--work", type=float, default=0.1, help="exact solvers' deterministic work limit")
     ap.add_argument("--per-pair", action="store_true",
                     help="version-2 clusters: a link per pair of types (issue 19's network model)")
+    ap.add_argument("--type-classes", action="store_true", help="the search also runs the type-class bound")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/certify_check.csv"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -54,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 r = check_instance(seed, solver=solver, judge=args.judge, max_evaluations=args.max_evaluations,
                                    max_gpus_per_type=args.max_gpus, max_types=args.max_types, work=args.work,
-                                   per_pair=args.per_pair)
+                                   per_pair=args.per_pair, type_classes=args.type_classes)
             except AssertionError as exc:
                 r, violation = {"seed": seed, "solver": solver, "judge": args.judge}, str(exc)[:300]
                 log.error("VIOLATION seed %d %s: %s", seed, solver, violation)
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimal = [r for r in rows if r["status"] == "OPTIMAL"]
     nonmono = [r for r in checked if r["non_monotone_links"]]
     print(f"{len(rows)} solved (instance, solver) pairs of {args.instances} instances ({args.judge} judge"
-          f"{', per-pair links' if args.per_pair else ''}); "
+          f"{', per-pair links' if args.per_pair else ''}{', type classes' if args.type_classes else ''}); "
           f"oracle completed on {len(checked)} ({len(nonmono)} with a non-monotone link); OPTIMAL {len(optimal)}; "
           f"violations {len(bad)}; {time.perf_counter() - t0:.0f} s; rows in {args.out}")
     return 1 if bad else 0

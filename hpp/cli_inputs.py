@@ -219,4 +219,5 @@ def solver_settings(args):
     named_exact = args.solver in ("cp-sat", "milp")
     return SolverSettings(solver=args.solver or DEFAULT_SOLVER, max_time_in_seconds=args.time_limit,
                           num_workers=args.workers, random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
-                          cpsat_params=args.cpsat_params or "", max_candidates=MAX_CANDIDATES if named_exact else None)
+                          cpsat_params=args.cpsat_params or "", max_candidates=MAX_CANDIDATES if named_exact else None,
+                          type_classes=bool(getattr(args, "type_classes", False)))

@@ -122,7 +122,7 @@ def _per_pair_cluster(cluster: Cluster, rng: random.Random, fits) -> Cluster:
 
 def check_instance(seed: int, *, solver: str, judge: str = "estimate", max_evaluations: int = 3000,
                    max_gpus_per_type: int = 8, max_types: int = 4, work: float = 0.5,
-                   per_pair: bool = False) -> dict | None:
+                   per_pair: bool = False, type_classes: bool = False) -> dict | None:
     """Solve the instance of ``seed`` and compare with the exhaustive oracle; None when it is infeasible.
 
     ``judge="estimate"``: answers and oracle priced by the cost model of the bound plan (what ``hpp plan``
@@ -130,7 +130,7 @@ def check_instance(seed: int, *, solver: str, judge: str = "estimate", max_evalu
     all-reduces over the sync link with its fit; ~0.1 ms), the problem then has no estimator. Returns the
     figures (bound, objective, oracle, status; ``oracle_s`` None when the oracle needed more than
     ``max_evaluations`` multisets); raises AssertionError on a violation. ``work``: the exact solvers'
-    deterministic work limit.
+    deterministic work limit. ``type_classes``: the search also runs the type-class bound.
     """
     cluster, profile, gbs, space = random_instance(seed, max_gpus_per_type=max_gpus_per_type, max_types=max_types,
                                                    per_pair=per_pair)
@@ -146,7 +146,8 @@ def check_instance(seed: int, *, solver: str, judge: str = "estimate", max_evalu
         def price(counts):
             return full.estimator(counts)[1].iteration_time_s
     # the exact solvers see up to 200 candidates whatever the budget (the default skips them above 16 at 0.05)
-    res = solve(problem, SolverSettings(solver=solver, num_workers=1, deterministic_time=work, max_candidates=200))
+    res = solve(problem, SolverSettings(solver=solver, num_workers=1, deterministic_time=work, max_candidates=200,
+                                        type_classes=type_classes))
     try:
         _, oracle, evals = exhaustive_composition(full, max_evaluations=max_evaluations, price=price)
     except HppInputError:

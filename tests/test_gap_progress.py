@@ -43,6 +43,10 @@ def test_real_values_on_the_tiny_input(rows):
     assert by["heuristic"].bound_s == pytest.approx(4.94569, rel=1e-4)
     assert by["default"].bound_s == pytest.approx(5.41266, rel=1e-4)
     assert by["copy-bound-deep"].bound_s >= by["default"].bound_s * (1 - 1e-9)
+    # the type classes lift it further (the plan mixes A100 and V100 pipelines: class B's rings cross the types)
+    assert by["type-classes"].bound_method == "type-classes"
+    assert by["type-classes"].bound_s == pytest.approx(5.62312, rel=1e-4)
+    assert "A:A100-40" in by["type-classes"].note and "B 5.62312 s" in by["type-classes"].note
     # both exact solvers prove their bound model's optimum, which lies below the copy bound: no bound gained
     for name in ("cp-sat", "milp"):
         assert by[name].solver_status == "OPTIMAL"
@@ -62,13 +66,13 @@ def test_real_values_on_the_tiny_input(rows):
 
 def test_summary_and_csv(rows, tmp_path):
     (s,) = summarise(rows)
-    assert s.side_moved == "neither" and s.best_incumbent_method == "default" and s.best_bound_method == "default"
-    assert s.remaining_gap == pytest.approx(s.default_gap) and s.remaining_gap == pytest.approx(0.0477, abs=5e-4)
+    assert s.side_moved == "bound" and s.best_incumbent_method == "default" and s.best_bound_method == "type-classes"
+    assert s.default_gap == pytest.approx(0.0477, abs=5e-4) and s.remaining_gap == pytest.approx(0.0107, abs=5e-4)
     table = summary_table([s])
     assert table.splitlines()[2].startswith("| tiny | 4 | 67 | 4.8% |")
     assert "| 5.4127 vs 5.9492 | cp-sat@0.2 OPTIMAL (its model 5.4 s); milp@0.2 OPTIMAL (its model 5.4 s) |" in table
     limits = limits_lines([s])
-    assert limits[0].startswith("Beyond the default search, the methods moved the incumbent or the bound on 0 of 1")
+    assert limits[0].startswith("Beyond the default search, the methods moved the incumbent or the bound on 1 of 1")
     assert "tiny 5.413 vs 5.949 s" in limits[1]            # the relaxation is loose at the bound's own plan
     path = tmp_path / "g.csv"
     write_dataclass_csv(rows, path)

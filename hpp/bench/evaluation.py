@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
-from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table
+from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table, type_class_lines
 from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, search_targets,
                                      target_lines)
 from hpp.errors import InfeasibleError
@@ -293,7 +293,10 @@ def _gap_markdown(results: Path) -> list[str]:
             "Per input, how far each method moves the incumbent (the best plan's iteration time as the cost model "
             "predicts it) and the bound (a proven lower bound of that same time, always on the bound problem as "
             "`solve()` builds it): `heuristic` (the search's heuristics; bound: the LP without the copy bound), "
-            "`default` (`hpp plan --no-baselines`), `copy-bound-deep` (the copy bound with rel_tol 0 and 10x its "
+            "`default` (`hpp plan --no-baselines`), `type-classes` (`hpp plan --no-baselines --type-classes`: also "
+            "bounds separately the plans whose pipelines all share a GPU type t, on the candidates using t, and the "
+            "plans with no such type, whose gradient rings all cross types, on the links between types: "
+            "`hpp.formulation.composition.type_classes`), `copy-bound-deep` (the copy bound with rel_tol 0 and 10x its "
             "local search), CP-SAT at 1 and 10 work units and the MILP at 10 units on every presolved candidate "
             "with the incumbent as hint (the 10-unit runs on the smallest inputs only, the exact solvers not above "
             "2,000 candidates; the last column says what each exact solver returned: NO_SOLUTION means its budget "
@@ -306,4 +309,4 @@ def _gap_markdown(results: Path) -> list[str]:
             "than the copy bound the default already proves). bound's own plan: the copy bound's LP copies at "
             "its least level, where the bound comes from: what the relaxation says that plan costs at least, "
             "against what the cost model says it costs (rounded to whole copies).",
-            "", summary_table(sums), "", *limits_lines(sums), ""]
+            "", summary_table(sums), "", *limits_lines(sums), *type_class_lines(rows), ""]

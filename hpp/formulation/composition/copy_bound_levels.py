@@ -7,6 +7,7 @@ why it is a bound: :mod:`hpp.formulation.composition.copy_bound`.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -22,7 +23,10 @@ _REL_TOL = 1e-9             # certification step below a found T
 class Search:
     """Arrays of one problem shared by every range."""
 
-    def __init__(self, problem: CompositionProblem) -> None:
+    def __init__(self, problem: CompositionProblem, links_of: Callable = cluster_links) -> None:
+        """``links_of(cluster, device_type)``: the links a stage's sync floor is priced on
+        (:func:`~hpp.formulation.composition.sync_floor.cluster_links`, or ``cross_type_links`` for plans whose
+        rings all hold two types)."""
         self.problem = problem
         cands = problem.candidates
         self.G = G = problem.global_batch_size
@@ -76,7 +80,7 @@ class Search:
             self.beta_max = np.full(n, self.w_stage.max(initial=0.0))
         cl = problem.cluster
         self.hier = has_hierarchical()
-        type_links = {t: cluster_links(cl, t) for t in {k.device_type for _, _, k in largest}}
+        type_links = {t: links_of(cl, t) for t in {k.device_type for _, _, k in largest}}
         # candidates whose largest stage has the same TP degree and node links share a sync rate table
         kind_id: dict[tuple, int] = {}
         self.kinds: dict[int, tuple[int, tuple, tuple]] = {}

@@ -99,6 +99,9 @@ class SolverSettings:
         CP-SAT's own log on stderr.
     formulation : str
         CP-SAT model: ``"per-copy"`` (linear), ``"product"`` (x_c * k_c), ``"auto"`` (per-copy when small).
+    type_classes : bool
+        Also bound the plans by type class (:mod:`hpp.formulation.composition.type_classes`): a bound at least as
+        strong, at the cost of one more copy bound per device type and one for mixed rings (off by default).
     """
 
     solver: str = DEFAULT_SOLVER
@@ -113,6 +116,7 @@ class SolverSettings:
     cpsat_params: str = ""
     log_search_progress: bool = False
     formulation: str = "auto"
+    type_classes: bool = False
 
     def __post_init__(self) -> None:
         if self.solver == "greedy":

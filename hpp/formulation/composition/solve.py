@@ -14,7 +14,8 @@ What every solver does, in one place:
    (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
    any link model) of all candidates left. The copy bound's LP solutions, rounded, are priced by the search
    model too: the best, where it beats the incumbent there, is improved by a local search over copy counts
-   and becomes a second answer (``lp-rounding``); the bound does not depend on it.
+   and becomes a second answer (``lp-rounding``); the bound does not depend on it. With
+   ``settings.type_classes``, also the type-class bound (:mod:`hpp.formulation.composition.type_classes`).
 4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
    (at most ``settings.candidate_limit``: 16 at the default budget, where CP-SAT's presolve alone takes the
    budget on larger inputs), with the incumbent as hint and cutoff; its bound then counts.
@@ -44,6 +45,7 @@ from hpp.formulation.composition.problem import CompositionProblem
 from hpp.formulation.composition.heuristics import best_incumbent, rounded_lp_incumbent, solo_objective_s
 from hpp.formulation.composition.lp_bound import composition_bounds
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings
+from hpp.formulation.composition.type_classes import type_class_bound
 from hpp.pruning.rules import exceeds_incumbent
 
 __all__ = ["SolverSettings", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL",
@@ -121,7 +123,8 @@ class SolveResult:
         rounded LP plan, locally improved), ``"cp-sat"`` / ``"milp"`` (the exact solver's), or
         ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
     bound_method : str
-        What proved ``bound_s``: ``"lp"``, ``"cp-sat"``, ``"milp"`` or ``"cutoff"`` (nothing beats the incumbent).
+        What proved ``bound_s``: ``"lp"``, ``"type-classes"`` (``settings.type_classes``), ``"cp-sat"``, ``"milp"``
+        or ``"cutoff"`` (nothing beats the incumbent).
     hit_time_limit : bool
         The user's wall-clock limit stopped the exact solver (the answer may then depend on the machine).
     nodes : int
@@ -314,6 +317,10 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         answers.append((judge(rounded), "lp-rounding", rounded))
     bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
+    if settings.type_classes:
+        tc = type_class_bound(bsub, cutoff_s=inc_obj if math.isfinite(inc_obj) else None)
+        if tc.bound_s > bound:
+            bound, bound_method = float(tc.bound_s), "type-classes"
     if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
         note = f"{name} not run: the incumbent already meets the bound"
         if name == "cp-sat" and settings.cpsat_params:

@@ -24,7 +24,7 @@ from hpp.formulation.collectives import fit_x
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["SyncFloor", "sync_rate_table", "stage_sync_rate", "stage_sync_rates", "ring_cost_increasing_from",
-           "cluster_links", "has_hierarchical"]
+           "cluster_links", "cross_type_links", "has_hierarchical"]
 
 _GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
 _GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
@@ -261,6 +261,31 @@ def cluster_links(cluster, device_type: str | None = None) -> tuple[int, list[Li
     intra = list(dict.fromkeys(nd.intra_node for nd in nodes))
     inter = _inter_links(cluster, device_type) if len(cluster.nodes) > 1 else []
     return node_max, intra, inter
+
+
+def cross_type_links(cluster, device_type: str) -> tuple[int, list[Link], list[Link]]:
+    """:func:`cluster_links` of a stage of ``device_type`` whose every gradient ring also holds a device of another
+    type (the plans of :mod:`hpp.formulation.composition.type_classes`' class B): no in-node link (nodes hold one
+    device type, so such a ring spans two nodes at least) and, across nodes, only the links from a node of
+    ``device_type`` to a node of another type (the type pair's links and every zone link).
+
+    Why that is a floor: the cost model orders a ring's nodes by class (device type, zone) and prices a flat ring
+    at its slowest edge, a hierarchical one at its ring across nodes plus in-node parts (>= 0)
+    (:mod:`hpp.formulation.collectives`). A cyclic order of nodes of two types or more has an edge from a node of
+    ``device_type`` to a node of another type, whose link is one of these; the ring costs at least that edge's.
+    Version 1 clusters: the one inter-node link.
+    """
+    nodes = [nd for nd in cluster.nodes if nd.device_type == device_type] or cluster.nodes
+    links = []
+    for u in sorted(cluster.count_by_type()):
+        if u != device_type:
+            try:
+                links.append(cluster.type_link(device_type, u))
+            except HppInputError:          # no such pair: no ring uses it
+                pass
+    net = getattr(cluster, "network", None)
+    links.extend((getattr(net, "zone_links", None) or {}).values())
+    return max(nd.num_devices for nd in nodes), [], list(dict.fromkeys(links))
 
 
 def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierarchical: bool = True,
