@@ -54,6 +54,7 @@ from hpp.formulation.composition.problem import CompositionProblem
 from hpp.formulation.composition.heuristics import _fill_in_order, local_search
 from hpp.formulation.composition.copy_bound_levels import Range, Search, few_copies_s
 from hpp.formulation.composition.step_lp import h_ranges
+from hpp.formulation.composition.sync_floor import cluster_links
 
 __all__ = ["CopyBound", "copy_bound", "round_plans"]
 
@@ -151,7 +152,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
     t0 = time.perf_counter()
     if not problem.candidates:
         return CopyBound(math.inf, {}, math.inf, 0, 0, 0.0)
-    s = Search(bound_problem if bound_problem is not None else problem, *(() if links_of is None else (links_of,)))
+    s = Search(bound_problem if bound_problem is not None else problem, links_of or cluster_links)
     exact_prices = bound_problem is None or bound_problem is problem
     best_counts, best_obj = incumbent if incumbent is not None and incumbent[0] else ({}, math.inf)
     cut_s = math.inf if cutoff_s is None or not math.isfinite(cutoff_s) else float(cutoff_s)
