@@ -18,7 +18,7 @@ lies in one of k + 1 classes (k device types among the candidates):
 
 Each class's copy bound is a valid bound of the plans in it (the same relaxation on fewer candidates, or with
 floors that hold for its plans), and every plan is in some class, so the least over the classes is a lower bound
-of every plan. The classes are bounded one after the other, each cut at the least found so far (a cut only lowers
+of every plan. The classes are bounded one after the other (B first), each cut at the least found so far (a cut only lowers
 a copy bound, and the result is the least anyway). Cost: k + 1 copy-bound runs; measured in
 ``experiments/gap_progress.py`` (method ``type-classes``).
 """
@@ -66,12 +66,14 @@ def type_class_bound(problem: CompositionProblem, *, cutoff_s: float | None = No
     types = sorted({t for c in cands for t in c.devices})
     cut = cutoff_s if cutoff_s is not None and math.isfinite(cutoff_s) else None
     out: dict[str, float] = {}
+    if len(types) >= 2 and not any(all(t in c.devices for c in cands) for t in types):
+        # first: on most inputs it is the least, and it cuts the others early
+        out["B"] = v = copy_bound(problem, cutoff_s=cut, max_evals=0, links_of=cross_type_links).bound_s
+        cut = v if cut is None else min(cut, v)
+    elif types:
+        out["B"] = math.inf
     for t in types:
         idx = [i for i, c in enumerate(cands) if t in c.devices]
         out[f"A:{t}"] = v = copy_bound(problem.restricted(idx), cutoff_s=cut, max_evals=0).bound_s
         cut = v if cut is None else min(cut, v)
-    if len(types) >= 2 and not any(all(t in c.devices for c in cands) for t in types):
-        out["B"] = copy_bound(problem, cutoff_s=cut, max_evals=0, links_of=cross_type_links).bound_s
-    elif types:
-        out["B"] = math.inf
     return TypeClassBound(min(out.values(), default=math.inf), out, time.perf_counter() - t0)
