@@ -39,7 +39,8 @@ __all__ = ["TypeClassBound", "type_class_bound"]
 @dataclass(frozen=True)
 class TypeClassBound:
     """Result of :func:`type_class_bound`: ``bound_s`` the least class bound [s] (inf without candidates),
-    ``classes`` each class's bound [s] (``"A:<type>"``, ``"B"``; inf for an empty class), ``wall_s``."""
+    ``classes`` each class's bound [s] (``"B"`` first, then ``"A:<type>"``; inf for an empty class; each at most the
+    cutoff and the classes before it, where its search was cut), ``wall_s`` [s]."""
 
     bound_s: float
     classes: dict = field(default_factory=dict)
