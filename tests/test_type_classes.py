@@ -88,3 +88,20 @@ def test_plan_with_type_classes_reports_the_stronger_bound_of_the_same_plan():
     assert base.search.bound_s < strong.search.bound_s <= strong.search.objective_s
     assert strong.search.gap < base.search.gap - 0.003                    # 4.11 % -> 3.60 % (measured)
     assert math.isclose(strong.search.gap, (strong.search.objective_s - strong.search.bound_s) / strong.search.objective_s)
+
+
+def test_cli_type_classes_flag_reaches_the_solve(capsys):
+    import json
+
+    from hpp.cli import main
+    # the default scenario (opt350-a100x8-v100x8): hpp plan --type-classes reports the class bound in its JSON
+    assert main(["plan", "--no-baselines", "--workers", "1", "--type-classes", "--json", "--quiet"]) == 0
+    search = json.loads(capsys.readouterr().out)["search"]
+    assert search["bound_method"] == "type-classes" and search["gap"] < 0.037          # 4.11 % without the flag
+    # hpp instances solve passes it too (the figures of one library instance, without and with the flag)
+    got = {}
+    for extra in ([], ["--type-classes"]):
+        assert main(["instances", "solve", "opt350-a100x4-v100x4", "--solver", "heuristic", "--json", *extra]) == 0
+        out = capsys.readouterr().out
+        got[bool(extra)] = json.loads(out[out.index("{"):])
+    assert got[True]["bound_s"] >= got[False]["bound_s"] and got[True]["objective_s"] == got[False]["objective_s"]

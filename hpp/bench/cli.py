@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -90,6 +90,7 @@ def _instances_parser() -> argparse.ArgumentParser:
     sv.add_argument("--time-limit", type=float, default=10.0, help="solver time limit [s]")
     sv.add_argument("--workers", type=int, default=1)
     sv.add_argument("--cpsat-params", metavar="TEXT", help='CP-SAT parameters in text format, e.g. "random_seed:1"')
+    sv.add_argument("--type-classes", action="store_true", help="also the type-class bound (as hpp plan --type-classes)")
     sv.add_argument("--json", action="store_true")
     return ap
 
@@ -142,7 +143,8 @@ def instances_main(argv: Sequence[str]) -> int:
     # solve
     from hpp.formulation.composition.solve import bench_settings, solve
 
-    settings = bench_settings(args.solver, args.time_limit, args.workers, args.cpsat_params or "")
+    settings = replace(bench_settings(args.solver, args.time_limit, args.workers, args.cpsat_params or ""),
+                       type_classes=args.type_classes)
     inst = _load(args.instance)
     problem, _ = inst.problem()
     res = solve(problem, settings)
@@ -201,11 +203,14 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
                     help="folder for the CSV, plots and summary (created if missing)")
     ap.add_argument("--prefix", default="bench_solvers", help="output file prefix")
     ap.add_argument("--force", action="store_true", help="overwrite output files that exist already")
+    ap.add_argument("--type-classes", action="store_true",
+                    help="every solver also gets the type-class bound (as hpp plan --type-classes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (rows, violations, files)")
     args = ap.parse_args(list(argv))
     solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
     limit = args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT_S[args.suite]
-    options = bench_settings("cp-sat", limit, args.workers, args.cpsat_params or "")
+    options = replace(bench_settings("cp-sat", limit, args.workers, args.cpsat_params or ""),
+                      type_classes=args.type_classes)
     insts = [get_instance(n.strip()) for n in args.instances.split(",")] if args.instances else library(args.suite)
 
     def progress(r) -> None:
