@@ -309,4 +309,10 @@ def _gap_markdown(results: Path) -> list[str]:
             "than the copy bound the default already proves). bound's own plan: the copy bound's LP copies at "
             "its least level, where the bound comes from: what the relaxation says that plan costs at least, "
             "against what the cost model says it costs (rounded to whole copies).",
-            "", summary_table(sums), "", *limits_lines(sums), *type_class_lines(rows), ""]
+            "", summary_table(sums), "", *limits_lines(sums), *type_class_lines(rows),
+            "What is left, on most inputs: the sync floor of plans whose rings cross GPU types still allows the "
+            "hierarchical all-reduce (g ranks on each of h / g nodes, its ring across nodes on 1 / g of the bytes). "
+            "The cost model takes that form only when every node of the ring holds the same number of ranks, which "
+            "a plan with unequal pipeline counts per GPU type cannot have (2types-8: one node of each type, 4 A100 "
+            "ranks and 2 V100 ranks: only the flat ring, about 5x the floor's sync). A per-candidate floor cannot "
+            "see the other candidates' counts; a floor that can is the next step.", ""]
