@@ -6,6 +6,7 @@ ones included), each solved by the one solve path (:func:`hpp.formulation.compos
 exhaustive oracle over the unpruned candidates. Writes one CSV row per (instance, solver) and prints a
 summary; exit 1 on any violation.
 
+    python experiments/certify_check.py --instances 2000 --max-gpus 4     # results/certify_check.csv (README)
     python experiments/certify_check.py --instances 2000 --solvers heuristic,cp-sat --judge composition
     python experiments/certify_check.py --instances 200 --judge estimate --max-gpus 3   # cost-model oracle
     python experiments/certify_check.py --instances 500 --per-pair      # version-2 clusters (links per type pair)
@@ -25,6 +26,8 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hpp.errors import HppInputError  # noqa: E402
+from hpp.formulation.composition.solve import check_solver  # noqa: E402
 from tests.test_certified import check_instance  # noqa: E402
 
 log = logging.getLogger("certify_check")
@@ -39,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--solvers", default="heuristic", help="comma-separated: heuristic, cp-sat, milp")
     ap.add_argument("--judge", default="composition", choices=["composition", "estimate"])
     ap.add_argument("--max-gpus", type=int, default=8, help="most GPUs per type (2-8)")
-    ap.add_argument("--max-types", type=int, default=4)
+    ap.add_argument("--max-types", type=int, default=4, help="most GPU types (2-4)")
     ap.add_argument("--max-evaluations", type=int, default=3000, help="oracle cap (multisets) per instance")
     ap.add_argument("--work", type=float, default=0.1, help="exact solvers' deterministic work limit")
     ap.add_argument("--per-pair", action="store_true",
@@ -48,8 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("experiments/results/certify_check.csv"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    bad_arg = _check_args(args)
+    if bad_arg:
+        print(f"certify_check: {bad_arg}", file=sys.stderr)
+        return 2
     rows, t0 = [], time.perf_counter()
-    solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
+    solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
     for seed in range(args.first_seed, args.first_seed + args.instances):
         for solver in solvers:
             t = time.perf_counter()
@@ -78,9 +85,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     nonmono = [r for r in checked if r["non_monotone_links"]]
     print(f"{len(rows)} solved (instance, solver) pairs of {args.instances} instances ({args.judge} judge"
           f"{', per-pair links' if args.per_pair else ''}{', type classes' if args.type_classes else ''}); "
-          f"oracle completed on {len(checked)} ({len(nonmono)} with a non-monotone link); OPTIMAL {len(optimal)}; "
-          f"violations {len(bad)}; {time.perf_counter() - t0:.0f} s; rows in {args.out}")
+          f"checked by the oracle: {len(checked)} of {len(rows)} ({len(nonmono)} with a non-monotone link; the others "
+          f"have more multisets than --max-evaluations {args.max_evaluations} and prove nothing); OPTIMAL {len(optimal)}; violations {len(bad)}; {time.perf_counter() - t0:.0f} s; rows in {args.out}")
+    if not checked:
+        print("certify_check: the oracle checked no instance: nothing is shown; raise --max-evaluations or lower "
+              "--max-gpus", file=sys.stderr)
+        return 1
     return 1 if bad else 0
+
+
+def _check_args(args) -> str:
+    """'' or a one-line error naming the flag and the fix."""
+    for flag, value, lo, hi in (("--instances", args.instances, 1, None), ("--max-gpus", args.max_gpus, 2, 8),
+                                ("--max-types", args.max_types, 2, 4), ("--max-evaluations", args.max_evaluations, 1, None)):
+        if value < lo or (hi is not None and value > hi):
+            return f"{flag} {value}: give {lo}-{hi}" if hi else f"{flag} {value}: give {lo} or more"
+    try:
+        for name in args.solvers.split(","):
+            if name.strip():
+                check_solver(name.strip())
+    except HppInputError as exc:
+        return f"--solvers {args.solvers}: {exc.message}; give heuristic, cp-sat and/or milp, comma-separated"
+    return ""
 
 
 if __name__ == "__main__":

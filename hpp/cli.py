@@ -162,8 +162,8 @@ def cmd_plan(args) -> int:
     how = f" ({comp.note})" if comp.note else ""
     ran = comp.solver == "heuristic" or bool(comp.solver_status)    # "cp-sat FEASIBLE" would read as CP-SAT's answer
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {comp.status}, "
-          f"objective {comp.objective_s:.4f} s "
-          f"(the returned plan's predicted time), bound {comp.bound_s:.4f} s ({comp.bound_method}), gap {comp.gap:.2%}, "
+          f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
+          f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
           f"{comp.num_candidates} of {res.stats['num_candidates']} candidates left after the incumbent bound{how}"
           f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
@@ -296,7 +296,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="composition solver (default: cp-sat, on up to 16 candidates at the default budget; an exact "
                         "solver named here runs on up to 200; greedy: the old name of heuristic)")
     p.add_argument("--type-classes", action="store_true",
-                   help="also bound the plans by the GPU types their pipelines share (smaller gap, ~1.5x search time)")
+                   help="also bound the plans by the GPU types their pipelines share (smaller gap, 1.3-1.7x time)")
     p.add_argument("--cpsat-params", metavar="TEXT",
                    help='extra CP-SAT parameters in text format, e.g. "num_workers:1,random_seed:1" (applied last)')
     p.add_argument("--no-recompute", action="store_true", help="forbid activation recomputation")

@@ -92,6 +92,8 @@ def check_plan_args(args) -> None:
         raise HppInputError(f"--micro-batch-sizes {args.micro_batch_sizes}", field="--micro-batch-sizes",
                             fix="give positive integers, e.g. 1,2,4")
     check_writable(getattr(args, "out", None))
+    if args.scenario is not None and not args.scenario.strip():
+        raise HppInputError("--scenario ''", field="--scenario", fix="name a bundled scenario (see `hpp scenarios`)")
     if args.scenario and args.cluster:
         raise HppInputError("--scenario cannot be combined with --cluster", field="--scenario",
                             fix="use either a bundled scenario (its cluster; --model/--profile may replace its "

@@ -80,6 +80,8 @@ def test_cli_exit_code_2_and_one_line(tmp_path, capsys):
     assert len(err) == 1 and "broken.json" in err[0]
     assert main(["plan", "--scenario", "nope"]) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err
+    assert main(["plan", "--scenario", ""]) == 2             # used to plan the default scenario silently
+    assert "field '--scenario': --scenario ''" in capsys.readouterr().err
 
 
 def test_cluster_file_errors(tmp_path, capsys):

@@ -195,7 +195,7 @@ def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
     from hpp.cli import main
     assert main(["plan", "--no-baselines", "--workers", "1"]) == 0
     out = capsys.readouterr()
-    assert "solver cp-sat" in out.out and "cp-sat skipped: " in out.out and "the LP bound covers all" in out.out
+    assert "solver cp-sat" in out.out and "cp-sat skipped: " in out.out and "the LP and copy bound cover all" in out.out
     assert "(the returned plan's predicted time)" in out.out
     assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
     out = capsys.readouterr()

@@ -105,3 +105,23 @@ def test_cli_type_classes_flag_reaches_the_solve(capsys):
         out = capsys.readouterr().out
         got[bool(extra)] = json.loads(out[out.index("{"):])
     assert got[True]["bound_s"] >= got[False]["bound_s"] and got[True]["objective_s"] == got[False]["objective_s"]
+
+
+def test_certify_check_refuses_bad_flags_and_a_run_the_oracle_never_checked(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "certify_check", Path(__file__).resolve().parents[1] / "experiments" / "certify_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = str(tmp_path / "c.csv")
+    assert mod.main(["--solvers", "foo", "--out", out]) == 2
+    assert capsys.readouterr().err.strip() == ("certify_check: --solvers foo: unknown solver 'foo'; give heuristic, "
+                                               "cp-sat and/or milp, comma-separated")
+    assert mod.main(["--max-gpus", "9", "--out", out]) == 2 and "--max-gpus 9: give 2-8" in capsys.readouterr().err
+    # an oracle cap of one multiset checks nothing: exit 1 and say so (not "violations 0" as a pass)
+    assert mod.main(["--instances", "2", "--max-evaluations", "1", "--out", out]) == 1
+    got = capsys.readouterr()
+    assert "checked by the oracle: 0 of 2" in got.out and "the oracle checked no instance" in got.err
+    assert mod.main(["--instances", "3", "--max-gpus", "2", "--type-classes", "--out", out]) == 0
+    assert "checked by the oracle: 3 of 3" in capsys.readouterr().out

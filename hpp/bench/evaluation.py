@@ -292,22 +292,32 @@ def _gap_markdown(results: Path) -> list[str]:
     return ["### What limits the gap (`experiments/gap_progress.py`)", "",
             "Per input, how far each method moves the incumbent (the best plan's iteration time as the cost model "
             "predicts it) and the bound (a proven lower bound of that same time, always on the bound problem as "
-            "`solve()` builds it): `heuristic` (the search's heuristics; bound: the LP without the copy bound), "
-            "`default` (`hpp plan --no-baselines`), `type-classes` (`hpp plan --no-baselines --type-classes`: also "
-            "bounds separately the plans whose pipelines all share a GPU type t, on the candidates using t, and the "
-            "plans with no such type, whose gradient rings all cross types, on the links between types: "
-            "`hpp.formulation.composition.type_classes`), `copy-bound-deep` (the copy bound with rel_tol 0 and 10x its "
-            "local search), CP-SAT at 1 and 10 work units and the MILP at 10 units on every presolved candidate "
-            "with the incumbent as hint (the 10-unit runs on the smallest inputs only, the exact solvers not above "
-            "2,000 candidates; the last column says what each exact solver returned: NO_SOLUTION means its budget "
-            "ran out before it had any solution of its model, the hinted incumbent included, which on inputs of "
-            "hundreds of candidates happens in CP-SAT's presolve, `experiments/cpsat_budget.py`). side moved: a side counts "
-            "as moved when a method beats the default's figure by more than the optimum tolerance (0.1 %). "
-            "exact-model floor: the gap of the best plan against the exact solvers' own bound-model price of "
-            "that plan: no proof on their model can get the gap below it, so where it is at or above the gap "
-            "CP-SAT and the MILP cannot help at all (and where it is below, their model may still be weaker "
-            "than the copy bound the default already proves). bound's own plan: the copy bound's LP copies at "
-            "its least level, where the bound comes from: what the relaxation says that plan costs at least, "
+            "`solve()` builds it). Inputs `Ktypes-N` are the search-overhead sweep's: OPT-350 on N GPUs split evenly "
+            "over the first K of A100-40, V100-16, GH-96, A100-80 (nodes of 4), global batch max(1024, 4 N); the "
+            "others are bundled scenarios (`hpp plan --scenario NAME`). The methods:", "",
+            "- `heuristic`: the search's heuristics, bound by the sync-class LP alone (no copy bound; not "
+            "`--solver heuristic`, which has both).",
+            "- `default`: `hpp plan --no-baselines` (bound: the LP and the copy bound, `bound_method` `lp`).",
+            "- `type-classes`: `hpp plan --no-baselines --type-classes`: also bounds separately the plans whose "
+            "pipelines all share a GPU type t (on the candidates using t) and the plans with no such type, whose "
+            "gradient rings all cross types (on the links between types): "
+            "`hpp.formulation.composition.type_classes`.",
+            "- `copy-bound-deep@10`: the copy bound with rel_tol 0 and 10x its local search (not a `hpp plan` option).",
+            "- `cp-sat@1`, `cp-sat@10`, `milp@10`: the exact solvers on every presolved candidate with the incumbent "
+            "as hint, at 1 or 10 deterministic work units (HiGHS: 2,000 nodes per unit; the 10-unit runs on the "
+            "smallest inputs only, none above 2,000 candidates). The last column says what each returned: "
+            "NO_SOLUTION means its budget ran out before it had any solution of its model, the hinted incumbent "
+            "included (on hundreds of candidates this happens in CP-SAT's presolve, `experiments/cpsat_budget.py`); "
+            "`its model`: its objective on its own bound model; `wall cap`: the 300 s safety limit on one exact "
+            "solve was hit.", "",
+            "Columns: *best incumbent* / *best bound* / *remaining gap* take the best over all methods, including "
+            "ones `hpp plan` does not run; what `hpp plan` gives is the default gap, or the type-classes line below "
+            "the table. *side moved*: a side counts as moved when a method beats the default's figure by more than "
+            "the optimum tolerance (0.1 %). *exact-model floor*: the gap of the best plan against the exact solvers' "
+            "own bound-model price of that plan: no proof on their model can get the gap below it, so where it is "
+            "at or above the gap CP-SAT and the MILP cannot help at all. *bound's own plan*: the copy bound's LP "
+            "copies at the level where its search met its least exact value (at or just above the reported bound, "
+            "which the search may end within 0.01 % below it): what the relaxation says that plan costs at least, "
             "against what the cost model says it costs (rounded to whole copies).",
             "", summary_table(sums), "", *limits_lines(sums), *type_class_lines(rows),
             "What is left, on most inputs: the sync floor of plans whose rings cross GPU types still allows the "

@@ -14,8 +14,7 @@ What every solver does, in one place:
    (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
    any link model) of all candidates left. The copy bound's LP solutions, rounded, are priced by the search
    model too: the best, where it beats the incumbent there, is improved by a local search over copy counts
-   and becomes a second answer (``lp-rounding``); the bound does not depend on it. With
-   ``settings.type_classes``, also the type-class bound (:mod:`hpp.formulation.composition.type_classes`).
+   and becomes a second answer (``lp-rounding``); the bound does not depend on it. ``type_classes``: also :mod:`.type_classes`.
 4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
    (at most ``settings.candidate_limit``: 16 at the default budget, where CP-SAT's presolve alone takes the
    budget on larger inputs), with the incumbent as hint and cutoff; its bound then counts.
@@ -48,8 +47,8 @@ from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, S
 from hpp.formulation.composition.type_classes import type_class_bound
 from hpp.pruning.rules import exceeds_incumbent
 
-__all__ = ["SolverSettings", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL",
-           "OPTIMUM_ATOL_S", "STATUSES", "solve", "bench_settings", "check_solver", "model_objective_s", "within_tolerance", "gap",
+__all__ = ["SolverSettings", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S",
+           "STATUSES", "solve", "bench_settings", "check_solver", "model_objective_s", "within_tolerance", "gap",
            "status_of", "certify", "export_cpsat_model"]
 
 log = logging.getLogger(__name__)
@@ -123,8 +122,8 @@ class SolveResult:
         rounded LP plan, locally improved), ``"cp-sat"`` / ``"milp"`` (the exact solver's), or
         ``"baseline:<name>"`` (a seed plan the planner returned, see :func:`certify`).
     bound_method : str
-        What proved ``bound_s``: ``"lp"``, ``"type-classes"`` (``settings.type_classes``), ``"cp-sat"``, ``"milp"``
-        or ``"cutoff"`` (nothing beats the incumbent).
+        What proved ``bound_s``: ``"lp"`` (the LP and the copy bound), ``"type-classes"`` (``settings.type_classes``;
+        the note gives its value either way), ``"cp-sat"``, ``"milp"`` or ``"cutoff"`` (nothing beats the incumbent).
     hit_time_limit : bool
         The user's wall-clock limit stopped the exact solver (the answer may then depend on the machine).
     nodes : int
@@ -317,10 +316,10 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         answers.append((judge(rounded), "lp-rounding", rounded))
     bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
-    if settings.type_classes:
-        tc = type_class_bound(bsub, cutoff_s=inc_obj if math.isfinite(inc_obj) else None)
-        if tc.bound_s > bound:
-            bound, bound_method = float(tc.bound_s), "type-classes"
+    tc = type_class_bound(bsub, cutoff_s=inc_obj if math.isfinite(inc_obj) else None) if settings.type_classes else None
+    tc_note = "" if tc is None else f"type-class bound {tc.bound_s:.4f} s" + ("" if tc.bound_s > bound else ", no stronger")
+    if tc is not None and tc.bound_s > bound:
+        bound, bound_method = float(tc.bound_s), "type-classes"
     if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
         note = f"{name} not run: the incumbent already meets the bound"
         if name == "cp-sat" and settings.cpsat_params:
@@ -351,9 +350,10 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
             else:
                 note = (note + "; " if note else "") + f"{name} saw {len(sel)} of {len(keep)} candidates"
         else:
-            note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP bound covers all"
+            note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP and copy bound cover all"
             if name == "cp-sat" and settings.cpsat_params:
                 note += "; --cpsat-params unused: --cpsat-on-subset runs CP-SAT on a subset"
+    note = "; ".join(x for x in (note, tc_note) if x)
     obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
     obj = float(obj)
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
