@@ -307,6 +307,9 @@ def summary_table(rows: Sequence[BenchRow]) -> str:
     lines.append(f"(objective: the cost model's predicted iteration time of the returned plan; bound: a proven lower "
                  f"bound of it over all candidates and bindings (LP / copy bound, and the exact solver's when it saw "
                  f"every candidate); proven opt: status OPTIMAL, objective within {OPTIMUM_RTOL:g} relative of the "
-                 f"bound; model opt: the exact solver closed its bound model; tolerance {OPTIMUM_ATOL_S:g} s + "
+                 f"bound; model opt: the exact solver closed its bound model; median gap: over all its instances; "
+                 f"gap@limit: over the instances where its wall-clock limit (--time-limit) stopped it (those results "
+                 f"depend on the host's speed and load); best found: instances where it returned the best objective of "
+                 f"any solver; wins: of those, where it was the fastest to it; tolerance {OPTIMUM_ATOL_S:g} s + "
                  f"{OPTIMUM_RTOL:g} relative)")
     return "\n".join(lines)
