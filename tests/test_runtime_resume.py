@@ -177,3 +177,21 @@ def test_bad_resume_input_is_one_line_exit_2(saved, tmp_path, capsys):
     err = _refused(capsys, a, "--resume", str(saved / "ck"), "--optimizer", "sgd")
     assert "checkpoint has AdamW optimizer state, this run uses SGD" in err, err
     assert "--save-every without --save" in _refused(capsys, a, "--save-every", "2")
+
+
+def test_verify_on_a_float32_checkpoint_and_a_timeline_in_no_folder_are_refused_up_front(saved, tmp_path, capsys):
+    # a float32 run's checkpoint cannot reproduce float64 training: refused before any rank starts (it used to run
+    # and report "verify ... FAILED", which reads as a runtime bug; fresh-user trial 12)
+    f32 = tmp_path / "f32" / "step-3"
+    shutil.copytree(saved / "ck" / "step-3", f32)
+    meta = json.loads((f32 / "hpp_checkpoint.json").read_text())
+    meta["extra"]["training"]["dtype"] = "float32"
+    (f32 / "hpp_checkpoint.json").write_text(json.dumps(meta))
+    b = plan_b(tmp_path / "b.json")
+    err = _refused(capsys, b, "--resume", str(f32), "--verify")
+    assert "--verify compares float64 training, but the checkpoint" in err and "float32 run" in err, err
+    assert "resume a checkpoint saved by a --verify (float64) run, or drop --verify" in err
+    # --timeline into a folder that does not exist: refused before the run (it crashed after the last step)
+    err = _refused(capsys, b, "--timeline", str(tmp_path / "nodir" / "t.png"))
+    assert "cannot be written (no such folder, or not writable)" in err, err
+    assert not (tmp_path / "nodir").exists()

@@ -114,6 +114,9 @@ def _human_run(rep: dict) -> str:
             f"at their speed the host model gives {hm['at_run_cpu_speed_iteration_time_s']:.4f} s (a diagnostic)"
             if hm.get("at_run_cpu_speed_iteration_time_s") is not None else None)
     tr = rep.get("training") or {}
+    hosts = rep.get("hosts") or {}
+    part = (f"; host {hosts['node_rank']} of {hosts['nnodes']}: this host's ranks' share of the global loss"
+            if (hosts.get("nnodes") or 1) > 1 else "")
     lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
              f"{tr.get('optimizer')} lr {tr.get('lr')})",
@@ -123,8 +126,9 @@ def _human_run(rep: dict) -> str:
              f"{m['tokens_per_s']:.0f} tokens/s"
              + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
                 if pr.get("throughput_samples_per_s") is not None else ""),
-             f"  loss             {_fmt(m.get('loss'), '.4f')} (last step)   MFU {_fmt(m.get('mfu'), '.2%')}",
-             f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks)",
+             f"  loss             {_fmt(m.get('loss'), '.4f')} (last step{part})   MFU {_fmt(m.get('mfu'), '.2%')}",
+             f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks"
+             f"{'; counted on this host only' if part else ''})",
              "  rank pipe stage  tp device          layers   rec   #mb  peak_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
         tp = f"{r.get('tp_rank') or 0}/{r.get('tp_degree') or 1}"

@@ -68,6 +68,7 @@ from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, sum
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
+from hpp.runtime.run_checks import check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
 from hpp.runtime.worker import WorkerConfig, config_to_json, write_atomic
 
@@ -166,9 +167,6 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     if save_every and save is None:
         raise HppInputError("--save-every without --save", field="save_every", fix="give --save DIR too")
     plan, cluster, profile = load_run_inputs(plan_path)
-    rt = resolve_run_model(plan, profile, model, source=str(plan_path))
-    spec = rt.spec
-    model_name = model_source(plan, profile, model)             # what every rank loads
     rank_roles(plan)                                  # layouts the runtime cannot execute are refused here
     if world_size is not None and world_size != plan.num_devices:
         raise HppInputError(f"the plan has {plan.num_devices} devices but the world size is {world_size}",
@@ -176,6 +174,11 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     share = host_share(plan, cluster, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                        node_map=node_map, emulate_node_type=emulate_node_type, device=device, launcher=launcher)
     check_host_capacity(len(share.ranks), device=device, per_core=MAX_RANKS_PER_CORE)
+    check_host_memory(plan, cluster, profile, share.ranks, device=device)      # before building the model
+    check_png_path(timeline)
+    rt = resolve_run_model(plan, profile, model, source=str(plan_path))
+    spec = rt.spec
+    model_name = model_source(plan, profile, model)             # what every rank loads
     notes: list[str] = []
     meta = check_resume(resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=optimizer) \
         if resume is not None else None
@@ -191,6 +194,10 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         data = saved_extra["data"]["path"]               # the resumed run reads on in the checkpoint's data
     save_dir = prepare_save_dir(save) if save is not None else None
     run_dtype = dtype or (saved_training or {}).get("dtype") or "float32"
+    if verify and meta is not None and (saved_training or {}).get("dtype", "float32") != "float64":
+        raise HppInputError(f"--verify compares float64 training, but the checkpoint {meta['path']} was saved by a "
+                            f"{(saved_training or {}).get('dtype', 'float32')} run", field="--verify",
+                            fix="resume a checkpoint saved by a --verify (float64) run, or drop --verify")
     if verify and run_dtype != "float64":
         if dtype is not None:
             notes.append(f"--verify runs in float64 (--dtype {dtype} ignored)")
@@ -259,6 +266,10 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         res = None
         try:
             with monitor:
+                if progress and share.nnodes > 1:
+                    sys.stderr.write(f"host {share.node_rank} of {share.nnodes}: waiting for the other hosts at "
+                                     f"{share.rdzv_endpoint} (every host runs hpp run with its --node-rank; "
+                                     f"the run stops after {run_timeout_s:g} s)\n")
                 if launcher == "torchrun":
                     res = launch_torchrun(cfg, world_size=plan.num_devices, out_dir=Path(tmp), timeout_s=run_timeout_s,
                                           poll=monitor.poll, nnodes=share.nnodes, node_rank=share.node_rank,
