@@ -10,12 +10,12 @@ the search's settings. Every refusal is an :class:`~hpp.errors.HppInputError` na
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import folder_writable
 from hpp.plan import plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster_format import load_cluster
@@ -68,9 +68,8 @@ def check_writable(out: Path | None) -> None:
     """Refuse an ``--out`` whose folder is missing or read-only before any work is done."""
     if out is None:
         return
-    parent = Path(out).resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise HppInputError(f"cannot write {out}: folder {parent} does not exist or is not writable",
+    if not folder_writable(out):
+        raise HppInputError(f"cannot write {out}: folder {Path(out).resolve().parent} does not exist or is not writable",
                             field="--out", fix="create the folder first or give a writable path")
 
 

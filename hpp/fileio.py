@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 
-__all__ = ["read_json", "check_header", "write_rows_csv", "write_dataclass_csv"]
+__all__ = ["read_json", "check_header", "write_rows_csv", "write_dataclass_csv", "read_dataclass_csv",
+           "folder_writable"]
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -129,3 +131,10 @@ def read_dataclass_csv(path: str | PathLike, row_type: type) -> list[Any]:
     if unknown:
         raise ValueError(f"{path}: unknown column(s) {', '.join(unknown)}")
     return [row_type(**{k: conv[kinds[k]](v) for k, v in row.items()}) for row in rows]
+
+
+def folder_writable(path: str | PathLike) -> bool:
+    """Whether the folder ``path`` would be written into exists and is writable (an output flag's check, before
+    any work is done)."""
+    parent = Path(path).resolve().parent
+    return parent.is_dir() and os.access(parent, os.W_OK)

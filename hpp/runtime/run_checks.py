@@ -3,11 +3,11 @@ ranks of a CPU run, and an output PNG's folder (split from :mod:`hpp.runtime.run
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
 from hpp.errors import HppInputError
+from hpp.fileio import folder_writable
 from hpp.formulation.cost_model import estimate_plan
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
@@ -63,8 +63,7 @@ def check_png_path(path: str | Path | None, *, flag: str = "--timeline") -> Path
     if path is None:
         return None
     p = Path(path)
-    folder = p.parent if str(p.parent) else Path(".")
-    if p.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+    if p.is_dir() or not folder_writable(p):
         raise HppInputError(f"{flag} {str(path)!r} cannot be written (no such folder, or not writable)",
                             field=flag.lstrip("-"), fix="give a file path in an existing, writable folder")
     return p

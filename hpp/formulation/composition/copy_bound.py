@@ -106,7 +106,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
                incumbent: tuple[dict[int, int], float] | None = None, cutoff_s: float | None = None,
                rel_tol: float = 1e-4, max_evals: int = 400, pool_size: int = 8,
                search_price: Callable[[dict, float], float] | None = None,
-               search_cutoff_s: float = math.inf, links_of: Callable | None = None) -> CopyBound:
+               search_cutoff_s: float = math.inf, links_of: Callable = cluster_links) -> CopyBound:
     """Lower bound of the objective over all plans of the candidates, and the best plan met on the way.
 
     Parameters
@@ -139,7 +139,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
     search_cutoff_s : float
         Only plans ``search_price`` prices below it count (the caller's incumbent, in the same prices): the
         others are cut off before their sync is priced, and ``found`` stays None when none is below it.
-    links_of : callable, optional
+    links_of : callable
         ``(cluster, device_type) -> (node devices, in-node links, inter-node links)``: the links each candidate's
         sync floor is priced on (default :func:`~hpp.formulation.composition.sync_floor.cluster_links`; the
         type classes' class B: ``cross_type_links``). Only valid for plans whose rings use those links.
@@ -152,7 +152,7 @@ def copy_bound(problem: CompositionProblem, *, bound_problem: CompositionProblem
     t0 = time.perf_counter()
     if not problem.candidates:
         return CopyBound(math.inf, {}, math.inf, 0, 0, 0.0)
-    s = Search(bound_problem if bound_problem is not None else problem, links_of or cluster_links)
+    s = Search(bound_problem if bound_problem is not None else problem, links_of)
     exact_prices = bound_problem is None or bound_problem is problem
     best_counts, best_obj = incumbent if incumbent is not None and incumbent[0] else ({}, math.inf)
     cut_s = math.inf if cutoff_s is None or not math.isfinite(cutoff_s) else float(cutoff_s)

@@ -218,12 +218,13 @@ def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
     return min(max_chunk_bytes, 2.0 ** bad * 1e6)
 
 
-def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
+def _inter_links(cluster, device_type: str | None = None, *, own: bool = True) -> list[Link]:
     """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
 
     A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
     that touches a node of that type: v2 clusters' type-pair links with that type (its link to itself only
-    when it has two nodes or more: a single node's two ring edges lead to other types), and every zone link.
+    when it has two nodes or more: a single node's two ring edges lead to other types; never with ``own``
+    False), and every zone link.
     """
     net = getattr(cluster, "network", None)
     if net is None:
@@ -231,10 +232,10 @@ def _inter_links(cluster, device_type: str | None = None) -> list[Link]:
     links = []
     types = sorted(cluster.count_by_type())
     if device_type is not None and hasattr(cluster, "type_link"):
-        own = sum(1 for nd in cluster.nodes if nd.device_type == device_type)
+        own_nodes = sum(1 for nd in cluster.nodes if nd.device_type == device_type)
         for u in types:
-            if u == device_type and own < 2:   # one node of the type: both its ring edges go to other types
-                continue
+            if u == device_type and (not own or own_nodes < 2):   # one node of the type: both its ring
+                continue                                            # edges go to other types
             try:
                 links.append(cluster.type_link(device_type, u))
             except HppInputError:          # no such pair: no ring uses it
@@ -275,17 +276,7 @@ def cross_type_links(cluster, device_type: str) -> tuple[int, list[Link], list[L
     ``device_type`` to a node of another type, whose link is one of these; the ring costs at least that edge's.
     Version 1 clusters: the one inter-node link.
     """
-    nodes = [nd for nd in cluster.nodes if nd.device_type == device_type] or cluster.nodes
-    links = []
-    for u in sorted(cluster.count_by_type()):
-        if u != device_type:
-            try:
-                links.append(cluster.type_link(device_type, u))
-            except HppInputError:          # no such pair: no ring uses it
-                pass
-    net = getattr(cluster, "network", None)
-    links.extend((getattr(net, "zone_links", None) or {}).values())
-    return max(nd.num_devices for nd in nodes), [], list(dict.fromkeys(links))
+    return cluster_links(cluster, device_type)[0], [], _inter_links(cluster, device_type, own=False)
 
 
 def stage_sync_rate(cluster, a: int, b: int, tp: int, beta_max: float, *, hierarchical: bool = True,
