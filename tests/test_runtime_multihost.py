@@ -114,6 +114,7 @@ def test_two_hosts_run_a_plan_spanning_both_and_verify(two_host_run):
         ranks = [int(line.split()[0]) for line in out.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+\s", line)]
         assert ranks == ([0, 2] if node_rank == 0 else [1, 3]), out
         assert f"host {node_rank} of 2 (plan node {node_rank}) runs ranks" in out
+        assert f"(last step; host {node_rank} of 2: this host's ranks' share of the global loss)" in out, out
         names.add(int(m.group(2)))
     # host 0 holds layers 0-2 (26 tensors), host 1 layers 2-3 (15): together every parameter, layer 2 on both
     total = len(list(build_stage(micro(), 0, 4, seed=0).layer_parameters()))

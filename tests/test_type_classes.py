@@ -105,6 +105,9 @@ def test_cli_type_classes_flag_reaches_the_solve(capsys):
         out = capsys.readouterr().out
         got[bool(extra)] = json.loads(out[out.index("{"):])
     assert got[True]["bound_s"] >= got[False]["bound_s"] and got[True]["objective_s"] == got[False]["objective_s"]
+    # there the classes prove no more than the copy bound (class B is the least): the note says so
+    assert got[True]["bound_method"] == "lp" and got[True]["note"] == "type-class bound 39.1274 s, no stronger"
+    assert "type-class" not in got[False]["note"]
 
 
 def test_certify_check_refuses_bad_flags_and_a_run_the_oracle_never_checked(tmp_path, capsys):
