@@ -66,12 +66,14 @@ class StepLP:
         cfull = np.concatenate((obj, np.zeros(m)))          # (np.r_ costs ~10 us a solve)
         scale = float(obj.max())
         B = list(self.basis)
+        Binv = None                                # the basis inverse, updated per pivot, refactored every 16
         for it in range(200):
-            try:
-                Binv = np.linalg.inv(self.full[:, B])
-            except np.linalg.LinAlgError:
-                B = list(range(n, n + m))          # restart from the slack basis
-                continue
+            if Binv is None or it % 16 == 0:
+                try:
+                    Binv = np.linalg.inv(self.full[:, B])
+                except np.linalg.LinAlgError:
+                    B, Binv = list(range(n, n + m)), None      # restart from the slack basis
+                    continue
             xB = Binv @ self.u
             y = cfull[B] @ Binv
             red = cfull - y @ self.full
@@ -94,9 +96,13 @@ class StepLP:
             leave = int(np.flatnonzero(ratios <= r + 1e-15)[0]) if it < 50 else \
                 min(np.flatnonzero(ratios <= r + 1e-15).tolist(), key=lambda i: B[i])
             B[leave] = e
+            pivot = Binv[leave] / d[leave]         # product-form update: row ops that turn column e into a unit
+            Binv -= np.outer(d, pivot)
+            Binv[leave] = pivot
         else:
             log.debug("step LP: no optimum after 200 pivots")
+            xB = np.linalg.solve(self.full[:, B], self.u)
         self.basis = B
         x = np.zeros(n + m)
-        x[B] = np.maximum(np.linalg.solve(self.full[:, B], self.u), 0.0)
+        x[B] = np.maximum(xB, 0.0)
         return float(obj @ x[:n]), x[:n]

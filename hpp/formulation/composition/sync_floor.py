@@ -11,6 +11,7 @@ counts; :mod:`hpp.formulation.composition.copy_bound` uses it as the penalty of 
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import math
 from dataclasses import dataclass
@@ -176,15 +177,34 @@ def _roots(a: float, b: float, c: float) -> list[float]:
     return sorted(((-b - r) / (2.0 * a), (-b + r) / (2.0 * a)))
 
 
+_RISE_LO = math.log2(1.0 / 1e6)          # x = log2(chunk / 1 MB) of a 1-byte chunk: where the search starts
+
+
 @lru_cache(maxsize=512)
-def _rise_parts(link: Link) -> tuple[tuple[float, ...], tuple[float, ...], float, tuple[float, float, float]]:
-    """What :func:`ring_cost_increasing_from` needs of a fitted link, whatever the chunks: the fit's roots where
-    it falls through 0, every root it cuts at, the peak [GB/s] and g's coefficients (kept per link)."""
+def _rise_parts(link: Link) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """What :func:`ring_cost_increasing_from` needs of a fitted link, whatever the chunks, in x = log2(chunk / 1 MB)
+    above ``_RISE_LO``: (the fit's roots where it falls through 0, sorted; the cuts C_0 = _RISE_LO < C_1 < ...: every
+    root of the fit, of fit - peak and of g = ln 2 fit - fit'; per cut i, the largest C_j+1 (j < i) whose interval
+    (C_j, C_j+1) lets the cost fall, -inf if none, and then the same for i = len(C)) and, per interval (C_i, C_i+1)
+    (the last one unbounded), whether the cost falls there as a tuple of 0/1 floats. Between consecutive cuts
+    neither the fit's position against 0 and the peak nor g's sign changes, so one point of each interval decides
+    it."""
     a, b, c = link.fit_gb_per_s
     peak = link.max_bytes_per_s / 1e9
     ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
-    return (tuple(r for r in _roots(a, b, c) if 2.0 * a * r + b < 0),
-            tuple(_roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc)), peak, (ga, gb, gc))
+    falls = tuple(sorted(r for r in _roots(a, b, c) if 2.0 * a * r + b < 0 and r > _RISE_LO))
+    cuts = sorted({_RISE_LO, *[r for r in _roots(a, b, c) + _roots(a, b, c - peak) + _roots(ga, gb, gc)
+                               if r > _RISE_LO]})
+    flags, ends, bad = [], [], -math.inf
+    for i, x0 in enumerate(cuts):
+        x1 = cuts[i + 1] if i + 1 < len(cuts) else x0 + 2.0
+        xm = 0.5 * (x0 + x1)
+        fm = a * xm * xm + b * xm + c
+        flags.append(1.0 if 0.0 < fm < peak and ga * xm * xm + gb * xm + gc < 0 else 0.0)
+        ends.append(bad)
+        if flags[-1] and i + 1 < len(cuts):
+            bad = x1
+    return falls, tuple(cuts), tuple(ends), tuple(flags)
 
 
 def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
@@ -194,25 +214,20 @@ def ring_cost_increasing_from(link: Link, max_chunk_bytes: float) -> float:
     The cost grows where B / bw(B/h) never falls: in x = log2(chunk / 1 MB) the bandwidth's log-slope
     is at most 1 where the fit prices it (ln 2 fit(x) - fit'(x) >= 0, a quadratic), and the fit does not
     drop from positive to non-positive (below 0 the peak applies, a fall in price). Returns 0 when it
-    grows everywhere, ``max_chunk_bytes`` when it still falls at the top.
+    grows everywhere, ``max_chunk_bytes`` when it still falls at the top. The roots and the intervals where
+    the cost falls are the link's (:func:`_rise_parts`, cached); a call looks ``max_chunk_bytes`` up in them.
     """
     if link.fit_gb_per_s is None:
         return 0.0
-    a, b, c = link.fit_gb_per_s
-    lo, hi = math.log2(1.0 / 1e6), math.log2(max(max_chunk_bytes, 1.0) / 1e6)
-    if hi <= lo:
+    hi = math.log2(max(max_chunk_bytes, 1.0) / 1e6)
+    if hi <= _RISE_LO:
         return 0.0
-    falls, roots, peak, (ga, gb, gc) = _rise_parts(link)
-    bad = -math.inf                      # the largest x where the cost can fall
-    for r in falls:
-        if lo < r <= hi:
-            bad = max(bad, r)            # the fit falls through 0: the price drops to the peak's
-    cuts = sorted({lo, hi, *[r for r in roots if lo < r < hi]})
-    for x0, x1 in zip(cuts, cuts[1:]):
-        xm = 0.5 * (x0 + x1)
-        fm = a * xm * xm + b * xm + c
-        if 0.0 < fm < peak and ga * xm * xm + gb * xm + gc < 0:
-            bad = max(bad, x1)           # g keeps its sign between consecutive cuts (its roots are cuts)
+    falls, cuts, ends, flags = _rise_parts(link)
+    k = bisect.bisect_left(cuts, hi) - 1           # cuts[k] < hi <= cuts[k + 1]: the interval hi ends in
+    bad = hi if flags[k] else ends[k]               # the largest x where the cost can fall
+    j = bisect.bisect_right(falls, hi)              # the fit falls through 0 at or below hi: the price drops
+    if j:
+        bad = max(bad, falls[j - 1])
     if bad == -math.inf:
         return 0.0
     return min(max_chunk_bytes, 2.0 ** bad * 1e6)
