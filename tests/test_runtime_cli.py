@@ -149,6 +149,27 @@ def test_fork_run_emulated_json_and_timeline(emulated_run):
     assert rep["collectives"]["count"] == 3 and rep["collectives"]["bytes"] > 0     # 3 shared blocks
     assert len(rep["ranks"]) == 4 and all(r["peak_memory_bytes"] > 0 for r in rep["ranks"])
     assert png.stat().st_size > 10_000 and not list(tmp.glob("*.tmp*"))
+    pred = [st["memory_bytes"] for p in rep["predicted"]["pipelines"] for st in p["stages"]]
+    assert rep["device"] == "cpu" and len(pred) == 4 and all(m > 0 for m in pred)
+
+
+def test_summary_puts_each_rank_predicted_memory_beside_its_peak():
+    from hpp.runtime.cli import _human_run
+    rank = {"rank": 0, "pipeline": 1, "stage": 0, "device_type": "cpu", "layers": [0, 2], "recompute": None,
+            "num_micro_batches": 2, "peak_memory_bytes": 300 * 2**20, "compute_s": 0.1, "padding_s": 0.0}
+    stages = [{"memory_bytes": 5 * 2**20}, {"memory_bytes": 7 * 2**20}]
+    rep = {"plan": "p.json", "model": "m", "world_size": 1, "steps": 2, "launcher": "fork", "emulate_speed": False,
+           "measured": {"iteration_time_s": 1.0, "throughput_samples_per_s": 2.0, "tokens_per_s": 16.0},
+           "predicted": {"iteration_time_s": 1.0, "pipelines": [{"stages": stages}, {"stages": stages[::-1]}]},
+           "collectives": {"count": 1, "bytes": 8, "mode": "block-bucketed", "num_blocks": 1},
+           "ranks": [rank], "notes": []}
+    lines = _human_run({**rep, "device": "cuda"}).splitlines()
+    head = next(i for i, line in enumerate(lines) if "rank pipe" in line)
+    assert lines[head].split()[-4:] == ["peak_mem_MB", "pred_mem_MB", "compute_s", "padding_s"]
+    assert lines[head + 1].split()[-4:] == ["300.0", "7.0", "0.1000", "0.0000"]     # pipeline 1, stage 0: 7 MiB
+    cpu = _human_run({**rep, "device": "cpu"})
+    assert "peak_RSS_MB" in cpu and "not the device memory that pred_mem_MB predicts" in cpu
+    assert "n/a" in _human_run({**rep, "device": "cuda", "predicted": {"iteration_time_s": None}}).splitlines()[-1]
 
 
 @pytest.mark.distributed

@@ -115,6 +115,10 @@ def test_two_hosts_run_a_plan_spanning_both_and_verify(two_host_run):
         assert ranks == ([0, 2] if node_rank == 0 else [1, 3]), out
         assert f"host {node_rank} of 2 (plan node {node_rank}) runs ranks" in out
         assert f"(last step; host {node_rank} of 2: this host's ranks' share of the global loss)" in out, out
+        # ranks 0, 1 = pipeline 0 ([0, 2), [2, 4)), ranks 2, 3 = pipeline 1 ([0, 3), [3, 4)); blocks [0, 2) on
+        # ranks 0+2 (host 0), [2, 3) on 1+2 (both hosts), [3, 4) on 1+3 (host 1): each host's ranks join two, whichever
+        # host's rank leads them (led by the smallest rank, host 0 would count 1)
+        assert "grad all-reduce  2 per step" in out and "those this host's ranks joined" in out, out
         names.add(int(m.group(2)))
     # host 0 holds layers 0-2 (26 tensors), host 1 layers 2-3 (15): together every parameter, layer 2 on both
     total = len(list(build_stage(micro(), 0, 4, seed=0).layer_parameters()))

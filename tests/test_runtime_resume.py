@@ -118,7 +118,8 @@ def test_resume_on_another_plan_with_tp2_equals_one_long_run(saved, tmp_path, ca
         print(f"plan B resume 3 steps: {time.perf_counter() - t0:.1f} s")
         diff, n = verify_of(out)
     assert diff <= 1e-9 and n == NUM_PARAMS, out                  # = 6 steps of single-process training
-    assert "(steps 4..6)" in out and "resuming step 3" in out
+    assert "(steps 4..6)" in out and out.count(str(saved / "ck")) == 1     # said once: the "resumed" line
+    assert "resumed          from " in out and "resuming step" not in out   # not also as a note
     assert re.search(r"^\s+0\s+0\s+0\s+0/2 cpu ", out, re.M) and re.search(r"^\s+4\s+1\s+0\s+0/1 cpu ", out, re.M)
     assert [json.loads(x)["step"] for x in (tmp_path / "m.jsonl").read_text().splitlines()] == [3, 4, 5]
     assert "training settings differ" not in out                   # every setting came from the checkpoint

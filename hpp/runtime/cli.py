@@ -93,8 +93,17 @@ def _fmt(x: float | None, spec: str, unit: str = "") -> str:
     return "n/a" if x is None else f"{x:{spec}}{unit}"
 
 
+def _predicted_stage_mb(pr: dict, rank: dict) -> float | None:
+    """The cost model's predicted peak memory [MiB] of ``rank``'s stage (per device), None when not predicted."""
+    try:
+        return pr["pipelines"][rank["pipeline"]]["stages"][rank["stage"]]["memory_bytes"] / 2**20
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
 def _human_run(rep: dict) -> str:
     m, pr, c = rep["measured"], rep["predicted"], rep["collectives"]
+    on_cpu = rep.get("device", "cpu") == "cpu"
     pred = (f"{pr['iteration_time_s']:.4f} s" if pr.get("iteration_time_s") is not None
             else f"n/a ({pr.get('reason')})")
     if pr.get("time_scale", 1.0) != 1.0 and pr.get("plan_iteration_time_s") is not None:
@@ -117,6 +126,7 @@ def _human_run(rep: dict) -> str:
     hosts = rep.get("hosts") or {}
     part = (f"; host {hosts['node_rank']} of {hosts['nnodes']}: this host's ranks' share of the global loss"
             if (hosts.get("nnodes") or 1) > 1 else "")
+    joined = "; those this host's ranks joined" if part else ""
     lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
              f"{tr.get('optimizer')} lr {tr.get('lr')})",
@@ -128,14 +138,18 @@ def _human_run(rep: dict) -> str:
                 if pr.get("throughput_samples_per_s") is not None else ""),
              f"  loss             {_fmt(m.get('loss'), '.4f')} (last step{part})   MFU {_fmt(m.get('mfu'), '.2%')}",
              f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks"
-             f"{'; counted on this host only' if part else ''})",
-             "  rank pipe stage  tp device          layers   rec   #mb  peak_mem_MB  compute_s  padding_s"]
+             f"{joined})",
+             f"  rank pipe stage  tp device          layers   rec   #mb  {'peak_RSS_MB' if on_cpu else 'peak_mem_MB'}"
+             f"  pred_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
         tp = f"{r.get('tp_rank') or 0}/{r.get('tp_degree') or 1}"
         lines.append(f"  {r['rank']:>4} {r['pipeline']:>4} {r['stage']:>5} {tp:>3} {r['device_type']:<15} "
                      f"[{r['layers'][0]:>2},{r['layers'][1]:>3}) {(r.get('recompute') or 'none'):>5} "
-                     f"{r['num_micro_batches']:>4} "
-                     f"{r['peak_memory_bytes'] / 2**20:>12.1f} {r['compute_s']:>10.4f} {r['padding_s']:>10.4f}")
+                     f"{r['num_micro_batches']:>4} {r['peak_memory_bytes'] / 2**20:>12.1f} "
+                     f"{_fmt(_predicted_stage_mb(pr, r), '>12.1f')} {r['compute_s']:>10.4f} {r['padding_s']:>10.4f}")
+    if on_cpu and rep["ranks"]:
+        lines.append("  memory           on CPU peak_RSS_MB is each rank process's peak resident memory (Python, torch "
+                     "and the gloo buffers included), not the device memory that pred_mem_MB predicts")
     ck = rep.get("checkpoint") or {}
     if ck.get("resumed_from"):
         lines.append(f"  resumed          from {ck['resumed_from']} (steps {ck['first_step'] + 1}.."

@@ -255,7 +255,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     if dry_run is not None:
         return _dry_run(Path(dry_run), cfg, share, plan_path=plan_path, spec=spec, steps=steps,
                         warmup_steps=warmup_steps, world_size=plan.num_devices, emulate_speed=emulate_speed,
-                        notes=notes, dtype=run_dtype, training=asdict(training), data=data_desc)
+                        notes=notes, dtype=run_dtype, training=asdict(training), data=data_desc, device=device)
     verified = None
     speed_before = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else None
     logs = Path(log_dir) if log_dir is not None else None
@@ -311,7 +311,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                      timeline=timeline_path, notes=notes, dtype=run_dtype, training=asdict(training),
                      data=data_desc, verify=verified.to_dict() if verified is not None else None,
                      hosts={**hosts, "ranks": list(share.ranks), "nodes": list(share.nodes)} if hosts else {},
-                     checkpoint=checkpoint)
+                     checkpoint=checkpoint, device=device)
 
 
 def _dry_run(out: Path, cfg: WorkerConfig, share: Any, *, plan_path: str | Path, spec: Any, **report: Any

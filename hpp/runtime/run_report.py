@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,6 +68,9 @@ class RunReport:
         ``nnodes``, ``node_rank``, ``ranks`` (the plan ranks this host ran) and ``nodes`` (plan nodes).
     checkpoint : dict
         ``resumed_from`` (path) and ``first_step``; ``latest`` (the latest complete checkpoint under ``--save``).
+    device : str
+        ``cpu`` or ``cuda``: on CPU a rank's ``peak_memory_bytes`` is its process's peak RSS, on CUDA the
+        allocator's peak.
     command : list[str] or None
         ``dry_run`` only: this host's torchrun command (nothing was run; ``measured`` is empty).
     """
@@ -92,6 +96,7 @@ class RunReport:
     hosts: dict[str, Any] = field(default_factory=dict)
     command: list[str] | None = None
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,7 +168,8 @@ def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, t
             "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,
             "peak_memory_bytes": est.peak_memory_bytes,
             "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
-                                                          "p2p_s": s.p2p_s}
+                                                          "p2p_s": s.p2p_s,
+                                                          "memory_bytes": s.memory_bytes}
                                                          for s in p.stages]} for p in est.pipelines]}
 
 
@@ -177,6 +183,18 @@ def speed_moved_note(predicted: dict[str, Any], *, low: float = 0.8, high: float
     return (f"the ranks' ops used {ratio:.2f} x the CPU seconds predicted at the speed probe's speed: the host's "
             f"speed moved between the probe and the run, or the profile's op times do not hold in this run (tiny "
             f"ops are dominated by per-op overhead); the prediction is off by about that factor")
+
+
+def _joined_collectives(last: list[dict[str, Any]]) -> tuple[int, int]:
+    """(all-reduces, their payload [bytes]) of one step that the given ranks took part in, each counted once: a
+    collective is its (unit, ranks, bytes) record, as often as one rank of it joined it. On one host, every
+    collective (the ranks' own ``count`` summed: each led by its smallest rank); on one of several hosts, those this
+    host's ranks joined, whichever host's rank led them."""
+    seen: dict[tuple, int] = {}
+    for c in last:
+        for key, n in Counter((label, tuple(ranks), int(nb)) for label, ranks, nb in c.get("records", [])).items():
+            seen.setdefault(key, n)
+    return sum(seen.values()), sum(key[2] * n for key, n in seen.items())
 
 
 def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: int, steps_seen: list[StepMetrics],
@@ -205,7 +223,8 @@ def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: 
                 "step_times_s": per_step, "pipelines": pipes,
                 "host_steal": run_steal(results, warmup_steps=warmup_steps)}
     last = [r["collectives"][-1] for r in results]
-    collectives = {"count": sum(c["count"] for c in last), "bytes": sum(c["bytes"] for c in last),
+    count, nbytes = _joined_collectives(last)
+    collectives = {"count": count, "bytes": nbytes,
                    "launched_in_backward_by_rank": [c.get("launched_in_backward", 0) for c in last],
                    "per": "step", "num_blocks": len(blocks(plan))}
     ranks = []

@@ -172,9 +172,10 @@ def open_metrics(path: str | Path | None) -> Path | None:
 
 
 def resume_notes(meta: Mapping[str, Any], training: Mapping[str, Any], plan: Plan) -> list[str]:
-    """What differs between the checkpoint's run and this one (the resumed run is then not one long run)."""
+    """What differs between the checkpoint's run and this one (the resumed run is then not one long run); the
+    report's ``checkpoint`` (``resumed_from``, ``first_step``) says what was resumed."""
     extra = meta.get("extra", {})
-    notes = [f"resuming step {meta['step']} from {meta['path']}"]
+    notes: list[str] = []
     if extra.get("global_batch_size") not in (None, plan.global_batch_size):
         notes.append(f"the checkpoint was trained with global batch {extra['global_batch_size']}, this plan uses "
                      f"{plan.global_batch_size}")
