@@ -140,7 +140,7 @@ def cmd_plan(args) -> int:
     notes += [n for n in (idle, named_solver_note(args.solver, comp)) if n]
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
-              "solve_s": comp.wall_s, "source": source, "hit_time_limit": comp.hit_time_limit,
+              "solver_status": comp.solver_status or None, "note": comp.note or None, "solve_s": comp.wall_s, "source": source, "hit_time_limit": comp.hit_time_limit,
               "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
               "replan": _replan_json(inp, res, seed_s),

@@ -168,11 +168,16 @@ def test_the_returned_plan_has_one_source(capsys):
     lines = [line for line in out.splitlines() if line.startswith("plan returned:")]
     assert len(lines) == 1 and lines[0].startswith("plan returned: the search's, ")
     assert "(CP-SAT found none better)" not in out
+    assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2", "--json"]) == 0
+    search = json.loads(capsys.readouterr().out)["search"]      # CP-SAT ran on a subset: its own status, said so
+    assert search["solver_status"] in ("OPTIMAL", "FEASIBLE") and search["note"].startswith("cp-sat saw 12 of 429")
     # search.source: where the plan came from; search.solver: the solver asked for (SolveResult.solver =
     # settings.solver, --solver, default cp-sat), not the one whose answer won
     assert main(["plan", "--no-baselines", "--workers", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["search"]["source"] == "heuristic" and res["search"]["solver"] == "cp-sat"
+    # ... which did not run here (429 candidates): its status is null and the note says why
+    assert res["search"]["solver_status"] is None and res["search"]["note"].startswith("cp-sat skipped: 429 candidates")
     assert main(["plan", "--no-baselines", "--workers", "1", "--json", "--solver", "heuristic"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["search"]["source"] == "heuristic" and res["search"]["solver"] == "heuristic"
