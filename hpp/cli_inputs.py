@@ -118,7 +118,7 @@ def _base_inputs(args) -> PlanInputs:
     if args.previous and not (args.scenario or args.cluster or args.profile or args.model):
         prev, cluster, profile = load_plan(args.previous)       # the --previous plan, read once
         gbs = args.gbs if args.gbs is not None else prev.global_batch_size
-        return PlanInputs(cluster, profile, gbs, Path(args.previous).stem,
+        return PlanInputs(cluster, profile, gbs, cluster.name or Path(args.previous).stem,   # the cluster's own name
                           [f"the cluster, profile and global batch of {args.previous}"], previous=prev)
     profile = _profile(args)                  # first: an unknown --model is named as such, whatever the cluster
     if args.cluster:

@@ -340,6 +340,7 @@ def test_replan_without_a_node_seeded_from_the_previous_plan(tmp_path, capsys):
     assert main(["plan", "--previous", str(prev), "--exclude-nodes", "0", "--no-baselines", "--workers", "1",
                  "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
+    assert res["scenario"] == "opt350-a100x8-v100x8"       # the plan's cluster by its name, not the file's "prev"
     rp = res["search"]["replan"]
     assert rp["devices_before"] == 16 and rp["devices_after"] == 12 and rp["excluded_device_ids"] == [0, 1, 2, 3]
     assert rp["device_map"]["4"] == 0 and len(rp["device_map"]) == 12
