@@ -121,3 +121,40 @@ def test_batched_balance_equals_the_per_shape_dp_on_a_per_pair_cluster():
     assert [p.boundaries for p in got] == [p.boundaries for p in exp]
     assert [p.bottleneck_s for p in got] == [p.bottleneck_s for p in exp]
     assert [p.fill_s for p in got] == [p.fill_s for p in exp]
+
+
+def _zoned(cross_link: float | None, zone_link: float = 5e8) -> dict:
+    """2 A100-40 nodes and 1 V100-16 node in zone a, 1 GH-96 node in zone b: GH meets the others across zones
+    only, so its type-pair links (``cross_link``; None: not given) are links no pair of nodes uses."""
+    pairs = [{"between": ["A100-40", "A100-40"], "link": 1.25e10}, {"between": ["A100-40", "V100-16"], "link": 1.7e9}]
+    if cross_link is not None:
+        pairs += [{"between": [t, "GH-96"], "link": cross_link} for t in ("A100-40", "V100-16")]
+    return {"format": "hpp-cluster", "version": 2, "name": "zoned", "zones": ["a", "b"],
+            "nodes": [{"device_type": "A100-40", "num_devices": 4, "zone": "a"},
+                      {"device_type": "A100-40", "num_devices": 4, "zone": "a"},
+                      {"device_type": "V100-16", "num_devices": 4, "zone": "a"},
+                      {"device_type": "GH-96", "num_devices": 4, "zone": "b"}],
+            "links": {"inter_node": pairs, "zones": [{"between": ["a", "b"], "link": zone_link}]}}
+
+
+def test_links_no_pair_of_nodes_uses_do_not_change_the_plan(tmp_path, capsys):
+    """Fresh-user trial 13: the search priced a ring edge between types on the type pair's link even where every
+    such pair of nodes crosses zones (the cost model: the zone link); an unused link 1e7 made OPT-350 37 % slower."""
+    import json
+    from hpp.cli import main
+    got = []
+    for cross in (1e7, 1e12, None):         # slow, fast, absent (it was refused after the candidates were built)
+        path = tmp_path / f"c-{cross}.json"
+        path.write_text(json.dumps(_zoned(cross)))
+        assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines",
+                     "--workers", "1", "--quiet", "--json"]) == 0
+        res = json.loads(capsys.readouterr().out)
+        got.append((json.dumps(res["plan"]["pipelines"]), res["search"]["objective_s"], res["search"]["bound_s"]))
+    assert got[0] == got[1] == got[2]
+    # control: the zone link itself is used, so changing it changes the figures
+    path = tmp_path / "slow-zone.json"
+    path.write_text(json.dumps(_zoned(1e7, zone_link=1e7)))
+    assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines",
+                 "--workers", "1", "--quiet", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["search"]["objective_s"], res["search"]["bound_s"]) != got[0][1:]

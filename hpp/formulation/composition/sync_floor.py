@@ -14,13 +14,13 @@ from __future__ import annotations
 import bisect
 import importlib.util
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
-from hpp.errors import HppInputError
 from hpp.formulation.collectives import fit_x
 from hpp.profiles.cluster import Cluster, Link
 
@@ -237,30 +237,33 @@ def _inter_links(cluster, device_type: str | None = None, *, own: bool = True) -
     """The inter-node links a ring through a node of ``device_type`` can have (None: every inter-node link).
 
     A ring across nodes has an edge at each of its nodes, so it is no faster than the fastest link
-    that touches a node of that type: v2 clusters' type-pair links with that type (its link to itself only
-    when it has two nodes or more: a single node's two ring edges lead to other types; never with ``own``
-    False), and every zone link.
+    that touches a node of that type: on v2 clusters, the link (:meth:`Cluster.type_link`, zone-aware) of every
+    pair of two different nodes the cluster holds, one of ``device_type`` (a type pair's link where both lie in
+    one zone, the zone pair's where they do not; the type's link to itself only where it has two nodes; never
+    with ``own`` False). A link no such pair of nodes uses is left out.
     """
     net = getattr(cluster, "network", None)
     if net is None:
         return [cluster.inter_node]
     links = []
-    types = sorted(cluster.count_by_type())
     if device_type is not None and hasattr(cluster, "type_link"):
-        own_nodes = sum(1 for nd in cluster.nodes if nd.device_type == device_type)
-        for u in types:
-            if u == device_type and (not own or own_nodes < 2):   # one node of the type: both its ring
-                continue                                            # edges go to other types
-            try:
-                links.append(cluster.type_link(device_type, u))
-            except HppInputError:          # no such pair: no ring uses it
-                pass
+        zones: dict[str, Counter] = {}
+        for nd in cluster.nodes:
+            zones.setdefault(nd.device_type, Counter())[nd.zone] += 1
+        mine = zones.get(device_type, Counter())
+        for u in sorted(zones):
+            if u == device_type and not own:
+                continue
+            for za in sorted(mine, key=str):           # the pairs of two different nodes the cluster holds
+                for zb in sorted(zones[u], key=str):
+                    if za != zb or u != device_type or mine[za] > 1:
+                        links.append(cluster.type_link(device_type, u, za, zb))
         if not links:
             links.append(cluster.inter_node)
     else:
         links.append(cluster.inter_node)
         links.extend((getattr(net, "inter", None) or {}).values())
-    links.extend((getattr(net, "zone_links", None) or {}).values())
+        links.extend((getattr(net, "zone_links", None) or {}).values())
     return list(dict.fromkeys(links))
 
 

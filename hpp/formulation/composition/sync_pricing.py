@@ -8,7 +8,7 @@ same stage onto nodes (as :mod:`hpp.formulation.binding` places whole pipeline c
 * **One type** ``t`` (every copy of one candidate, or a block held only by stages of type ``t``):
   a copy uses ``d`` devices of ``t``, so a node of ``n`` devices holds ``g = n // d`` copies' holders
   (``g = 1`` when ``d > n``). With ``h`` holders: ``h <= g``: a ring inside one node (intra link);
-  otherwise the flat ring on ``cluster.type_link(t, t)``, or, when ``g >= 2`` divides ``h``, the
+  otherwise the flat ring on the type's own inter-node link (:func:`pair_link`: zone-aware), or, when ``g >= 2`` divides ``h``, the
   hierarchical form ``ring(W, g, intra) + ring(W / g, h / g, inter)`` where cheaper -- the two forms
   :func:`hpp.formulation.collectives.allreduce_s` chooses between.
 * **Mixed types** (a block held by stages of several types): a flat ring whose slowest adjacent
@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Sequence
 
 import numpy as np
 
-from hpp.errors import HppInputError
 from hpp.formulation.collectives import hierarchical_allreduce_s, ring_allreduce_np, ring_allreduce_s
 from hpp.profiles.cluster import Cluster, Link
 
-__all__ = ["TypeLinks", "type_links", "holders_per_node", "type_ring_s", "mixed_ring_s", "ring_table_s", "block_rings_s"]
+__all__ = ["TypeLinks", "pair_link", "type_links", "holders_per_node", "type_ring_s", "mixed_ring_s", "ring_table_s", "block_rings_s"]
 
 _EXACT_ORDERS_UP_TO = 6
 
@@ -50,16 +50,44 @@ class TypeLinks:
     num_nodes: int
 
 
+def pair_link(cluster: Cluster, type_a: str, type_b: str) -> Link | None:
+    """The link the search prices a ring edge between a node of ``type_a`` and another node of ``type_b`` at
+    (None when no two such nodes exist): the type pair's link when two such nodes share a zone (or the cluster
+    has no zones), since a binding keeps a ring inside a zone where it can; otherwise every such pair crosses
+    zones and :meth:`Cluster.type_link` gives the zone pair's link: the slowest of those. Memoised on the cluster.
+
+    Examples
+    --------
+    >>> from hpp.scenarios import SCENARIOS
+    >>> cl = SCENARIOS["opt350-a100x4-v100x4"].cluster()
+    >>> pair_link(cl, "A100-40", "V100-16") == cl.type_link("A100-40", "V100-16")
+    True
+    >>> pair_link(cl, "A100-40", "A100-40") is None           # one A100 node: no two of them
+    True
+    """
+    key = ("search_pair_link", *sorted((type_a, type_b)))
+    if key in cluster._cache:
+        return cluster._cache[key]
+    za = Counter(n.zone for n in cluster.nodes if n.device_type == type_a)
+    zb = Counter(n.zone for n in cluster.nodes if n.device_type == type_b)
+    pairs = [(x, y) for x in za for y in zb if x != y or type_a != type_b or za[x] > 1]
+    same = [x for x, y in pairs if x == y]
+    if same:
+        got = cluster.type_link(type_a, type_b, same[0], same[0])
+    else:
+        got = min((cluster.type_link(type_a, type_b, x, y) for x, y in sorted(pairs, key=str)),
+                  key=lambda l: l.max_bytes_per_s, default=None)
+    cluster._cache[key] = got
+    return got
+
+
 def type_links(cluster: Cluster, fallback: Link) -> dict[str, TypeLinks]:
     """:class:`TypeLinks` of every device type the cluster's nodes hold (``fallback`` when a type has no
-    own inter link, e.g. a single node of it)."""
+    own inter link, e.g. a single node of it); inter-node links as :func:`pair_link` gives them."""
     out = {}
     for t in sorted({n.device_type for n in cluster.nodes}):
         nodes = [n for n in cluster.nodes if n.device_type == t]
-        try:
-            inter = cluster.type_link(t, t)
-        except HppInputError:
-            inter = fallback
+        inter = pair_link(cluster, t, t) or fallback
         intra = min((n.intra_node for n in nodes), key=lambda l: (l.max_bytes_per_s, -l.latency_s))
         out[t] = TypeLinks(inter, intra, min(n.num_devices for n in nodes), len(nodes))
     return out
@@ -161,7 +189,7 @@ def _ring_orders(classes: tuple[str, ...], spans: tuple[str, ...], cluster: Clus
     cross = {}
     for i, a in enumerate(classes):
         for b in classes[i + 1:]:
-            cross[a, b] = cross[b, a] = idx(cluster.type_link(a, b))
+            cross[a, b] = cross[b, a] = idx(pair_link(cluster, a, b))
     if len(classes) <= _EXACT_ORDERS_UP_TO:
         orders = [(classes[0], *rest) for rest in permutations(classes[1:])]
     else:
