@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import Counter
 from typing import Any, Iterable, Mapping
 
 __all__ = ["print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
@@ -46,8 +47,22 @@ def estimate_json(est) -> dict[str, Any]:
                         "memory_breakdown": dict(s.memory_breakdown)}
                        for s in p.stages]} for p in est.pipelines],
         "blocks": [{"layers": [b.layer_start, b.layer_stop], "holder_stages": list(b.holders),
-                    "bytes": b.num_bytes, "allreduce_s": b.allreduce_s} for b in est.blocks],
+                    "bytes": b.num_bytes, "allreduce_s": b.allreduce_s, "allreduce_method": b.allreduce_method,
+                    "link_bytes_per_s": b.link_bytes_per_s} for b in est.blocks],
     }
+
+
+def block_forms(blocks) -> str:
+    """`` (2 hierarchical, 1 flat ring; slowest ring link 1.72 GB/s peak)``: how the blocks' all-reduces are priced
+    (:class:`hpp.formulation.cost_model.BlockEstimate`): their forms and the least peak of the links they are
+    priced on; '' when no block is synced."""
+    forms = Counter(b.allreduce_method for b in blocks if b.allreduce_method != "none")
+    if not forms:
+        return ""
+    names = {"hierarchical": "hierarchical", "ring": "flat ring"}
+    slowest = min(b.link_bytes_per_s for b in blocks if b.allreduce_method != "none")
+    return (" (" + ", ".join(f"{n} {names.get(m, m)}" for m, n in sorted(forms.items())) +
+            f"; slowest ring link {slowest / 1e9:.3g} GB/s peak)")
 
 
 def _mem_unit(capacity_bytes: float) -> tuple[float, str]:
@@ -132,7 +147,7 @@ def print_estimate(est, plan, out=None) -> None:
         w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {key[1]} samples{each}, "
           f"{key[2]} s{each}\n")
     kinds = f"{len(groups)} distinct kind{'' if len(groups) == 1 else 's'}"
-    w(f"{len(plan.pipelines)} pipelines in {kinds}; blocks: {len(est.blocks)}; gradient sync "
+    w(f"{len(plan.pipelines)} pipelines in {kinds}; blocks: {len(est.blocks)}{block_forms(est.blocks)}; gradient sync "
       f"block-wise {est.grad_sync_block_s:.3f} s (per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
     w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
       f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "

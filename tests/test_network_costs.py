@@ -54,6 +54,9 @@ def test_p2p_and_block_allreduce_equal_the_hand_calculation():
     # blocks: [0,1) held by X dev 0 + Y dev 2 (X-Y link), [1,2) by Z dev 4 + Y dev 2 (Y-Z), [2,3) by Z 4 + Z 6 (Z-Z)
     assert [(b.layer_start, b.num_bytes) for b in est.blocks] == [(0, 100), (1, 200), (2, 300)]
     assert [b.allreduce_s for b in est.blocks] == pytest.approx([100 / 100, 200 / 400, 300 / 800])
+    # each block says its form and the link it is priced on (hpp plan prints both, its JSON has them)
+    assert [(b.allreduce_method, b.link_bytes_per_s) for b in est.blocks] == [("ring", 100), ("ring", 400),
+                                                                               ("ring", 800)]
     # a device serialises its blocks: Y dev 2 holds [0,1) and [1,2): 1.0 + 0.5 s, the slowest device
     assert est.grad_sync_block_s == pytest.approx(1.5)
     # the one-link model priced every block on X-Y (100 B/s): 1 + 2 on dev 2, 2 + 3 on dev 4
@@ -84,7 +87,7 @@ def test_hierarchical_versus_flat_as_calculated():
     hier = B / 2000 + (B / 2) / 800
     assert hier < flat
     r = allreduce_s(B, [(4,), (5,), (6,), (7,)], c)
-    assert (r.method, r.seconds) == ("hierarchical", pytest.approx(hier))
+    assert (r.method, r.seconds, r.link) == ("hierarchical", pytest.approx(hier), Link(800, 0.0))
     assert allreduce_s(B, [(4,), (5,), (6,), (7,)], c, hierarchical=False).seconds == pytest.approx(flat)
     # 3 ranks on one Z node and 1 on the other: no equal split, so the flat ring (slowest edge Z-Z)
     c4 = three_type_cluster(z_size=4)       # Z nodes: devices 4-7 and 8-11
@@ -92,7 +95,7 @@ def test_hierarchical_versus_flat_as_calculated():
     assert (r.method, r.seconds) == ("ring", pytest.approx(2 * 3 / 4 * B / 800))
     # all ranks on one node: a ring on its intra-node link
     r = allreduce_s(B, [(4,), (5,)], c)
-    assert (r.method, r.seconds) == ("ring", pytest.approx(B / 2000))
+    assert (r.method, r.seconds, r.link) == ("ring", pytest.approx(B / 2000), Link(2000, 0.0))
     # the lower bound from link_bound is below each of them
     bound = c.link_bound(["Z"])
     assert allreduce_lower_bound_s(B, 4, bound) <= hier
@@ -107,6 +110,10 @@ def test_hierarchical_enters_the_estimate_and_can_be_switched_off():
     B = 600.0                                               # the whole model in one block
     assert on.grad_sync_block_s == pytest.approx(B / 2000 + (B / 2) / 800)
     assert off.grad_sync_block_s == pytest.approx(2 * 3 / 4 * B / 800)
+    from hpp.cli_output import block_forms
+    assert block_forms(on.blocks) == " (1 hierarchical; slowest ring link 8e-07 GB/s peak)"
+    assert block_forms(off.blocks) == " (1 flat ring; slowest ring link 8e-07 GB/s peak)"
+    assert block_forms(estimate_plan(_plan(pipes[:1]), c, PROFILE).blocks) == ""        # one holder: no sync
 
 
 def test_tp_shards_form_parallel_rings():

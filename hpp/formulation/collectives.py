@@ -66,11 +66,15 @@ class AllReduceCost:
         ``"none"`` (one holder or no bytes), ``"ring"`` (flat ring) or ``"hierarchical"``.
     order : tuple of int
         Device ids of the priced (slowest) ring in ring order.
+    link : Link or None
+        The link the ring's time is priced on: the node's intra-node link (one node), the slowest edge of the
+        best order (flat ring across nodes), the ring across nodes' slowest edge (hierarchical); None for "none".
     """
 
     seconds: float
     method: str
     order: tuple[int, ...]
+    link: Link | None = None
 
 
 def ring_allreduce_s(num_bytes: float, num_ranks: int, link: Link) -> float:
@@ -199,7 +203,8 @@ def _ring_cost(num_bytes: float, ranks: Sequence[int], cluster: Cluster, hierarc
     per_node = Counter(node_of.values())
     if len(per_node) == 1:
         node = next(iter(per_node))
-        return AllReduceCost(ring_allreduce_s(num_bytes, n, cluster.nodes[node].intra_node), "ring", tuple(ranks))
+        intra = cluster.nodes[node].intra_node
+        return AllReduceCost(ring_allreduce_s(num_bytes, n, intra), "ring", tuple(ranks), intra)
     node_order, inter = _best_node_order(cluster, list(per_node), num_bytes / n)
     on_node: dict[int, list[int]] = {}
     for d in ranks:
@@ -207,7 +212,8 @@ def _ring_cost(num_bytes: float, ranks: Sequence[int], cluster: Cluster, hierarc
     order = tuple(d for i in node_order for d in on_node[i])
     chunk = num_bytes / n
     edges = [inter] + [cluster.nodes[i].intra_node for i, g in per_node.items() if g > 1]
-    flat = ring_allreduce_s(num_bytes, n, max(edges, key=lambda l: l.transfer_s(chunk)))
+    slowest = max(edges, key=lambda l: l.transfer_s(chunk))
+    flat = ring_allreduce_s(num_bytes, n, slowest)
     g = next(iter(per_node.values()))
     if hierarchical and g > 1 and all(c == g for c in per_node.values()):
         k = len(per_node)
@@ -216,8 +222,8 @@ def _ring_cost(num_bytes: float, ranks: Sequence[int], cluster: Cluster, hierarc
                             key=lambda l: ring_allreduce_s(num_bytes, g, l))
         hier = hierarchical_allreduce_s(num_bytes, g, k, slowest_intra, inter_k)
         if hier < flat:
-            return AllReduceCost(hier, "hierarchical", order)
-    return AllReduceCost(flat, "ring", order)
+            return AllReduceCost(hier, "hierarchical", order, inter_k)
+    return AllReduceCost(flat, "ring", order, slowest)
 
 
 def allreduce_s(num_bytes: float, groups: Sequence[Sequence[int]], cluster: Cluster, *,

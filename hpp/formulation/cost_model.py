@@ -250,13 +250,16 @@ class PipelineEstimate:
 
 @dataclass(frozen=True, slots=True)
 class BlockEstimate:
-    """One gradient block: layers, holder stage per pipeline, bytes per holder device, all-reduce time."""
+    """One gradient block: layers, holder stage per pipeline, bytes per holder device, all-reduce time [s], its
+    form (``none``, ``ring``, ``hierarchical``) and the peak [bytes/s] of the link it is priced on (0: none)."""
 
     layer_start: int
     layer_stop: int
     holders: tuple[int, ...]
     num_bytes: int
     allreduce_s: float
+    allreduce_method: str = "none"
+    link_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -338,14 +341,16 @@ def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
         nbytes = max(sum(e.param_bytes[lo:hi]) for e in holder_entries)
         # one ring per TP shard index, on the holders' actual links (best order or hierarchical)
         groups = [st.device_ids for st in holder_stages]
-        t_block = allreduce_s(nbytes, groups, cluster, hierarchical=config.hierarchical_allreduce).seconds
+        ar = allreduce_s(nbytes, groups, cluster, hierarchical=config.hierarchical_allreduce)
+        t_block = ar.seconds
         t_layers = sum(allreduce_s(max(e.param_bytes[l] for e in holder_entries), groups, cluster,
                                    hierarchical=config.hierarchical_allreduce).seconds for l in range(lo, hi))
         for st in holder_stages:
             for d in st.device_ids:
                 device_sync_block[d] = device_sync_block.get(d, 0.0) + t_block
                 device_sync_layer[d] = device_sync_layer.get(d, 0.0) + t_layers
-        block_records.append(BlockEstimate(lo, hi, holders, int(nbytes), t_block))
+        block_records.append(BlockEstimate(lo, hi, holders, int(nbytes), t_block, ar.method,
+                                           ar.link.max_bytes_per_s if ar.link is not None else 0.0))
     sync_block = max(device_sync_block.values(), default=0.0)
     sync_layer = max(device_sync_layer.values(), default=0.0)
     device_sync = device_sync_block if config.grad_sync == "block" else device_sync_layer
