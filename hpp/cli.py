@@ -25,7 +25,7 @@ from hpp.formulation.cost_config import CostModelConfig
 from hpp.interop import load_any_plan
 from hpp.plan import plan_to_dict, write_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
-from hpp.profiles.cluster import cluster_notes
+from hpp.profiles.cluster_notes import cluster_notes
 from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP, cluster_to_dict
 from hpp.resolve import profile_ref_for
 from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario

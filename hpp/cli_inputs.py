@@ -127,7 +127,8 @@ def _base_inputs(args) -> PlanInputs:
                                 fix=f"add --model NAME (bundled: {', '.join(bundled_models())}) or --profile FILE")
         said = [] if args.gbs is not None else [f"global batch {DEFAULT_GBS} samples (the default; --gbs N)"]
         gbs = args.gbs if args.gbs is not None else DEFAULT_GBS
-        return PlanInputs(load_cluster(args.cluster), profile, gbs, Path(args.cluster).stem, said)
+        cluster = load_cluster(args.cluster)
+        return PlanInputs(cluster, profile, gbs, cluster.name, said)      # its "name", else the file's stem
     if profile is not None and not args.scenario:
         raise HppInputError("--model/--profile needs the cluster to plan on", field="--cluster",
                             fix="give a cluster JSON file (format: hpp plan --help), or --scenario NAME")

@@ -7,6 +7,7 @@ every write goes through a temporary file and a rename, so no file is left half-
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import os
 from dataclasses import asdict, fields
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 
-__all__ = ["read_json", "check_header", "write_rows_csv", "write_dataclass_csv", "read_dataclass_csv",
+__all__ = ["read_json", "check_header", "check_keys", "write_rows_csv", "write_dataclass_csv", "read_dataclass_csv",
            "folder_writable"]
 
 
@@ -138,3 +139,29 @@ def folder_writable(path: str | PathLike) -> bool:
     any work is done)."""
     parent = Path(path).resolve().parent
     return parent.is_dir() and os.access(parent, os.W_OK)
+
+
+#: difflib similarity below which no valid key is suggested (``colour`` is not a typo of ``format``).
+_SUGGEST_RATIO = 0.5
+
+
+def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str | None:
+    """The valid key most like ``key`` (an alias first, then difflib's best ratio), None if none is close."""
+    if aliases and key.lower() in aliases:
+        return aliases[key.lower()]
+    best = max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
+    return best if difflib.SequenceMatcher(None, key.lower(), best).ratio() >= _SUGGEST_RATIO else None
+
+
+def check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, where: str,
+               aliases: Mapping[str, str] | None = None) -> None:
+    """Refuse the first key of ``d`` not in ``valid``, naming the closest valid one (one line): :class:`HppInputError`
+    with field ``where + key`` and the fix ``did you mean ...? valid keys here: ...``."""
+    unknown = [k for k in d if k not in valid]
+    if not unknown:
+        return
+    key = str(unknown[0])
+    more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:4]))})" if len(unknown) > 1 else ""
+    raise HppInputError(f"unknown key {key!r}{more}", source=source, field=f"{where}{key}",
+                        fix=(f"did you mean {near!r}? " if (near := _closest(key, valid, aliases)) else "remove it; ")
+                        + f"valid keys here: {', '.join(valid)}")

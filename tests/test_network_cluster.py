@@ -87,6 +87,17 @@ def test_version_1_still_reads_and_writes_version_1():
      "bandwidth must be a positive number of bytes/s, got -5000000000.0", "links.inter_node[0].link"),
     (_v2([{"device_type": "X", "num_devices": 2}], {"intra_node": {"X": -1}}),
      "bandwidth must be a positive", "links.intra_node.X"),
+    # fresh-user trial 13: the key at fault, a typo named as such, version 2's keys without "version": 2
+    (_v2([{"device_type": "X", "num_devices": 2}, {"device_type": "Y", "num_devices": 2}],
+         {"intra_node": {"X": 1, "Y": 1}, "inter_node": [{"between": ["X", "Y"], "link": {"max_bytes_per_s": -1}}]}),
+     "bandwidth must be a positive", "links.inter_node[0].link.max_bytes_per_s"),
+    (_v2([{"device_type": "X", "num_devices": 2}, {"device_type": "Y", "num_devices": 2}],
+         {"intra_node": {"X": 1, "Y": 1}, "inter_node": [{"betwen": ["X", "Y"], "link": 1}]}),
+     "unknown key 'betwen'. Fix: did you mean 'between'?", "links.inter_node[0].betwen"),
+    ({"nodes": [{"device_type": "X", "num_devices": 2}], "device_types": TYPES, "links": {"intra_node": {"X": 1}}},
+     "'links' belong to version 2 but the file has no version (1 by default). Fix: add \"version\": 2", "version"),
+    ({"version": 1, "nodes": [{"device_type": "X", "num_devices": 2}], "device_types": TYPES, "zones": ["a"],
+      "links": {}}, "'links' and 'zones' belong to version 2 but the file says version 1", "version"),
     (_v2([{"device_type": "X", "num_devices": 2}], {"intra_node": {"X": 1}, "inter": []}),
      "unknown key 'inter'", "links.inter"),
     (_v2([{"device_type": "X", "num_devices": 2}], {"intra_node": {"X": 1}}, inter_node_bandwidth_bytes_per_s=1),
@@ -132,3 +143,22 @@ def test_link_bound_is_never_slower_than_any_link(types, sizes):
         for j in range(len(c.nodes)):
             for x in sizes:
                 assert bound.transfer_s(x) <= c.node_link(i, j).transfer_s(x)
+
+
+def test_links_no_node_can_use_are_noted(tmp_path, capsys):
+    """A type-pair link naming a type no node has, and zone links without zoned nodes, are said (a typo in a
+    node's type or zone would otherwise pass); the header names the cluster by its "name", not the file."""
+    from hpp.profiles.cluster_notes import cluster_notes
+    c = cluster_from_dict(_v2([{"device_type": "X", "num_devices": 2}, {"device_type": "X", "num_devices": 2}],
+                              {"intra_node": {"X": 1}, "inter_node": [{"between": ["X", "X"], "link": 1},
+                                                                      {"between": ["X", "Y"], "link": 1}],
+                               "zones": [{"between": ["a", "b"], "link": 1}]}, zones=["a", "b"]))
+    assert cluster_notes(c) == ["links.inter_node: X-Y name a device type no node has: not used",
+                                "links.zones: no node has a zone, so the zone links are not used"]
+    assert cluster_notes(get_scenario("opt350-a100x8-v100x8").cluster()) == []
+    path = tmp_path / "file-stem.json"
+    path.write_text(json.dumps({"version": 2, "name": "my-two-types", "nodes": [
+        {"device_type": "A100-40", "num_devices": 4}, {"device_type": "V100-16", "num_devices": 4}]}))
+    assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--no-baselines", "--workers", "1",
+                 "--quiet"]) == 0
+    assert "HPP plan for OPT-350 on my-two-types: 8 devices" in capsys.readouterr().out

@@ -30,7 +30,7 @@ from typing import Iterable, Mapping
 from hpp.errors import HppInputError
 from hpp.profiles.devices import DeviceType
 
-__all__ = ["Link", "Node", "Device", "NetworkLinks", "Cluster", "cluster_notes", "DEFAULT_LATENCY_S"]
+__all__ = ["Link", "Node", "Device", "NetworkLinks", "Cluster", "DEFAULT_LATENCY_S"]
 
 #: Default per-message latency [s] when a cluster gives none (order of a NCCL/ethernet hop).
 DEFAULT_LATENCY_S = 1e-5
@@ -355,32 +355,3 @@ class Cluster:
         """This cluster as version 1: the same nodes, :attr:`inter_node` between every pair of nodes."""
         return Cluster(self.name, self.device_types, tuple(Node(n.device_type, n.num_devices, n.intra_node)
                                                            for n in self.nodes), self.inter_node)
-
-
-def cluster_notes(cluster: Cluster) -> list[str]:
-    """What the planner makes of unusual but valid nodes, one line each (empty list if nothing to say).
-
-    A node with more devices than its type's ``gpus_per_node`` is planned as one node of that many devices:
-    TP groups as large as the node allows (and the profile measured), its intra-node link between all.
-
-    Examples
-    --------
-    >>> from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
-    >>> c = Cluster("c", dict(BUNDLED_DEVICE_TYPES), (Node("A100-40", 6, Link(2e11)),), Link(2e10))
-    >>> cluster_notes(c)[0].startswith("node 0 has 6 A100-40 devices, more than the type's gpus_per_node 4")
-    True
-    """
-    big: dict[tuple[str, int], list[int]] = {}
-    for i, n in enumerate(cluster.nodes):
-        per = cluster.device_types[n.device_type].gpus_per_node
-        if n.num_devices > per:
-            big.setdefault((n.device_type, n.num_devices), []).append(i)
-    out = []
-    for (t, k), idx in big.items():
-        per = cluster.device_types[t].gpus_per_node
-        which = f"node {idx[0]} has" if len(idx) == 1 else \
-            f"nodes {', '.join(map(str, idx[:5]))}{', ...' if len(idx) > 5 else ''} ({len(idx)}) have"
-        out.append(f"{which} {k} {t} devices, more than the type's gpus_per_node {per}: planned as one node of "
-                   f"{k} (TP groups up to {k} devices, the node's intra-node link between all of them); split it "
-                   f"into nodes of {per} if each host has {per}")
-    return out

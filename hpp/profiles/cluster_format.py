@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.fileio import read_json
+from hpp.fileio import check_keys, read_json
 from hpp.profiles.cluster import DEFAULT_LATENCY_S, Cluster, Link, NetworkLinks, Node, _pair, _slowest
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict, device_type_to_dict
 from hpp.profiles.network import default_intra_node_link, default_pair_link, has_measurements
@@ -84,7 +84,7 @@ _NODE_ALIASES = {"gpus": "num_devices", "num_gpus": "num_devices", "gpus_per_nod
 
 def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: float) -> Link:
     if isinstance(value, Mapping):
-        _check_keys(value, _LINK_KEYS, source=source, where=f"{field_name}.")
+        check_keys(value, _LINK_KEYS, source=source, where=f"{field_name}.")
         fit = value.get("fit_gb_per_s")
         if fit is not None and (not isinstance(fit, list) or len(fit) != 3
                                 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fit)):
@@ -97,37 +97,15 @@ def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: f
             fit = value.get("fit_gb_per_s")
             return Link(float(value["max_bytes_per_s"]), float(value.get("latency_s", default_latency_s)),
                         tuple(float(x) for x in fit) if fit is not None else None)  # type: ignore[arg-type]
-    except HppInputError as exc:
-        raise HppInputError(exc.message, source=source, field=field_name, fix=exc.fix) from None
+    except HppInputError as exc:            # the Link's own check: name the key it is about
+        key = ("max_bytes_per_s" if exc.message.startswith("bandwidth") else "latency_s") \
+            if isinstance(value, Mapping) else None
+        raise HppInputError(exc.message, source=source, field=f"{field_name}.{key}" if key else field_name,
+                            fix=exc.fix) from None
     except (KeyError, TypeError, ValueError):
         pass
     raise HppInputError(f"bad link {value!r}", source=source, field=field_name,
                         fix="give bytes/s as a number > 0, or {\"max_bytes_per_s\": ..., \"fit_gb_per_s\": [a, b, c]}")
-
-
-#: difflib similarity below which no valid key is suggested (``colour`` is not a typo of ``format``).
-_SUGGEST_RATIO = 0.5
-
-
-def _closest(key: str, valid: tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str | None:
-    """The valid key most like ``key`` (an alias first, then difflib's best ratio), None if none is close."""
-    if aliases and key.lower() in aliases:
-        return aliases[key.lower()]
-    best = max(valid, key=lambda v: difflib.SequenceMatcher(None, key.lower(), v).ratio())
-    return best if difflib.SequenceMatcher(None, key.lower(), best).ratio() >= _SUGGEST_RATIO else None
-
-
-def _check_keys(d: Mapping[str, Any], valid: tuple[str, ...], *, source: str, where: str,
-                aliases: Mapping[str, str] | None = None) -> None:
-    """Refuse the first key of ``d`` not in ``valid``, naming the closest valid one (one line)."""
-    unknown = [k for k in d if k not in valid]
-    if not unknown:
-        return
-    key = str(unknown[0])
-    more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:4]))})" if len(unknown) > 1 else ""
-    raise HppInputError(f"unknown key {key!r}{more}", source=source, field=f"{where}{key}",
-                        fix=(f"did you mean {near!r}? " if (near := _closest(key, valid, aliases)) else "remove it; ")
-                        + f"valid keys here: {', '.join(valid)}")
 
 
 def _count(value: Any) -> bool:
@@ -170,7 +148,12 @@ def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluste
     if version not in (1, 2) or isinstance(version, bool):
         raise HppInputError(f"version {version!r} is not supported", source=source, field="version",
                             fix="use version 1 (one inter-node link) or 2 (links per pair of node groups)")
-    _check_keys(d, _TOP_KEYS if version == 1 else _TOP_KEYS_V2, source=source, where="")
+    v2_only = [k for k in ("links", "zones") if k in d]
+    if version == 1 and v2_only:                # the keys of version 2 in a file that does not say so
+        said = "says version 1" if "version" in d else "has no version (1 by default)"
+        raise HppInputError(f"{' and '.join(map(repr, v2_only))} belong to version 2 but the file {said}",
+                            source=source, field="version", fix='add "version": 2')
+    check_keys(d, _TOP_KEYS if version == 1 else _TOP_KEYS_V2, source=source, where="")
     if d.get("format", "hpp-cluster") != "hpp-cluster":
         raise HppInputError(f"format is {d['format']!r}, expected 'hpp-cluster'", source=source, field="format",
                             fix='set "format": "hpp-cluster" or leave it out')
@@ -188,7 +171,7 @@ def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluste
         if not isinstance(td, Mapping):
             raise HppInputError(f"device type {name!r} is not an object", source=source, field=f"device_types.{name}",
                                 fix='give {"memory_bytes": BYTES, "gpus_per_node": N}')
-        _check_keys(td, _TYPE_KEYS, source=source, where=f"device_types.{name}.")
+        check_keys(td, _TYPE_KEYS, source=source, where=f"device_types.{name}.")
         types[name] = device_type_from_dict(name, td, source=source)
     if "nodes" not in d or not isinstance(d["nodes"], list):
         raise HppInputError("no 'nodes' list", source=source, field="nodes",
@@ -218,7 +201,7 @@ def _node_fields(nd: Any, i: int, types: Mapping[str, DeviceType], version: int,
         raise HppInputError(f"node {i} is not an object", source=source, field=f"nodes[{i}]",
                             fix='give {"device_type": ..., "num_devices": ..., '
                                 '"intra_node_bandwidth_bytes_per_s": ...}')
-    _check_keys(nd, _NODE_KEYS if version == 1 else _NODE_KEYS_V2, source=source, where=f"nodes[{i}].",
+    check_keys(nd, _NODE_KEYS if version == 1 else _NODE_KEYS_V2, source=source, where=f"nodes[{i}].",
                 aliases=_NODE_ALIASES)
     if "device_type" not in nd:
         raise HppInputError("node without device_type", source=source, field=f"nodes[{i}].device_type",
@@ -321,7 +304,7 @@ def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, 
     if not isinstance(links, Mapping):
         raise HppInputError("links must be an object", source=source, field="links",
                             fix='give {"intra_node": {...}, "inter_node": [...], "zones": [...]}')
-    _check_keys(links, _LINKS_KEYS, source=source, where="links.")
+    check_keys(links, _LINKS_KEYS, source=source, where="links.")
     known = set(d.get("device_types") or {}) | set(BUNDLED_DEVICE_TYPES)
     present = sorted({t for t, *_ in raw_nodes})
 
@@ -345,10 +328,11 @@ def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, 
                                 fix='give [{"between": [A, B], "link": BYTES_PER_S}, ...]')
         for k, e in enumerate(entries):
             where = f"links.{key}[{k}]"
+            if isinstance(e, Mapping):
+                check_keys(e, _PAIR_KEYS, source=source, where=f"{where}.")     # a typo is named first
             if not isinstance(e, Mapping) or "between" not in e or "link" not in e:
                 raise HppInputError(f"expected {{\"between\": [A, B], \"link\": ...}}, got {str(e)[:60]}",
                                     source=source, field=where, fix="give the pair and its link")
-            _check_keys(e, _PAIR_KEYS, source=source, where=f"{where}.")
             pair = e["between"]
             if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
                 raise HppInputError(f"between={pair!r}", source=source, field=f"{where}.between",
