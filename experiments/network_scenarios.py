@@ -12,7 +12,6 @@ Writes CSV rows (``dataclasses.asdict``) and prints the table.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import logging
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from hpp.cliparse import Parser
 from hpp.formulation.cost_model import estimate_plan
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
@@ -79,7 +79,8 @@ def run(names: Sequence[str], repeats: int) -> list[Row]:
                             res.estimate.pipeline_time_s, res.estimate.grad_sync_s,
                             "+".join(sorted({s.device_type for s in stages})), sum(len(s.device_ids) for s in stages),
                             wall, cpu, ratio))
-            log.info("%s", rows[-1])
+            log.info("%s %-6s %.4f s/iter, search CPU %.3f s, after/before %.3f", name, label,
+                     rows[-1].iteration_time_s, rows[-1].search_cpu_s, rows[-1].search_cpu_ratio)
     return rows
 
 
@@ -94,13 +95,23 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="network_scenarios")
-    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS))
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--csv", type=Path, default=Path("experiments/results/network_scenarios.csv"))
+    parser = Parser(prog="network_scenarios", help_command="python experiments/network_scenarios.py --help",
+                    description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                        help="comma-separated bundled scenarios (hpp scenarios lists them)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="interleaved before/after search pairs per scenario; the CPU ratio is their median "
+                             "(run_all.py uses 3, the README's table 9)")
+    parser.add_argument("--csv", type=Path, default=Path("experiments/results/network_scenarios.csv"),
+                        help="CSV to write")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = run([s for s in args.scenarios.split(",") if s], args.repeats)
+    names = [s for s in args.scenarios.split(",") if s]
+    unknown = [s for s in names if s not in SCENARIOS]
+    if unknown or not names or args.repeats < 1:
+        parser.error(f"--scenarios: unknown {unknown[0]!r} (hpp scenarios lists them)" if unknown else
+                     "--scenarios: give at least one scenario" if not names else "--repeats: give 1 or more")
+    rows = run(names, args.repeats)
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     with args.csv.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[x.name for x in dataclasses.fields(Row)])
