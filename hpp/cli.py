@@ -17,8 +17,8 @@ from typing import Any, Sequence
 from dataclasses import replace
 
 from hpp.cli_inputs import DEFAULT_GBS, check_writable, left_out_types, max_tp_note, plan_inputs, solver_settings
-from hpp.cli_output import (estimate_json, idle_devices_note, named_solver_note, num, plan_source, print_estimate,
-                            print_memory_breakdown)
+from hpp.cli_output import (estimate_header, estimate_json, idle_devices_note, named_solver_note, num, plan_source,
+                            print_estimate, print_memory_breakdown)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
@@ -211,8 +211,7 @@ def cmd_estimate(args) -> int:
                           "model": plan.model, "predicted": estimate_json(est)}, indent=1))
         return 0
     src = plan.predicted.get("imported_from")
-    print(f"plan {args.plan}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
-          f"{plan.num_devices} devices, global batch {plan.global_batch_size}")
+    print(estimate_header(args.plan, plan, cluster, src))
     print_estimate(est, plan)
     print_memory_breakdown(est)
     if args.out:

@@ -12,7 +12,7 @@ import sys
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-__all__ = ["print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
+__all__ = ["estimate_header", "block_forms", "print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
            "named_solver_note"]
 
 
@@ -35,6 +35,7 @@ def estimate_json(est) -> dict[str, Any]:
         "peak_memory_bytes": est.peak_memory_bytes,
         "fits_memory": est.fits_memory,
         "uses_estimated_profile": est.uses_estimated_profile,
+        "device_types": sorted({s.device_type for p in est.pipelines for s in p.stages}),   # the ones the plan uses
         "pipelines": [{
             "time_s": p.time_s, "num_micro_batches": p.num_micro_batches, "micro_batch_size": p.micro_batch_size,
             "num_samples": p.num_samples, "bottleneck_s": p.bottleneck_s,
@@ -50,6 +51,15 @@ def estimate_json(est) -> dict[str, Any]:
                     "bytes": b.num_bytes, "allreduce_s": b.allreduce_s, "allreduce_method": b.allreduce_method,
                     "link_bytes_per_s": b.link_bytes_per_s} for b in est.blocks],
     }
+
+
+def estimate_header(path, plan, cluster, src: str | None) -> str:
+    """``hpp estimate``'s first line: the plan, its model, pipelines and devices; for a converted plan whose cluster
+    holds more devices than it uses (Sailor's: one node per stage replica), how many and why."""
+    extra = (f" of the converted cluster's {cluster.num_devices} (each stage replica on its own node, as {src} runs "
+             f"it)" if src and cluster.num_devices > plan.num_devices else "")
+    return (f"plan {path}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
+            f"{plan.num_devices} devices{extra}, global batch {plan.global_batch_size}")
 
 
 def block_forms(blocks) -> str:

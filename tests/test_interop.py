@@ -240,3 +240,20 @@ def test_sailor_plan_across_gpu_types_uses_the_per_pair_links():
     # the one-link model priced both on the slowest pair
     old = estimate_plan(plan, cluster.single_link(), PROF)
     assert old.blocks[1].allreduce_s > 5 * b1.allreduce_s
+
+
+def test_the_shipped_sailor_example_estimates_as_the_readme_says(capsys):
+    """README, "Other planners' plans": the example file, its header (4 of the converted cluster's 16 devices:
+    one node of 4 per stage replica) and a plan that fits memory; the A100 -> V100 transfer on Sailor's pair fit."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "experiments" / "plans" / "sailor-opt350-a100-v100.json"
+    assert main(["estimate", str(path), "--format", "sailor", "--model", "OPT-350"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("(sailor plan): OPT-350, 2 pipelines on 4 devices of the converted "
+                                        "cluster's 16 (each stage replica on its own node, as sailor runs it), "
+                                        "global batch 1024")
+    assert "WARNING" not in out
+    assert main(["estimate", str(path), "--format", "sailor", "--model", "OPT-350", "--json"]) == 0
+    est = json.loads(capsys.readouterr().out)["predicted"]
+    assert est["fits_memory"] and [b["allreduce_method"] for b in est["blocks"]] == ["ring", "ring"]
+    assert est["device_types"] == ["A100-40", "V100-16"]
