@@ -181,14 +181,15 @@ _RISE_LO = math.log2(1.0 / 1e6)          # x = log2(chunk / 1 MB) of a 1-byte ch
 
 
 @lru_cache(maxsize=512)
-def _rise_parts(link: Link) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+def _rise_parts(link: Link) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
     """What :func:`ring_cost_increasing_from` needs of a fitted link, whatever the chunks, in x = log2(chunk / 1 MB)
-    above ``_RISE_LO``: (the fit's roots where it falls through 0, sorted; the cuts C_0 = _RISE_LO < C_1 < ...: every
-    root of the fit, of fit - peak and of g = ln 2 fit - fit'; per cut i, the largest C_j+1 (j < i) whose interval
-    (C_j, C_j+1) lets the cost fall, -inf if none, and then the same for i = len(C)) and, per interval (C_i, C_i+1)
-    (the last one unbounded), whether the cost falls there as a tuple of 0/1 floats. Between consecutive cuts
-    neither the fit's position against 0 and the peak nor g's sign changes, so one point of each interval decides
-    it."""
+    above ``_RISE_LO``: ``(falls, cuts, ends, flags)``.
+
+    ``falls``: the fit's roots where it falls through 0, sorted. ``cuts``: C_0 = _RISE_LO < C_1 < ..., every root
+    of the fit, of fit - peak and of g = ln 2 fit - fit'. ``flags[i]``: 1.0 if the cost falls on the interval
+    (C_i, C_i+1) (the last one unbounded), else 0.0. ``ends[i]``: the largest C_j+1 (j < i) with ``flags[j]``, -inf
+    if none. Between consecutive cuts neither the fit's position against 0 and the peak nor g's sign changes, so
+    one point of each interval decides it."""
     a, b, c = link.fit_gb_per_s
     peak = link.max_bytes_per_s / 1e9
     ga, gb, gc = math.log(2) * a, math.log(2) * b - 2.0 * a, math.log(2) * c - b
