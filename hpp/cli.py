@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from hpp.cli_inputs import DEFAULT_GBS, check_writable, left_out_types, max_tp_note, plan_inputs, solver_settings
 from hpp.cli_output import (estimate_header, estimate_json, idle_devices_note, named_solver_note, num, plan_source,
-                            print_estimate, print_memory_breakdown)
+                            optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
@@ -55,8 +55,7 @@ def _seed_from_previous(inp, seeds: dict, say) -> float:
     t = time.perf_counter()
     ids = inp.id_map if inp.id_map is not None else {d.device_id: d.device_id for d in inp.cluster.devices}
     seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
-    if seed is not None:
-        seeds[SEED_NAME] = seed
+    seeds.update({SEED_NAME: seed} if seed is not None else {})
     say(f"--previous: {len(seed.pipelines) if seed else 0} of its {len(inp.previous.pipelines)} pipelines survive "
         f"as a seed ({time.perf_counter() - t:.2f} s)")
     return time.perf_counter() - t
@@ -137,10 +136,12 @@ def cmd_plan(args) -> int:
     comp = res.composition
     source, source_line = plan_source(res.stats, comp)
     idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()))
-    notes += [n for n in (idle, named_solver_note(args.solver, comp)) if n]
+    notes += [n for n in (idle, named_solver_note(args.solver, comp, args.cpsat_params)) if n]
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
-              "solver_status": comp.solver_status or None, "note": comp.note or None, "solve_s": comp.wall_s, "source": source, "hit_time_limit": comp.hit_time_limit,
+              "solver_status": comp.solver_status or None, "solver_model_objective_s": num(comp.solver_model_objective_s),
+              "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
+              "hit_time_limit": comp.hit_time_limit,
               "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
               "replan": _replan_json(inp, res, seed_s),
@@ -161,7 +162,7 @@ def cmd_plan(args) -> int:
     print_estimate(res.estimate, plan)
     how = f" ({comp.note})" if comp.note else ""
     ran = comp.solver == "heuristic" or bool(comp.solver_status)    # "cp-sat FEASIBLE" would read as CP-SAT's answer
-    print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {comp.status}, "
+    print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {status_text(comp)}, "
           f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
           f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
           f"{comp.num_candidates} of {res.stats['num_candidates']} candidates left after the incumbent bound{how}"

@@ -12,7 +12,7 @@ import sys
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-__all__ = ["estimate_header", "block_forms", "print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
+__all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
            "named_solver_note"]
 
 
@@ -51,6 +51,21 @@ def estimate_json(est) -> dict[str, Any]:
                     "bytes": b.num_bytes, "allreduce_s": b.allreduce_s, "allreduce_method": b.allreduce_method,
                     "link_bytes_per_s": b.link_bytes_per_s} for b in est.blocks],
     }
+
+
+def optimality_tolerance() -> dict[str, float]:
+    """``search.optimality_rtol`` and ``optimality_atol_s``: OPTIMAL means objective - bound <= atol + rtol x
+    objective (:func:`hpp.formulation.composition.solve.status_of`)."""
+    from hpp.formulation.composition.solve import OPTIMUM_ATOL_S, OPTIMUM_RTOL    # lazy: numpy (see hpp.cli)
+    return {"optimality_rtol": OPTIMUM_RTOL, "optimality_atol_s": OPTIMUM_ATOL_S}
+
+
+def status_text(comp) -> str:
+    """The status as ``hpp plan`` prints it: ``OPTIMAL (gap within the 0.1 % optimality tolerance)`` when the proof
+    leaves a gap the tolerance covers, else the status alone."""
+    if comp.status != "OPTIMAL" or not comp.gap > 0:
+        return comp.status
+    return f"OPTIMAL (gap within the {optimality_tolerance()['optimality_rtol']:.1%} optimality tolerance)"
 
 
 def estimate_header(path, plan, cluster, src: str | None) -> str:
@@ -217,12 +232,15 @@ def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset
     return f"{n} of {cluster.num_devices} devices are idle ({types}): {'; '.join(why)}"
 
 
-def named_solver_note(named: str | None, comp) -> str | None:
-    """A note when the exact solver named with ``--solver`` was skipped for having too many candidates.
+def named_solver_note(named: str | None, comp, cpsat_params: str | None = None) -> str | None:
+    """A note when the exact solver named with ``--solver`` was skipped for having too many candidates, or when
+    ``--cpsat-params`` (``cpsat_params``) were given to another solver than CP-SAT (they are then unused).
 
     ``named``: the ``--solver`` value (None when not given); ``comp``: the search's ``SolveResult``. None when
     the solver ran, was not named, or was not needed (the incumbent already met the bound).
     """
+    if cpsat_params and comp.solver != "cp-sat":
+        return f"--cpsat-params unused: --solver {comp.solver} does not run CP-SAT"
     if named not in ("cp-sat", "milp") or comp.solver_status or "skipped" not in (comp.note or ""):
         return None
     return (f"--solver {named} did not run: {comp.note}; add --cpsat-on-subset to run it on the best ones (it may "

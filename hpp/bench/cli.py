@@ -151,6 +151,7 @@ def instances_main(argv: Sequence[str]) -> int:
     if args.json:
         d = {k: _num(v) for k, v in asdict(res).items()}
         d["counts"] = {str(c): x for c, x in res.counts.items()}
+        d["solver_status"] = res.solver_status or None        # as hpp plan --json: null when no exact solver ran
         d["instance"] = inst.name
         print(json.dumps(d))
     else:

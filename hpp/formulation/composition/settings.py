@@ -1,6 +1,7 @@
 """The one settings record of the solve path (:func:`hpp.formulation.composition.solve.solve`, :func:`hpp.planner.plan_hpp`).
 
-No solver import here: the record is plain data, checked at the boundary. CP-SAT parameters can
+No solver import here (but in :func:`check_cpsat_params`, when CP-SAT parameters are given): the record is plain
+data, checked at the boundary. CP-SAT parameters can
 also be given as text, as the OR-Tools examples do (``"num_workers:1,random_seed:1"``), parsed
 with ``google.protobuf.text_format`` into ``sat_parameters_pb2.SatParameters``; they are applied
 last, over the explicit fields.
@@ -17,7 +18,7 @@ from ortools.sat import sat_parameters_pb2
 from hpp.errors import HppInputError
 
 __all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "SMALL_BUDGET_MAX_CANDIDATES",
-           "MAX_CANDIDATES", "parse_cpsat_params"]
+           "MAX_CANDIDATES", "parse_cpsat_params", "check_cpsat_params"]
 
 #: The solvers of the one interface (``"greedy"`` is read as ``"heuristic"``, its old name).
 SOLVER_NAMES: tuple[str, ...] = ("cp-sat", "milp", "heuristic")
@@ -57,7 +58,31 @@ def parse_cpsat_params(text: str):
     except text_format.ParseError as exc:
         raise HppInputError(f"CP-SAT parameters {text!r}: {exc}", field="--cpsat-params",
                             fix="give SatParameters in text format, e.g. \"num_workers:1,random_seed:1\"") from None
+    if params.HasField("max_time_in_seconds"):
+        raise HppInputError(f"CP-SAT parameters {text!r}: max_time_in_seconds is a wall-clock cut the result would not "
+                            f"report", field="--cpsat-params",
+                            fix="use --time-limit S (the result then says when it stopped the solver)")
     return params
+
+
+def check_cpsat_params(text: str) -> None:
+    """Refuse ``text`` unless CP-SAT itself accepts its values: :func:`parse_cpsat_params`, then an empty model solved
+    with them (about 5 ms; CP-SAT checks every parameter's range there and answers MODEL_INVALID naming the first it
+    refuses). Imports CP-SAT (0.5 s), so only when parameters are given.
+
+    Raises
+    ------
+    HppInputError
+        Not text format, ``max_time_in_seconds`` (use the time limit), or a value out of range
+        (``num_workers:-5``: "parameter 'num_workers' should be in [0,10000]. Current value is -5").
+    """
+    params = parse_cpsat_params(text)
+    from ortools.sat.python import cp_model          # lazy: the solver's import cost is paid only here
+    solver = cp_model.CpSolver()
+    solver.parameters.merge_text_format(text_format.MessageToString(params))
+    if solver.solve(cp_model.CpModel()) == cp_model.MODEL_INVALID:
+        raise HppInputError(f"CP-SAT refuses the parameters {text!r}: {solver.solution_info()}", field="--cpsat-params",
+                            fix="give values in the ranges of OR-Tools' SatParameters (sat_parameters.proto)")
 
 
 @dataclass(frozen=True)
@@ -137,7 +162,7 @@ class SolverSettings:
             raise HppInputError(f"formulation={self.formulation!r}", field="formulation",
                                 fix="use auto, per-copy or product")
         if self.cpsat_params:
-            parse_cpsat_params(self.cpsat_params)
+            check_cpsat_params(self.cpsat_params)
 
     @property
     def candidate_limit(self) -> int:

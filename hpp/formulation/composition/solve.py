@@ -321,7 +321,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     if tc is not None and tc.bound_s > bound:
         bound, bound_method = float(tc.bound_s), "type-classes"
     if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
-        note = f"{name} not run: the incumbent already meets the bound"
+        note = f"{name} not run: the incumbent is within the optimality tolerance of the bound"
         if name == "cp-sat" and settings.cpsat_params:
             note += "; --cpsat-params unused"
     elif name != "heuristic":
