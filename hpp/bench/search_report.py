@@ -148,8 +148,11 @@ def target_lines(rows: list[SearchRow]) -> list[str]:
                 cut = s.status == "TRUNCATED"
                 where = ("cut at its budget" if cut and s.wall_s < rng[1] else "below its range" if s.wall_s < rng[0]
                          else "above its range" if s.wall_s > rng[1] else "inside its range")
+                h = m.get("hpp")
+                vs = (f"; HPP {h.wall_s:.2f} s is {rng[0] / h.wall_s:.0f}-{rng[1] / h.wall_s:.0f}x faster than the "
+                      f"public planner's range" if h is not None and method == REFERENCE and h.wall_s > 0 else "")
                 out.append(f"{method} fidelity {point}: {'>=' if cut else ''}{s.wall_s:.2f} s vs public Metis "
-                           f"{rng[0]:g}-{rng[1]:g} s ({where})")
+                           f"{rng[0]:g}-{rng[1]:g} s ({where}){vs}")
     for method in (REFERENCE, OTHER_REFERENCE):
         met, total = [], []
         for point, m in by_point.items():

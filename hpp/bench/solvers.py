@@ -311,5 +311,7 @@ def summary_table(rows: Sequence[BenchRow]) -> str:
                  f"gap@limit: over the instances where its wall-clock limit (--time-limit) stopped it (those results "
                  f"depend on the host's speed and load); best found: instances where it returned the best objective of "
                  f"any solver; wins: of those, where it was the fastest to it; tolerance {OPTIMUM_ATOL_S:g} s + "
-                 f"{OPTIMUM_RTOL:g} relative)")
+                 f"{OPTIMUM_RTOL:g} relative; cp-sat and milp start from the heuristic's plan as a hint and return it "
+                 f"when they find nothing better, so their best found includes the heuristic's; model opt is on their "
+                 f"bound model, a relaxation, not a proof about the returned plan)")
     return "\n".join(lines)
