@@ -149,8 +149,15 @@ def test_cli_instances_and_bench(tmp_path, capsys):
                        "--cpsat-model"]) == 0
     assert (tmp_path / "lib" / "syn-t2-g16-l16-m4-s3-r1.json").exists()
     assert (tmp_path / "lib" / "syn-t2-g16-l16-m4-s3-r1.cpsat.pb").exists()
+    capsys.readouterr()
+    # a second export into the same folder would overwrite: refused without --force, like bench-solvers
+    assert bench_main(["instances", "export", "syn-t2-g16-l16-m4-s3-r1", "--out", str(tmp_path / "lib")]) == 2
+    assert "syn-t2-g16-l16-m4-s3-r1.json exists. Fix: give another --out, or --force" in capsys.readouterr().err
+    assert bench_main(["instances", "export", "syn-t2-g16-l16-m4-s3-r1", "--out", str(tmp_path / "lib"),
+                       "--force"]) == 0
     assert bench_main(["bench-solvers", "--instances", "syn-t2-g16-l16-m4-s3-r1", "--time-limit", "5",
                        "--out-dir", str(tmp_path / "res")]) == 0
     for f in ("bench_solvers.csv", "bench_solvers_time_to_best.png", "bench_solvers_profile.png"):
         assert (tmp_path / "res" / f).stat().st_size > 0
     assert bench_main(["bench-solvers", "--solvers", "cp-sat,nope"]) == 2
+    assert "field '--solvers': unknown solver 'nope'" in capsys.readouterr().err

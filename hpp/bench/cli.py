@@ -71,6 +71,7 @@ def _instances_parser() -> argparse.ArgumentParser:
     ex.add_argument("--embed-profile", action="store_true", help="embed bundled profiles too")
     ex.add_argument("--cpsat-model", action="store_true",
                     help="also write NAME.cpsat.pb (CpModelProto) and NAME.cpsat.json (variable map)")
+    ex.add_argument("--force", action="store_true", help="overwrite files that exist already")
     gen = sub.add_parser("generate", help="write a seeded synthetic instance")
     gen.add_argument("--types", type=int, default=3, help="GPU types, 2-6")
     gen.add_argument("--gpus", type=int, default=32, help="GPUs, 8-4096")
@@ -117,7 +118,9 @@ def instances_main(argv: Sequence[str]) -> int:
         return 0
     if args.action == "export":
         insts = [get_instance(n) for n in args.names] if args.names else library(args.suite)
-        args.out.mkdir(parents=True, exist_ok=True)
+        names = [f"{i.name}{ext}" for i in insts for ext in (".json", *((".cpsat.pb", ".cpsat.json")
+                                                                       if args.cpsat_model else ()))]
+        _check_outputs([args.out / n for n in names], force=args.force, flag="--out")   # before writing any
         for inst in insts:
             path = args.out / f"{inst.name}.json"
             save_instance(inst, path, embed_profile=True if args.embed_profile else None)
@@ -130,6 +133,7 @@ def instances_main(argv: Sequence[str]) -> int:
                 desc = export_cpsat_model(problem, args.out / f"{inst.name}.cpsat.pb")
                 (args.out / f"{inst.name}.cpsat.json").write_text(json.dumps(desc, indent=1) + "\n")
                 print(desc["path"])
+                print(args.out / f"{inst.name}.cpsat.json")
         return 0
     if args.action == "generate":
         spec = SyntheticSpec(num_types=args.types, num_gpus=args.gpus, num_layers=args.layers,
@@ -163,7 +167,7 @@ def instances_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _check_outputs(paths: list[Path], *, force: bool) -> None:
+def _check_outputs(paths: list[Path], *, force: bool, flag: str = "--out-dir") -> None:
     """Refuse to overwrite existing output files without ``--force``; create the folder.
 
     Raises
@@ -174,16 +178,17 @@ def _check_outputs(paths: list[Path], *, force: bool) -> None:
     existing = [p for p in paths if p.exists()]
     if existing and not force:
         raise HppInputError(f"{existing[0]} exists" + (f" (and {len(existing) - 1} more output files)"
-                                                       if len(existing) > 1 else ""), field="--out-dir",
-                            fix="give another --out-dir or --prefix, or --force to overwrite")
+                                                       if len(existing) > 1 else ""), field=flag,
+                            fix=f"give another {flag}" + (" or --prefix" if flag == "--out-dir" else "")
+                            + ", or --force to overwrite")
     folder = paths[0].parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise HppInputError(f"cannot create {folder} ({exc.strerror})", field="--out-dir",
+        raise HppInputError(f"cannot create {folder} ({exc.strerror})", field=flag,
                             fix="give a writable folder") from None
     if not os.access(folder, os.W_OK):
-        raise HppInputError(f"cannot write to {folder}", field="--out-dir", fix="give a writable folder")
+        raise HppInputError(f"cannot write to {folder}", field=flag, fix="give a writable folder")
 
 
 def bench_solvers_main(argv: Sequence[str]) -> int:
@@ -208,7 +213,10 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
                     help="every solver also gets the type-class bound (as hpp plan --type-classes)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (rows, violations, files)")
     args = ap.parse_args(list(argv))
-    solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
+    try:
+        solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
+    except HppInputError as exc:                 # the flag here is --solvers (a list), not hpp plan's --solver
+        raise HppInputError(exc.message, field="--solvers", fix=f"give a comma-separated list of {list(SOLVER_NAMES)}")
     limit = args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT_S[args.suite]
     options = replace(bench_settings("cp-sat", limit, args.workers, args.cpsat_params or ""),
                       type_classes=args.type_classes)
