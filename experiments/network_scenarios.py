@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated bundled scenarios (hpp scenarios lists them)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="interleaved before/after search pairs per scenario; the CPU ratio is their median "
-                             "(run_all.py uses 3, the README's table 9)")
+                             "(run_all.py uses 3, the README's table 15)")
     parser.add_argument("--csv", type=Path, default=Path("experiments/results/network_scenarios.csv"),
                         help="CSV to write")
     args = parser.parse_args(argv)
