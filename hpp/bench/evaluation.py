@@ -268,7 +268,8 @@ def _network_markdown(results: Path) -> list[str]:
            "v1) and with links per pair of GPU types (after, v2 defaults from Sailor's measured fits), each plan "
            "priced by its own cluster's cost model; `before on per-pair` = the before plan priced on the "
            "per-pair links; search CPU seconds (least of the repeats, after a warm-up search) and the median over "
-           "the repeats (15: `--repeats 15`) of the after/before ratio of one interleaved pair (the target is 1.10; on a 2-core VM one run's median moves by up to about 0.08).", "",
+           "the repeats (15: `--repeats 15`) of the after/before ratio of one interleaved pair (the target is 1.10; "
+           "on a 2-core VM one run's median moves by up to about 0.08).", "",
            "| scenario | before s/iter | after s/iter | before on per-pair | device types before | device types "
            "after | GPUs used before / after | search CPU s before / after | after / before |",
            "|---|---|---|---|---|---|---|---|---|"]
