@@ -12,8 +12,8 @@ import sys
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-__all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num", "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note",
-           "named_solver_note"]
+__all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num",
+           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note", "named_solver_note"]
 
 
 def num(x: Any) -> Any:
