@@ -55,7 +55,8 @@ def _seed_from_previous(inp, seeds: dict, say) -> float:
     t = time.perf_counter()
     ids = inp.id_map if inp.id_map is not None else {d.device_id: d.device_id for d in inp.cluster.devices}
     seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
-    seeds.update({SEED_NAME: seed} if seed is not None else {})
+    if seed is not None:
+        seeds[SEED_NAME] = seed
     say(f"--previous: {len(seed.pipelines) if seed else 0} of its {len(inp.previous.pipelines)} pipelines survive "
         f"as a seed ({time.perf_counter() - t:.2f} s)")
     return time.perf_counter() - t
@@ -141,8 +142,7 @@ def cmd_plan(args) -> int:
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
               "solver_status": comp.solver_status or None, "solver_model_objective_s": num(comp.solver_model_objective_s),
               "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
-              "hit_time_limit": comp.hit_time_limit,
-              "num_candidates": comp.num_candidates, "baselines_s": base_s,
+              "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
               "replan": _replan_json(inp, res, seed_s),
               "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}

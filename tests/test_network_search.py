@@ -158,3 +158,20 @@ def test_links_no_pair_of_nodes_uses_do_not_change_the_plan(tmp_path, capsys):
                  "--workers", "1", "--quiet", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert (res["search"]["objective_s"], res["search"]["bound_s"]) != got[0][1:]
+
+
+def test_network_scenarios_refuses_an_unknown_scenario_in_one_line(capsys, monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "network_scenarios", Path(__file__).resolve().parents[1] / "experiments" / "network_scenarios.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)      # its dataclass needs its module registered
+    spec.loader.exec_module(mod)
+    for argv, says in ((["--scenarios", "foo"], "--scenarios: unknown 'foo' (hpp scenarios lists them)"),
+                       (["--scenarios", "opt350-a100x4-v100x4", "--repeats", "0"], "--repeats: give 1 or more")):
+        with pytest.raises(SystemExit) as exc:
+            mod.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1 and says in err[0], err

@@ -122,9 +122,12 @@ def test_certify_check_refuses_bad_flags_and_a_run_the_oracle_never_checked(tmp_
     assert capsys.readouterr().err.strip() == ("certify_check: --solvers foo: unknown solver 'foo'; give heuristic, "
                                                "cp-sat and/or milp, comma-separated")
     assert mod.main(["--max-gpus", "9", "--out", out]) == 2 and "--max-gpus 9: give 2-8" in capsys.readouterr().err
+    assert mod.main(["--work", "-1", "--out", out]) == 2      # was a traceback
+    assert capsys.readouterr().err.strip() == "certify_check: --work -1.0: give a positive deterministic work limit"
     # an oracle cap of one multiset checks nothing: exit 1 and say so (not "violations 0" as a pass)
     assert mod.main(["--instances", "2", "--max-evaluations", "1", "--out", out]) == 1
     got = capsys.readouterr()
     assert "checked by the oracle: 0 of 2" in got.out and "the oracle checked no instance" in got.err
     assert mod.main(["--instances", "3", "--max-gpus", "2", "--type-classes", "--out", out]) == 0
-    assert "checked by the oracle: 3 of 3" in capsys.readouterr().out
+    got = capsys.readouterr().out
+    assert "checked by the oracle: 3 of 3" in got and "the returned plan was the oracle's optimum (within 0.1%) on " in got

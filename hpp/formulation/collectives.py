@@ -291,8 +291,6 @@ def p2p_link_options(cluster: Cluster, kind_a: tuple[str, int], kind_b: tuple[st
     else:
         (ta, tpa), (tb, tpb) = kind_a, kind_b
         na = [i for i, n in enumerate(cluster.nodes) if n.device_type == ta]
-        zones_a = Counter(cluster.nodes[i].zone for i in na)
-        zones_b = Counter(n.zone for n in cluster.nodes if n.device_type == tb)
         opts: list[Link] = []
         if ta == tb:
             opts += [cluster.nodes[i].intra_node for i in na if cluster.nodes[i].num_devices >= tpa + tpb]
@@ -302,10 +300,7 @@ def p2p_link_options(cluster: Cluster, kind_a: tuple[str, int], kind_b: tuple[st
                 cluster._cache[key] = got = tuple(dict.fromkeys(opts))
                 return got
             opts = []
-        for za in sorted(zones_a, key=str):
-            for zb in sorted(zones_b, key=str):
-                if za != zb or ta != tb or zones_a[za] > 1:       # two different nodes exist
-                    opts.append(cluster.type_link(ta, tb, za, zb))
+        opts.extend(cluster.node_pair_links(ta, tb))        # every pair of two different nodes
         if not opts:            # one node of the type, too small for both stages: they cannot be adjacent
             opts = [cluster.nodes[na[0]].intra_node] if na else [cluster.inter_node]
         got = tuple(dict.fromkeys(opts))

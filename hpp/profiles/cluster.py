@@ -22,6 +22,7 @@ Two network descriptions (JSON forms in :mod:`hpp.profiles.cluster_format`):
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import combinations_with_replacement
@@ -59,9 +60,10 @@ class Link:
     def __post_init__(self) -> None:
         if not (self.max_bytes_per_s > 0 and math.isfinite(self.max_bytes_per_s)):
             raise HppInputError(f"bandwidth must be a positive number of bytes/s, got {self.max_bytes_per_s}",
-                                fix="give a bandwidth > 0 in bytes/s")
+                                field="max_bytes_per_s", fix="give a bandwidth > 0 in bytes/s")
         if not self.latency_s >= 0:
-            raise HppInputError(f"latency must be >= 0 s, got {self.latency_s}", fix="give latency_s >= 0")
+            raise HppInputError(f"latency must be >= 0 s, got {self.latency_s}", field="latency_s",
+                                fix="give latency_s >= 0")
 
     def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
         """Effective bandwidth [bytes/s] for one message of ``message_bytes`` bytes (Sailor's network fits,
@@ -267,6 +269,28 @@ class Cluster:
         if got is None:
             raise HppInputError(f"no inter-node link between {what}", field="links",
                                 fix="give the link in the cluster's links section")
+        return got
+
+    def node_pair_links(self, type_a: str, type_b: str) -> tuple[Link, ...]:
+        """The distinct links between a node of ``type_a`` and a different node of ``type_b``: :meth:`type_link` of
+        every zone pair two such nodes span (zones in sorted order), memoised; () when no two such nodes exist.
+        Version 1: ``(inter_node,)`` when they do.
+
+        Raises
+        ------
+        HppInputError
+            A link for such a pair is missing (:meth:`type_link`).
+        """
+        key = ("node_pair_links", type_a, type_b)
+        got = self._cache.get(key)
+        if got is None:
+            za = Counter(n.zone for n in self.nodes if n.device_type == type_a)
+            zb = Counter(n.zone for n in self.nodes if n.device_type == type_b)
+            pairs = [(x, y) for x in sorted(za, key=str) for y in sorted(zb, key=str)
+                     if x != y or type_a != type_b or za[x] > 1]          # two different nodes
+            got = () if not pairs else (self.inter_node,) if self.network is None else \
+                tuple(dict.fromkeys(self.type_link(type_a, type_b, x, y) for x, y in pairs))
+            self._cache[key] = got
         return got
 
     def node_link(self, i: int, j: int) -> Link:

@@ -97,11 +97,9 @@ def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: f
             fit = value.get("fit_gb_per_s")
             return Link(float(value["max_bytes_per_s"]), float(value.get("latency_s", default_latency_s)),
                         tuple(float(x) for x in fit) if fit is not None else None)  # type: ignore[arg-type]
-    except HppInputError as exc:            # the Link's own check: name the key it is about
-        key = ("max_bytes_per_s" if exc.message.startswith("bandwidth") else "latency_s") \
-            if isinstance(value, Mapping) else None
-        raise HppInputError(exc.message, source=source, field=f"{field_name}.{key}" if key else field_name,
-                            fix=exc.fix) from None
+    except HppInputError as exc:            # the Link's own check, named at the key it is about in an object
+        raise HppInputError(exc.message, source=source, fix=exc.fix,
+                            field=f"{field_name}.{exc.field}" if isinstance(value, Mapping) else field_name) from None
     except (KeyError, TypeError, ValueError):
         pass
     raise HppInputError(f"bad link {value!r}", source=source, field=field_name,

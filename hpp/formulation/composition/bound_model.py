@@ -48,7 +48,6 @@ the run's boundaries, states (crossings so far, last boundary crosses)), capped 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from typing import Callable, Sequence
 
 from hpp.formulation.candidates import Candidate
@@ -99,21 +98,10 @@ def _inter_links(cluster: Cluster, device_type: str) -> tuple[Link, ...]:
     Version 1: the inter-node link. Version 2: ``cluster.type_link`` of every zone pair two distinct
     nodes of the type span (what :meth:`Cluster.node_link` returns for them).
     """
-    nodes = [n for n in cluster.nodes if n.device_type == device_type]
-    if len(nodes) < 2:
+    try:
+        return cluster.node_pair_links(device_type, device_type)
+    except HppInputError:       # no such link given: the caller falls back to every option
         return ()
-    if cluster.network is None:
-        return (cluster.inter_node,)
-    zones = Counter(n.zone for n in nodes)
-    out: list[Link] = []
-    for za in sorted(zones, key=str):
-        for zb in sorted(zones, key=str):
-            if za != zb or zones[za] > 1:
-                try:
-                    out.append(cluster.type_link(device_type, device_type, za, zb))
-                except HppInputError:       # no such link given: the caller falls back to every option
-                    return ()
-    return tuple(dict.fromkeys(out))
 
 
 def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: Sequence[Candidate], *,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import importlib.util
 import math
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -248,17 +247,9 @@ def _inter_links(cluster, device_type: str | None = None, *, own: bool = True) -
         return [cluster.inter_node]
     links = []
     if device_type is not None and hasattr(cluster, "type_link"):
-        zones: dict[str, Counter] = {}
-        for nd in cluster.nodes:
-            zones.setdefault(nd.device_type, Counter())[nd.zone] += 1
-        mine = zones.get(device_type, Counter())
-        for u in sorted(zones):
-            if u == device_type and not own:
-                continue
-            for za in sorted(mine, key=str):           # the pairs of two different nodes the cluster holds
-                for zb in sorted(zones[u], key=str):
-                    if za != zb or u != device_type or mine[za] > 1:
-                        links.append(cluster.type_link(device_type, u, za, zb))
+        for u in sorted(cluster.count_by_type()):
+            if u != device_type or own:                # the pairs of two different nodes the cluster holds
+                links.extend(cluster.node_pair_links(device_type, u))
         if not links:
             links.append(cluster.inter_node)
     else:

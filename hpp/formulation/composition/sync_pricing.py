@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections import Counter
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Sequence
 
 import numpy as np
 
+from hpp.errors import HppInputError
 from hpp.formulation.collectives import hierarchical_allreduce_s, ring_allreduce_np, ring_allreduce_s
 from hpp.profiles.cluster import Cluster, Link
 
@@ -54,7 +54,8 @@ def pair_link(cluster: Cluster, type_a: str, type_b: str) -> Link | None:
     """The link the search prices a ring edge between a node of ``type_a`` and another node of ``type_b`` at
     (None when no two such nodes exist): the type pair's link when two such nodes share a zone (or the cluster
     has no zones), since a binding keeps a ring inside a zone where it can; otherwise every such pair crosses
-    zones and :meth:`Cluster.type_link` gives the zone pair's link: the slowest of those. Memoised on the cluster.
+    zones and :meth:`Cluster.type_link` gives the zone pair's link: the slowest of those (the pairs:
+    :meth:`Cluster.node_pair_links`, memoised).
 
     Examples
     --------
@@ -65,20 +66,14 @@ def pair_link(cluster: Cluster, type_a: str, type_b: str) -> Link | None:
     >>> pair_link(cl, "A100-40", "A100-40") is None           # one A100 node: no two of them
     True
     """
-    key = ("search_pair_link", *sorted((type_a, type_b)))
-    if key in cluster._cache:
-        return cluster._cache[key]
-    za = Counter(n.zone for n in cluster.nodes if n.device_type == type_a)
-    zb = Counter(n.zone for n in cluster.nodes if n.device_type == type_b)
-    pairs = [(x, y) for x in za for y in zb if x != y or type_a != type_b or za[x] > 1]
-    same = [x for x, y in pairs if x == y]
-    if same:
-        got = cluster.type_link(type_a, type_b, same[0], same[0])
-    else:
-        got = min((cluster.type_link(type_a, type_b, x, y) for x, y in sorted(pairs, key=str)),
-                  key=lambda l: l.max_bytes_per_s, default=None)
-    cluster._cache[key] = got
-    return got
+    pairs = cluster.node_pair_links(type_a, type_b)
+    try:
+        same_zone = cluster.type_link(type_a, type_b)      # what every pair of nodes in one zone uses
+    except HppInputError:                                  # the two types meet across zones only
+        same_zone = None
+    if same_zone in pairs:
+        return same_zone
+    return min(pairs, key=lambda l: l.max_bytes_per_s, default=None)
 
 
 def type_links(cluster: Cluster, fallback: Link) -> dict[str, TypeLinks]:
