@@ -281,6 +281,16 @@ def _network_markdown(results: Path) -> list[str]:
                    f"{_f(b['per_pair_estimate_s'], '.3f')} | {b['device_types']} | {a['device_types']} | "
                    f"{b['gpus_used']} / {a['gpus_used']} | {_f(b['search_cpu_s'])} / {_f(a['search_cpu_s'])} | "
                    f"{_f(a.get('search_cpu_ratio') or 'nan')} |")
+    big = by.get("opt350-1024-4types", {})
+    if big.get("before") and big.get("after") and "V100" not in big["after"]["device_types"]:
+        b, a = big["before"], big["after"]
+        out += ["", f"opt350-1024-4types uses no V100s on either model: after, {a['device_types']} only "
+                f"({a['gpus_used']} of 1,024 GPUs, gradient sync {_f(a['grad_sync_s'], '.3f')} s on GH-96's own "
+                f"links); the before plan, which mixes {b['device_types']}, costs {_f(b['per_pair_estimate_s'], '.3f')} "
+                f"s on the per-pair links against the after plan's {_f(a['iteration_time_s'], '.3f')} s. A V100-16 "
+                "(the slowest type, 16 GB) adds less compute than a ring through its nodes costs: every link to a V100 "
+                "node is the slowest of the cluster's inter-node links (`hpp scenarios --cluster opt350-1024-4types` "
+                "lists them), so the search leaves them idle (`hpp plan` says so in its idle-devices note)."]
     return out + [""]
 
 
