@@ -88,12 +88,29 @@ def _instances_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("solve", help="solve one instance (file or library name) with one solver")
     sv.add_argument("instance", help="instance JSON file or library name")
     sv.add_argument("--solver", default="cp-sat", help="cp-sat (default), milp or heuristic")
-    sv.add_argument("--time-limit", type=float, default=10.0, help="solver time limit [s]")
+    sv.add_argument("--time-limit", type=float, help="solver wall-clock limit [s] (default 10)")
+    sv.add_argument("--work-limit", type=float, metavar="UNITS", help=WORK_LIMIT_HELP)
     sv.add_argument("--workers", type=int, default=1)
     sv.add_argument("--cpsat-params", metavar="TEXT", help='CP-SAT parameters in text format, e.g. "random_seed:1"')
     sv.add_argument("--type-classes", action="store_true", help="also the type-class bound (hpp plan --type-classes)")
     sv.add_argument("--json", action="store_true")
     return ap
+
+
+#: The help of ``--work-limit`` (both commands).
+WORK_LIMIT_HELP = ("deterministic budget per solver instead of a wall-clock limit: CP-SAT work units, HiGHS 2,000 "
+                   "nodes per unit (the same rows on any host, loaded or not)")
+
+
+def _limits(time_limit: float | None, work_limit: float | None, default_s: float) -> tuple[float | None, float | None]:
+    """(wall limit [s], work units) of ``--time-limit`` / ``--work-limit``: one of them; the default wall limit if
+    neither is given. Raises HppInputError when both are."""
+    if time_limit is not None and work_limit is not None:
+        raise HppInputError("--time-limit and --work-limit both given", field="--work-limit",
+                            fix="give one: --time-limit S (wall clock) or --work-limit UNITS (deterministic)")
+    if work_limit is not None:
+        return None, work_limit
+    return (time_limit if time_limit is not None else default_s), None
 
 
 def _load(ref: str):
@@ -147,7 +164,8 @@ def instances_main(argv: Sequence[str]) -> int:
     # solve
     from hpp.formulation.composition.solve import bench_settings, solve
 
-    settings = replace(bench_settings(args.solver, args.time_limit, args.workers, args.cpsat_params or ""),
+    wall, units = _limits(args.time_limit, args.work_limit, 10.0)
+    settings = replace(bench_settings(args.solver, wall, args.workers, args.cpsat_params or "", work_units=units),
                        type_classes=args.type_classes)
     inst = _load(args.instance)
     problem, _ = inst.problem()
@@ -201,6 +219,10 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     ap = Parser(prog="hpp bench-solvers", description="every solver on every instance of a suite")
     ap.add_argument("--suite", choices=["quick", "full"], default="quick")
     ap.add_argument("--time-limit", type=float, help="per solver and instance [s] (default: quick 5, full 30)")
+    ap.add_argument("--work-limit", type=float, metavar="UNITS", help=WORK_LIMIT_HELP)
+    ap.add_argument("--no-hint", action="store_true",
+                    help="the exact solvers start cold (no heuristic plan as hint or cutoff) and each row's plan is "
+                         "the solver's own (NO_SOLUTION when it found none)")
     ap.add_argument("--solvers", default=",".join(SOLVER_NAMES), help="comma-separated (default: all)")
     ap.add_argument("--instances", help="comma-separated instance names (default: the whole suite)")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers (default 1; HiGHS uses one)")
@@ -217,9 +239,12 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
         solvers = [check_solver(s.strip()) for s in args.solvers.split(",") if s.strip()]
     except HppInputError as exc:                 # the flag here is --solvers (a list), not hpp plan's --solver
         raise HppInputError(exc.message, field="--solvers", fix=f"give a comma-separated list of {list(SOLVER_NAMES)}")
-    limit = args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT_S[args.suite]
-    options = replace(bench_settings("cp-sat", limit, args.workers, args.cpsat_params or ""),
-                      type_classes=args.type_classes)
+    limit, units = _limits(args.time_limit, args.work_limit, DEFAULT_TIME_LIMIT_S[args.suite])
+    options = replace(bench_settings("cp-sat", limit, args.workers, args.cpsat_params or "", work_units=units),
+                      type_classes=args.type_classes, warm_start=not args.no_hint,
+                      solver_answer_only=args.no_hint)
+    budget = (f"time limit {limit:g} s" if units is None else f"work limit {units:g} units (deterministic)") + \
+        (", no hint" if args.no_hint else "")
     insts = [get_instance(n.strip()) for n in args.instances.split(",")] if args.instances else library(args.suite)
 
     def progress(r) -> None:
@@ -232,15 +257,16 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     _check_outputs(list(files.values()), force=args.force)      # before minutes of solving, not after
     rows = run_bench(insts, solvers=solvers, options=options, on_row=progress)
     write_csv(rows, files["csv"])
-    plot_time_to_best(rows, files["time_to_best_png"], time_limit_s=limit)
-    plot_performance_profile(rows, files["performance_profile_png"])
-    table = summary_table(rows)
+    plot_time_to_best(rows, files["time_to_best_png"], time_limit_s=limit)      # None: no wall limit drawn
+    plot_performance_profile(rows, files["performance_profile_png"], deterministic=units is not None)
+    table = summary_table(rows, deterministic=units is not None, hint=not args.no_hint)
     violations = check_consistency(rows)
     rule = "consistency (no objective below another solver's bound; solvers that prove optimality agree)"
-    files["summary_txt"].write_text(f"suite {args.suite}, time limit {limit:g} s, {len(insts)} instances\n{table}\n"
+    files["summary_txt"].write_text(f"suite {args.suite}, {budget}, {len(insts)} instances\n{table}\n"
                                     f"{rule}: {'all checks hold' if not violations else violations}\n")
     if args.json:
-        print(json.dumps({"suite": args.suite, "time_limit_s": limit, "violations": violations,
+        print(json.dumps({"suite": args.suite, "time_limit_s": limit, "work_limit": units, "hint": not args.no_hint,
+                          "violations": violations,
                           "files": {k: str(v) for k, v in files.items()},
                           "rows": [{k: _num(v) for k, v in r.as_csv().items()} for r in rows]}))
     else:

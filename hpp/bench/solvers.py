@@ -247,8 +247,9 @@ def _ratios(rows: Sequence[BenchRow]) -> dict[str, list[float]]:
     return out
 
 
-def plot_performance_profile(rows: Sequence[BenchRow], path: Path) -> None:
-    """Share of instances on which a solver reaches the best solution within x times the fastest solver's time."""
+def plot_performance_profile(rows: Sequence[BenchRow], path: Path, *, deterministic: bool = False) -> None:
+    """Share of instances on which a solver reaches the best solution within x times the fastest solver's time
+    (``deterministic``: the limit is a work limit, as in :func:`summary_table`)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 5))
     ratios = _ratios(rows)
@@ -263,7 +264,7 @@ def plot_performance_profile(rows: Sequence[BenchRow], path: Path) -> None:
             if math.isfinite(r) and r > 1.0:
                 xs.append(r), ys.append(sum(1 for q in pts if q <= r) / n)
         xs.append(xmax), ys.append(ys[-1])
-        at_limit = [r.gap for r in rows if r.solver == s and r.hit_time_limit]
+        at_limit = [r.gap for r in rows if r.solver == s and _stopped(r, deterministic)]
         label = s + (" (no bound)" if s == "heuristic" else
                      f" (gap at the limit: median {_median(at_limit):.1%} over {len(at_limit)})" if at_limit
                      else " (never hit the limit)")
@@ -282,8 +283,19 @@ def plot_performance_profile(rows: Sequence[BenchRow], path: Path) -> None:
     plt.close(fig)
 
 
-def summary_table(rows: Sequence[BenchRow]) -> str:
-    """Per solver: instances, proven optimal, model closed, median wall time, median gap, best found, wins."""
+def _stopped(r: BenchRow, deterministic: bool) -> bool:
+    """The row's exact solver was stopped by its limit: the wall clock, or with a work limit (``deterministic``)
+    its budget (it ran and did not close its model: FEASIBLE or NO_SOLUTION)."""
+    if deterministic:
+        return r.solver != "heuristic" and r.solver_status in ("FEASIBLE", "NO_SOLUTION")
+    return bool(r.hit_time_limit)
+
+
+def summary_table(rows: Sequence[BenchRow], *, deterministic: bool = False, hint: bool = True) -> str:
+    """Per solver: instances, proven optimal, model closed, median wall time, median gap, best found, wins.
+
+    ``deterministic``: the run had a work limit (``--work-limit``), not a wall limit: ``gap@limit`` is over the rows
+    whose exact solver ran out of its budget. ``hint``: the exact solvers started from the heuristic's plan."""
     by = _by_instance(rows)
     wins: dict[str, dict[str, int]] = {s: {} for s in _solvers(rows)}
     for name, m in by.items():
@@ -297,21 +309,26 @@ def summary_table(rows: Sequence[BenchRow]) -> str:
              f"{'gap@limit':>9} {'best found':>10} {'wins':>4}  where it wins (fastest to the best, by family)"]
     for s in _solvers(rows):
         rs = [r for r in rows if r.solver == s]
-        at_limit = [r.gap for r in rs if r.hit_time_limit]
+        at_limit = [r.gap for r in rs if _stopped(r, deterministic)]
         gap_txt = f"{_median([r.gap for r in rs]):.2%}"
         lim_txt = "-" if s == "heuristic" else (f"{_median(at_limit):.2%}" if at_limit else "none hit")
         where = ", ".join(f"{k} {v}" for k, v in sorted(wins[s].items(), key=lambda kv: -kv[1])) or "-"
         lines.append(f"{s:<10} {len(rs):>4} {sum(r.proven_optimal for r in rs):>10} "
                      f"{sum(r.solver_status == 'OPTIMAL' for r in rs):>9} {_median([r.wall_s for r in rs]):>8.2f} "
                      f"{gap_txt:>10} {lim_txt:>9} {sum(r.reached_best for r in rs):>10} {sum(wins[s].values()):>4}  {where}")
+    limit = ("its work limit (--work-limit) stopped it before it closed its model (deterministic: the same rows on "
+             "any host)" if deterministic else "its wall-clock limit (--time-limit) stopped it (those results depend "
+             "on the host's speed and load)")
+    start = ("cp-sat and milp start from the heuristic's plan as a hint and return it when they find nothing better, "
+             "so their best found includes the heuristic's" if hint else
+             "cp-sat and milp start cold (--no-hint): each row's plan is the solver's own, NO_SOLUTION where it "
+             "found none")
     lines.append(f"(objective: the cost model's predicted iteration time of the returned plan; bound: a proven lower "
                  f"bound of it over all candidates and bindings (LP / copy bound, and the exact solver's when it saw "
                  f"every candidate); proven opt: status OPTIMAL, objective within {OPTIMUM_RTOL:g} relative of the "
                  f"bound; model opt: the exact solver closed its bound model; median gap: over all its instances; "
-                 f"gap@limit: over the instances where its wall-clock limit (--time-limit) stopped it (those results "
-                 f"depend on the host's speed and load); best found: instances where it returned the best objective of "
-                 f"any solver; wins: of those, where it was the fastest to it; tolerance {OPTIMUM_ATOL_S:g} s + "
-                 f"{OPTIMUM_RTOL:g} relative; cp-sat and milp start from the heuristic's plan as a hint and return it "
-                 f"when they find nothing better, so their best found includes the heuristic's; model opt is on their "
+                 f"gap@limit: over the instances where {limit}; best found: instances where it returned the best "
+                 f"objective of any solver; wins: of those, where it was the fastest to it; tolerance "
+                 f"{OPTIMUM_ATOL_S:g} s + {OPTIMUM_RTOL:g} relative; {start}; model opt is on their "
                  f"bound model, a relaxation, not a proof about the returned plan)")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from ortools.sat import sat_parameters_pb2
 from hpp.errors import HppInputError
 
 __all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "SMALL_BUDGET_MAX_CANDIDATES",
-           "MAX_CANDIDATES", "parse_cpsat_params", "check_cpsat_params"]
+           "MAX_CANDIDATES", "parse_cpsat_params", "check_cpsat_params", "bench_settings"]
 
 #: The solvers of the one interface (``"greedy"`` is read as ``"heuristic"``, its old name).
 SOLVER_NAMES: tuple[str, ...] = ("cp-sat", "milp", "heuristic")
@@ -127,6 +127,10 @@ class SolverSettings:
     type_classes : bool
         Also bound the plans by type class (:mod:`hpp.formulation.composition.type_classes`): a bound at least as
         strong, at the cost of one more copy bound per device type and one for mixed rings (off by default).
+    solver_answer_only : bool
+        The exact solver runs even where the incumbent already meets the bound, and the result's plan is its own
+        answer (NO_SOLUTION when it found none), not the best of it and the heuristic's: to benchmark a solver
+        cold (``hpp bench-solvers --no-hint``, with ``warm_start`` off). The bound is the same.
     """
 
     solver: str = DEFAULT_SOLVER
@@ -142,6 +146,7 @@ class SolverSettings:
     log_search_progress: bool = False
     formulation: str = "auto"
     type_classes: bool = False
+    solver_answer_only: bool = False
 
     def __post_init__(self) -> None:
         if self.solver == "greedy":
@@ -180,3 +185,30 @@ class SolverSettings:
         if params is not None and params.HasField("max_deterministic_time"):
             budget = params.max_deterministic_time
         return SMALL_BUDGET_MAX_CANDIDATES if budget <= DEFAULT_DETERMINISTIC_TIME else MAX_CANDIDATES
+
+
+def bench_settings(solver: str, time_limit_s: float | None, num_workers: int = 1, cpsat_params: str = "", *,
+                   work_units: float | None = None) -> SolverSettings:
+    """The settings of ``hpp bench-solvers`` / ``hpp instances solve``: a wall-clock limit per solver [s], CP-SAT's
+    deterministic limit and HiGHS' node limit scaled to it, the exact solvers on all candidates up to 1,000
+    (above: on the best 1,000, their bound then not used).
+
+    ``work_units``: instead of a wall limit, a deterministic budget per solver (CP-SAT's work units, HiGHS
+    :data:`~hpp.formulation.composition.solve.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must then be None): the same input, seed
+    and worker count give the same rows whatever the host's speed or load.
+
+    Raises
+    ------
+    HppInputError
+        Both limits or neither, or a limit that is not a positive finite number.
+    """
+    if (work_units is None) == (time_limit_s is None):
+        raise HppInputError("give either a time limit or a work limit", field="--work-limit",
+                            fix="use --time-limit S (wall clock) or --work-limit UNITS (deterministic), not both")
+    budget = work_units if work_units is not None else time_limit_s
+    if not (math.isfinite(budget) and budget > 0):
+        flag = "--work-limit" if work_units is not None else "--time-limit"
+        raise HppInputError(f"{budget:g} {'work units' if work_units is not None else 's'}", field=flag,
+                            fix="give a positive number")
+    return SolverSettings(solver=solver, max_time_in_seconds=time_limit_s, deterministic_time=budget,
+                          num_workers=num_workers, max_candidates=1000, cpsat_on_subset=True, cpsat_params=cpsat_params)

@@ -43,7 +43,7 @@ from hpp.formulation.composition.objective import composition_objective_s, pipel
 from hpp.formulation.composition.problem import CompositionProblem
 from hpp.formulation.composition.heuristics import best_incumbent, rounded_lp_incumbent, solo_objective_s
 from hpp.formulation.composition.lp_bound import composition_bounds
-from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings
+from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings, bench_settings
 from hpp.formulation.composition.type_classes import type_class_bound
 from hpp.pruning.rules import exceeds_incumbent
 
@@ -167,14 +167,6 @@ def certify(result: SolveResult, objective_s: float, *, source: str | None = Non
     return replace(result, objective_s=objective_s, gap=gap(objective_s, result.bound_s),
                    status=status_of(objective_s, result.bound_s), source=source or result.source,
                    counts=dict(counts) if counts is not None else result.counts)
-
-
-def bench_settings(solver: str, time_limit_s: float, num_workers: int = 1, cpsat_params: str = "") -> SolverSettings:
-    """The settings of ``hpp bench-solvers`` / ``hpp instances solve``: a wall-clock limit per solver, CP-SAT's
-    deterministic limit and HiGHS' node limit scaled to it, the exact solvers on all candidates up to 1,000
-    (above: on the best 1,000, their bound then not used)."""
-    return SolverSettings(solver=solver, max_time_in_seconds=time_limit_s, deterministic_time=time_limit_s,
-                          num_workers=num_workers, max_candidates=1000, cpsat_on_subset=True, cpsat_params=cpsat_params)
 
 
 def model_objective_s(problem: CompositionProblem, counts: Mapping[int, int]) -> float:
@@ -320,7 +312,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     tc_note = "" if tc is None else f"type-class bound {tc.bound_s:.4f} s" + ("" if tc.bound_s > bound else ", no stronger")
     if tc is not None and tc.bound_s > bound:
         bound, bound_method = float(tc.bound_s), "type-classes"
-    if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL":
+    if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL" and not settings.solver_answer_only:
         note = f"{name} not run: the incumbent is within the optimality tolerance of the bound"
         if name == "cp-sat" and settings.cpsat_params:
             note += "; --cpsat-params unused"
@@ -354,6 +346,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
             if name == "cp-sat" and settings.cpsat_params:
                 note += "; --cpsat-params unused: --cpsat-on-subset runs CP-SAT on a subset"
     note = "; ".join(x for x in (note, tc_note) if x)
+    if settings.solver_answer_only and name != "heuristic":     # the exact solver's own answer, or none
+        answers = [a for a in answers if a[1] == name] or [(math.inf, "", {})]
     obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
     obj = float(obj)
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
