@@ -137,7 +137,7 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
          max_tp: int | None = None, max_stages: int = 8, max_types_per_pipeline: int = 2,
          allow_recompute: bool = True, mixed_tp_pipelines: bool = False, time_limit_s: float | None = None,
          workers: int = 0, seed: int = 0,
-         baselines: bool = False, baseline_time_limit_s: float = 10.0) -> "PlannerResult":
+         baselines: bool = False, baseline_time_limit_s: float = 10.0, min_tp: int = 1) -> "PlannerResult":
     """The HPP plan with the shortest predicted iteration time (what ``hpp plan`` prints).
 
     Parameters
@@ -146,7 +146,7 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
     profile : as :func:`load_profile` takes it.
     global_batch_size : int
         Samples per iteration, any positive integer.
-    micro_batch_sizes, max_tp, max_stages, max_types_per_pipeline, allow_recompute, mixed_tp_pipelines
+    micro_batch_sizes, max_tp, min_tp, max_stages, max_types_per_pipeline, allow_recompute, mixed_tp_pipelines
         The search space (``hpp plan``'s flags of those names; None = every measured size / TP;
         ``mixed_tp_pipelines``: stages of one pipeline may have different TP degrees, which
         ``hpp run`` refuses).
@@ -185,7 +185,7 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
                             fix="give a positive integer number of samples")
     space = SearchSpace(micro_batch_sizes=tuple(micro_batch_sizes) if micro_batch_sizes else None, max_tp=max_tp,
                         max_stages=max_stages, max_types_per_pipeline=max_types_per_pipeline,
-                        allow_recompute=allow_recompute, mixed_tp_pipelines=mixed_tp_pipelines)
+                        allow_recompute=allow_recompute, mixed_tp_pipelines=mixed_tp_pipelines, min_tp=min_tp)
     config = PlannerConfig(space=space, solver=SolverSettings(max_time_in_seconds=time_limit_s,
                                                               num_workers=workers, random_seed=seed))
     seeds = None

@@ -86,7 +86,7 @@ def cmd_plan(args) -> int:
     cluster, profile, gbs, name, said = inp.cluster, inp.profile, inp.global_batch_size, inp.name, inp.said
     space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
                         max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
-                        max_types_per_pipeline=args.max_types_per_pipeline,
+                        max_types_per_pipeline=args.max_types_per_pipeline, min_tp=args.min_tp,
                         mixed_tp_pipelines=args.mixed_tp_pipelines)
     settings = solver_settings(args)     # a --solver named explicitly runs on up to 200 candidates
     planner = PlannerConfig(space=space, solver=settings, cost=_cost_config(args))
@@ -279,9 +279,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated micro-batch sizes to consider (default: all measured)")
     p.add_argument("--max-tp", type=int, help="cap on the measured TP degrees (default: the largest measured that fits "
                                               "a node; a cap that is no measured degree is said in a note)")
+    p.add_argument("--min-tp", type=int, default=1, help="smallest TP degree (default 1; --min-tp 2 --max-tp 2: TP 2)")
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline")
-    p.add_argument("--max-types-per-pipeline", type=int, default=2,
-                   help="most GPU types in one pipeline (3 searches far more shapes)")
+    p.add_argument("--max-types-per-pipeline", type=int, default=2, help="most GPU types in one pipeline (3: far more shapes)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="wall-clock limit [s] of the exact solver (default: none, deterministic; with a limit the "
                         "answer can depend on the machine's load, and the result says when it was hit)")

@@ -75,7 +75,8 @@ def check_writable(out: Path | None) -> None:
 
 def check_plan_args(args) -> None:
     """Refuse out-of-range numbers and clashing flags before anything is computed (exit 2, naming the flag)."""
-    checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--max-stages", args.max_stages, 1),
+    checks = (("--gbs", args.gbs, 1), ("--max-tp", args.max_tp, 1), ("--min-tp", args.min_tp, 1),
+              ("--max-stages", args.max_stages, 1),
               ("--max-types-per-pipeline", args.max_types_per_pipeline, 1),
               ("--workers", args.workers, 0))
     for flag, value, minimum in checks:
@@ -181,6 +182,7 @@ def left_out_types(cluster, profile, space) -> dict[str, str]:
         why = []
         for tp in profile.tp_degrees(t):
             no = ([f"above --max-tp {space.max_tp}"] if space.max_tp is not None and tp > space.max_tp else []) + \
+                 ([f"below --min-tp {space.min_tp}"] if tp < space.min_tp else []) + \
                  ([f"more than its nodes' {node} devices"] if tp > node else []) + \
                  ([f"does not divide {profile.model}'s heads"] if tp not in runnable else [])
             why.append(f"TP {tp}: {', '.join(no)}")

@@ -229,7 +229,7 @@ def uniform_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size:
     for tp in sorted(common_tp):
         if truncated:
             break
-        if space.max_tp is not None and tp > space.max_tp:
+        if (space.max_tp is not None and tp > space.max_tp) or tp < space.min_tp:
             continue
         groups = _uniform_groups(cluster, tp)
         sizes = common_micro_batch_sizes(profile, tuple(StageKind(t, tp) for t in types), space)

@@ -37,6 +37,8 @@ class SearchSpace:
         Micro-batch sizes to consider; None = every size the profile measured.
     max_tp : int or None
         Largest TP degree; None = the largest measured that fits a node.
+    min_tp : int
+        Smallest TP degree (default 1): ``min_tp = max_tp = k`` asks for TP k wherever it is measured and fits.
     max_stages : int
         Most stages in one pipeline.
     max_types_per_pipeline : int
@@ -63,11 +65,22 @@ class SearchSpace:
     max_stages_mixed: int = 4
     allow_recompute: bool = True
     mixed_tp_pipelines: bool = False
+    min_tp: int = 1
 
     def __post_init__(self) -> None:
         if self.max_stages < 1 or self.max_types_per_pipeline < 1:
             raise HppInputError(f"max_stages={self.max_stages}, max_types_per_pipeline={self.max_types_per_pipeline}",
                                 field="search space", fix="both must be >= 1")
+        if self.min_tp < 1 or (self.max_tp is not None and self.min_tp > self.max_tp):
+            raise HppInputError(f"--min-tp {self.min_tp} with --max-tp {self.max_tp}", field="--min-tp",
+                                fix="give 1 <= --min-tp <= --max-tp")
+
+    @property
+    def tp_range(self) -> str:
+        """The TP degrees allowed, for messages: ``"max_tp 4"``, ``"TP 2..4"``, ``"min_tp 2"``."""
+        if self.min_tp == 1:
+            return f"max_tp {self.max_tp}"
+        return f"TP {self.min_tp}..{self.max_tp}" if self.max_tp is not None else f"min_tp {self.min_tp}"
 
 
 def tp_capacity(cluster: Cluster, device_type: str, tp_degree: int) -> int:
@@ -111,7 +124,8 @@ def _no_profile_fix(dtype: str, profile) -> str:
 
 
 def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> dict[str, tuple[StageKind, ...]]:
-    """Stage kinds per device type of the cluster: every measured TP degree that fits a node and ``max_tp``.
+    """Stage kinds per device type of the cluster: every measured TP degree that fits a node and ``min_tp`` ..
+    ``max_tp``.
 
     A device type with no such TP degree is left out (not a key of the result; logged, and the
     CLI says so); the input is refused only when every type is left out.
@@ -131,16 +145,18 @@ def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> 
                                 fix=_no_profile_fix(dtype, profile))
         largest_node = max(n.num_devices for n in cluster.nodes if n.device_type == dtype)
         tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)
-               and t in runnable]
+               and t >= space.min_tp and t in runnable]
         if not tps:
             unusable.append(f"{dtype} is profiled only at TP {list(profile.tp_degrees(dtype))}, nodes of {largest_node}")
             log.info("%s left out: no measured TP degree fits its nodes and max_tp", dtype)
             continue
         out[dtype] = tuple(StageKind(dtype, t) for t in tps)
     if not out:
+        tp_flags = "--max-tp" if space.min_tp == 1 else "--min-tp and --max-tp"
         raise HppInputError(f"no GPU type of the cluster has a TP degree of {profile.model} that fits its nodes "
-                            f"and --max-tp ({'; '.join(unusable)})", field="max_tp",
-                            fix="raise --max-tp or use larger nodes")
+                            f"and {tp_flags} ({'; '.join(unusable)})", field="max_tp" if space.min_tp == 1 else "--min-tp",
+                            fix="raise --max-tp or use larger nodes" if space.min_tp == 1 else
+                            "lower --min-tp, raise --max-tp or use larger nodes")
     return out
 
 
@@ -162,7 +178,7 @@ def space_violations(plan: Plan, space: SearchSpace, *, cluster: Cluster, profil
     Checked per pipeline: stages <= ``max_stages``; device types <= ``max_types_per_pipeline``;
     one TP degree unless ``mixed_tp_pipelines``; micro-batch size in ``micro_batch_sizes`` (when
     set); every stage's (type, TP) a kind the search may use (:func:`stage_kinds`: measured, fits a
-    node, <= ``max_tp``, divides the heads); no full recomputation unless ``allow_recompute``.
+    node, within ``min_tp`` .. ``max_tp``, divides the heads); no full recomputation unless ``allow_recompute``.
     """
     kinds = {(k.device_type, k.tp_degree) for ks in stage_kinds(cluster, profile, space).values() for k in ks}
     out = []
@@ -180,7 +196,7 @@ def space_violations(plan: Plan, space: SearchSpace, *, cluster: Cluster, profil
         for s in p.stages:
             if (s.device_type, s.tp_degree) not in kinds:
                 out.append(f"{where}: stage on {s.device_type} at TP {s.tp_degree} is not a kind of the space"
-                           f" (max_tp {space.max_tp})")
+                           f" ({space.tp_range})")
             if s.recompute != "none" and not space.allow_recompute:
                 out.append(f"{where}: stage recomputes ({s.recompute}) but recomputation is off")
     return out
