@@ -72,18 +72,25 @@ BUNDLED_DEVICE_TYPES: Mapping[str, DeviceType] = {
 def device_type_from_dict(name: str, d: Mapping[str, Any], *, source: str = "<dict>") -> DeviceType:
     """Build a :class:`DeviceType` from its JSON object ``{"memory_bytes", "gpus_per_node", "slowdown"?}``.
 
+    A bundled type (:data:`BUNDLED_DEVICE_TYPES`) takes the fields the object leaves out from the bundled
+    values (``{"A100-40": {"memory_bytes": 4e10}}`` overrides the memory only).
+
     Raises
     ------
     HppInputError
-        A field is missing or has the wrong type or value.
+        A field is missing (of a type that is not bundled) or has the wrong type or value.
     """
+    bundled = BUNDLED_DEVICE_TYPES.get(name)
+    if bundled is not None:
+        d = {**device_type_to_dict(bundled), **d}
     try:
         return DeviceType(name=name, memory_bytes=int(d["memory_bytes"]),
                           gpus_per_node=int(d["gpus_per_node"]), slowdown=float(d.get("slowdown", 1.0)))
     except KeyError as exc:
         raise HppInputError(f"device type {name!r} lacks {exc.args[0]!r}", source=source,
                             field=f"device_types.{name}.{exc.args[0]}",
-                            fix="add it (memory_bytes: bytes per device, gpus_per_node: int)") from None
+                            fix="add it (memory_bytes: bytes per device, gpus_per_node: int; bundled types "
+                                f"{', '.join(BUNDLED_DEVICE_TYPES)} have both)") from None
     except (TypeError, ValueError) as exc:
         if isinstance(exc, HppInputError):
             raise exc.with_source(source) from None
