@@ -17,6 +17,12 @@ from hpp.runtime.binding import (EMULATE_ENV, TABLE_ENV, NodeDevices, check_host
                                  node_bindings, parse_node_map, rank_bindings, worker_binding)
 
 GIB = 2**30
+#: one emulated CPU node of 2 devices (the trial's two-host cluster's node 0)
+CPU_CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu1",
+               "device_types": {"cpu": {"memory_bytes": 4 * GIB, "gpus_per_node": 2},
+                                "cpu-2x": {"memory_bytes": 4 * GIB, "gpus_per_node": 2, "slowdown": 2.0}},
+               "nodes": [{"device_type": "cpu", "num_devices": 2, "intra_node_bandwidth_bytes_per_s": 1e9}],
+               "inter_node_bandwidth_bytes_per_s": 1e9}
 
 
 def cluster() -> Cluster:
@@ -58,10 +64,14 @@ def test_one_host_plays_the_used_nodes_stacked() -> None:
     assert check_host(plan(), mixed) == mine and check_host(plan(), None) == mine
     with pytest.raises(HppInputError, match=r"this host \(plan nodes 0,1\) needs 6 A100-40/V100-16 devices"):
         check_host(plan(), NodeDevices(mixed.types[:5], 5))
-    with pytest.raises(HppInputError, match=r"node 1 should have V100-16 devices .* has A100-40 \(GPU 5\)"):
+    with pytest.raises(HppInputError, match=r"node 1 should have V100-16 devices .* has A100-40 \(device 5\)"):
         check_host(plan(), NodeDevices(("A100-40",) * 8, 8))
     with pytest.raises(HppInputError, match="node 1 should have V100-16"):    # one emulated type, two node types
         check_host(plan(), detect_node_devices(emulate="A100-40"))
+    cpu_plan = Plan("m", 4, 4, (Pipeline((Stage(0, 4, "cpu", 1, (0,)),), 1, 4),), cluster_ref=CPU_CLUSTER)
+    with pytest.raises(HppInputError, match=r"has cpu-2x \(device 0\)\. Fix: .* re-plan \(an emulating CPU host: "
+                                            r"--emulate-node-type cpu\)$"):
+        check_host(cpu_plan, detect_node_devices(emulate="cpu-2x"))
     assert check_host(plan(), detect_node_devices(emulate="V100-16"), nnodes=2, node_rank=1) == node_bindings(plan(), 1)
 
 
@@ -74,9 +84,10 @@ def test_one_host_plays_the_used_nodes_stacked() -> None:
     (lambda: worker_binding(plan(), nnodes=2, node_rank=0, local_rank=3),
      r"local rank 3, but this host runs 3 ranks of the plan"),
     (lambda: check_node_devices(plan(), 0, found_type="V100-16", found_count=4),
-     r"node 0 should have A100-40 devices \(the plan's cluster\) but this host has V100-16 \(GPU 1\)"),
+     r"node 0 should have A100-40 devices \(the plan's cluster\) but this host has V100-16 \(device 1\)\. Fix: start this host with the node rank "
+     r"\(or --node-map\) of a node of its type, or re-plan$"),
     (lambda: check_node_devices(plan(), 0, found_type=("A100-40", "A100-40", None, "A100-40"), found_count=4),
-     r"node 0 should have A100-40 devices .* but this host has an unknown GPU type"),
+     r"node 0 should have A100-40 devices .* but this host has an unknown GPU type .* add a rule to \$"),
     (lambda: check_node_devices(plan(), 0, found_type="A100-40", found_count=3),
      r"node 0 needs 4 A100-40 devices \(local GPU indices up to 3\) but this host has 3"),
     (lambda: check_node_devices(plan(), 3, found_type="A100-40", found_count=4),

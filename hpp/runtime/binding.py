@@ -282,10 +282,12 @@ def _check_devices(mine: Sequence[RankBinding], *, found_type: str | Sequence[st
             (found_type[b.local_index] if b.local_index < len(found_type) else b.device_type)
         if have != b.device_type:
             shown = "an unknown GPU type" if have is None else have
+            unknown = f"; a GPU name no rule knows: add a rule to ${TABLE_ENV}" if have is None else \
+                f" (an emulating CPU host: --emulate-node-type {b.device_type})" if have.startswith("cpu") else ""
             raise HppInputError(f"node {b.node} should have {b.device_type} devices (the plan's cluster) but this "
-                                f"host has {shown} (GPU {b.local_index})", field="--node-rank",
+                                f"host has {shown} (device {b.local_index})", field="--node-rank",
                                 fix=f"start this host with the node rank (or --node-map) of a node of its type, or "
-                                    f"re-plan; a GPU name no rule knows: add a rule to ${TABLE_ENV}")
+                                    f"re-plan{unknown}")
 
 
 def check_node_devices(plan: Plan, node_index: int, *, found_type: str | Sequence[str | None] | None,
