@@ -10,6 +10,8 @@ Subcommands' parsers inherit it (``add_subparsers`` uses the parent's class).
 An unknown option or command is refused by the parser it was given to, before argparse's own checks,
 naming that parser and the closest name: ``hpp run: error: unknown option --stepz (did you mean
 --steps?). Fix: see hpp run --help`` (argparse would name ``hpp``, or only a missing ``--steps``).
+Abbreviated options are refused the same way (``allow_abbrev=False``): ``--step 2`` is not taken
+for ``--steps 2``, nor ``--warmup`` for whichever ``--warmup-*`` flag it happens to prefix.
 
 Every option with a default shows it in ``--help`` (``(default: 10.0)``) unless its help
 text already says ``default``; flags (``store_true``) and unset (None) defaults show nothing.
@@ -90,10 +92,13 @@ class Parser(argparse.ArgumentParser):
     ``help_command``: the command the fix points to (default ``PROG --help``; a script
     gives its own, e.g. ``python experiments/search_overhead.py --help``). The help shows
     defaults (:class:`DefaultsFormatter`) unless another ``formatter_class`` is given.
+    Options must be spelled out (``allow_abbrev=False`` unless given): an abbreviation is an
+    unknown option (:meth:`check_names`).
     """
 
     def __init__(self, *args, help_command: str | None = None, **kwargs) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.help_command = help_command
 
@@ -123,17 +128,17 @@ class Parser(argparse.ArgumentParser):
         command of a parser with subcommands, naming the closest name (``difflib``).
 
         Options are matched as argparse matches them (exact, ``--opt=value``, a unique prefix of a long
-        option); what argparse reads as a value (a negative number, text with a space, the value after an
-        option that takes one) is skipped; scanning stops at ``--`` and at the command (its own parser
-        checks the rest).
+        option only with ``allow_abbrev``); what argparse reads as a value (a negative number, text with
+        a space, the value after an option that takes one) is skipped; scanning stops at ``--`` and at the
+        command (its own parser checks the rest).
 
         Examples
         --------
         >>> p = Parser(prog="demo")
         >>> _ = p.add_argument("--steps", type=int)
-        >>> p.check_names(["--step", "3"])         # a unique prefix, as argparse reads it
-        >>> try:                                  # stderr: demo: error: unknown option --stepz (did you mean
-        ...     p.check_names(["--stepz", "3"])     # --steps?). Fix: see demo --help
+        >>> p.check_names(["--steps=3"])
+        >>> try:                                  # stderr: demo: error: unknown option --step (did you mean
+        ...     p.check_names(["--step", "3"])      # --steps?). Fix: see demo --help
         ... except SystemExit as exc:
         ...     print(exc.code)
         2

@@ -283,7 +283,8 @@ def test_checkpoint_of_another_model_or_optimizer_is_refused(tmp_path: Path) -> 
     module, opt, sched = fresh(0, L)
     with pytest.raises(HppInputError, match=r"checkpoint of model 'micro' \(6 layers\), not of 'gpt-tiny'") as exc:
         ck.load_checkpoint(root, module=module, optimizer=opt, model_name="gpt-tiny", num_layers=6)
-    assert "\n" not in str(exc.value) and "--model micro" in str(exc.value)
+    assert "\n" not in str(exc.value) and str(exc.value).endswith(
+        "Fix: resume from a checkpoint of gpt-tiny, or resume this one with a plan of micro (hpp plan --model micro ...)")
     with pytest.raises(HppInputError, match="not of 'micro' \\(8 layers\\)"):
         ck.load_checkpoint(root, module=module, optimizer=opt, model_name="micro", num_layers=8)
     wider = LegacyGPT(ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=16, vocab_size=64))

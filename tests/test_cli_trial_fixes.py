@@ -46,10 +46,10 @@ def test_unknown_flag_is_named_by_its_subcommand_with_the_closest_flag(argv, exp
     assert _one_line_error(argv, capsys) == expected
 
 
-def test_unknown_flag_check_keeps_argparse_prefixes_values_and_negative_numbers():
+def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: test_trial41_b_cli.py
     from hpp.runtime.cli import _run_parser
 
-    ns = _run_parser().parse_args(["p.json", "--step", "3", "--lr", "-0.5", "--data", "-odd name.txt"])
+    ns = _run_parser().parse_args(["p.json", "--steps", "3", "--lr", "-0.5", "--data", "-odd name.txt"])
     assert (ns.steps, ns.lr, ns.data) == (3, -0.5, "-odd name.txt")
     assert _run_parser().parse_args(["p.json", "--steps=2", "--warmup-steps", "1"]).warmup_steps == 1
 

@@ -71,3 +71,21 @@ def test_a_run_whose_cpu_seconds_disagree_with_the_probe_says_so():
     assert speed_moved_note({"host_model": {"run_cpu_ratio": None}}) is None and speed_moved_note({}) is None
     assert "0.54 x the CPU seconds" in speed_moved_note({"host_model": {"run_cpu_ratio": 0.54}})
     assert "1.40 x" in speed_moved_note({"host_model": {"run_cpu_ratio": 1.4}})
+
+
+def test_background_cores_are_the_host_busy_time_the_ranks_did_not_use():
+    """Hand-computed: 2 kept steps of 0.5 s; the host was busy 1.6 + 1.4 core-s, the two ranks used 0.6 + 0.5 and
+    0.4 + 0.3 CPU s: others kept (3.0 - 1.8) / 1.0 = 1.2 cores busy. The warm-up step is left out."""
+    from hpp.runtime.host_steal import background_cores
+
+    def rank(r, procs, busy=None):
+        phases = [{"proc_s": c, "host": None if busy is None else {"busy_s": b, "idle_s": 0.0, "steal_s": 0.0}}
+                  for c, b in zip(procs, busy or [None] * len(procs))]
+        return {"rank": r, "step_times_s": [9.0, 0.5, 0.5], "phases": phases}
+    r0 = rank(0, [5.0, 0.6, 0.5], busy=[9.0, 1.6, 1.4])
+    r1 = rank(1, [5.0, 0.4, 0.3])
+    assert background_cores([r1, r0], warmup_steps=1) == pytest.approx(1.2)
+    assert background_cores([r0, rank(1, [5.0, 1.5, 1.5])], warmup_steps=1) == 0.0     # never below 0
+    old = {"rank": 1, "step_times_s": [9.0, 0.5, 0.5], "phases": [{}, {}, {}]}       # an older worker: no proc_s
+    assert background_cores([r0, old], warmup_steps=1) is None
+    assert background_cores([rank(0, [5.0, 0.6, 0.5]), r1], warmup_steps=1) is None   # no host counters

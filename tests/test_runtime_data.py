@@ -106,7 +106,7 @@ def test_peak_flops_table_and_mfu():
             {"step": 4, "time_s": 2.0, "loss": 1.25, "flops": 6e12, "peak_memory_bytes": 9, "lr": 1e-3},
             {"step": 4, "time_s": 1.0, "loss": 0.75, "flops": 0.0, "peak_memory_bytes": 3}]
     m = aggregate_step(rows, global_batch_size=8, seq_len=16, peak_flops_per_s=20e12)
-    assert (m.step, m.step_time_s, m.loss, m.samples_per_s, m.tokens_per_s) == (4, 2.0, 2.0, 4.0, 64.0)
+    assert (m.step, m.step_time_s, m.loss, m.samples_per_s, m.tokens_per_s) == (5, 2.0, 2.0, 4.0, 64.0)
     assert m.mfu == pytest.approx(8e12 / 2.0 / 20e12) and m.peak_memory_bytes == 9
     assert m.peak_memory_bytes_per_rank == [7, 9, 3] and m.target_tokens == 64 and m.lr == 1e-3
     assert aggregate_step(rows, global_batch_size=8, seq_len=16, peak_flops_per_s=None).mfu is None
@@ -129,7 +129,7 @@ def test_monitor_reports_a_step_once_every_rank_has_written_it(tmp_path, capsys)
         fh.write(line(1, 2.5))
     mon.close()
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1] and [r["loss"] for r in rows] == [3.5, 2.5]
+    assert [r["step"] for r in rows] == [1, 2] and [r["loss"] for r in rows] == [3.5, 2.5]
     assert set(rows[0]) >= {"step", "step_time_s", "loss", "samples_per_s", "tokens_per_s", "mfu",
                             "peak_memory_bytes", "peak_memory_bytes_per_rank"}
     err = capsys.readouterr().err.splitlines()

@@ -129,6 +129,24 @@ def test_two_hosts_run_a_plan_spanning_both_and_verify(two_host_run):
     assert "checkpoint of step 3 saved" in (logs / "rank0.log").read_text()      # the worker's INFO log kept
 
 
+def test_a_host_that_dies_is_named_by_the_other_in_one_line(tmp_path):
+    """SIGKILL of host 1's launcher mid-run: host 0 stops within seconds, exit 1, and says in one line (no torchrun
+    stack) that node rank 1's ranks stopped (it used to blame its own rank 2 after 30 lines of torchrun's traceback)."""
+    plan = two_node_plan(tmp_path / "plan.json")
+    jsonl = tmp_path / "m.jsonl"
+    procs = start_hosts(plan, steps=400, per_host=lambda r: ("--metrics-jsonl", str(jsonl)) if r == 0 else ())
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not (jsonl.exists() and jsonl.read_text().strip()) and time.monotonic() < deadline \
+            and procs[0].poll() is None:
+        time.sleep(0.2)                                    # until host 0 finished a step: both hosts train
+    os.killpg(procs[1].pid, 9)
+    t0 = time.monotonic()
+    (code, _out, err), _ = finish(procs)
+    assert code == 1 and time.monotonic() - t0 < 60, err
+    assert err.startswith("hpp run: error: run failed: the ranks of node rank 1 stopped: this host's ranks [0, 2] "
+                          "lost their connection to them (") and len(err.strip().splitlines()) == 1, err
+
+
 def test_two_host_checkpoint_resumes_on_one_host(two_host_run, tmp_path, capsys):
     """A different number of hosts: the 2-host checkpoint continues on one host (4 ranks), 2 more steps."""
     _res, ck, plan, _wall, _logs = two_host_run

@@ -121,7 +121,7 @@ def test_resume_on_another_plan_with_tp2_equals_one_long_run(saved, tmp_path, ca
     assert "(steps 4..6)" in out and out.count(str(saved / "ck")) == 1     # said once: the "resumed" line
     assert "resumed          from " in out and "resuming step" not in out   # not also as a note
     assert re.search(r"^\s+0\s+0\s+0\s+0/2 cpu ", out, re.M) and re.search(r"^\s+4\s+1\s+0\s+0/1 cpu ", out, re.M)
-    assert [json.loads(x)["step"] for x in (tmp_path / "m.jsonl").read_text().splitlines()] == [3, 4, 5]
+    assert [json.loads(x)["step"] for x in (tmp_path / "m.jsonl").read_text().splitlines()] == [4, 5, 6]
     assert "training settings differ" not in out                   # every setting came from the checkpoint
 
 
@@ -196,3 +196,24 @@ def test_verify_on_a_float32_checkpoint_and_a_timeline_in_no_folder_are_refused_
     err = _refused(capsys, b, "--timeline", str(tmp_path / "nodir" / "t.png"))
     assert "cannot be written (no such folder, or not writable)" in err, err
     assert not (tmp_path / "nodir").exists()
+
+
+def test_save_into_another_runs_folder_is_refused_and_continuing_names_its_own_step(saved, tmp_path, capsys):
+    """A fresh run saving into a folder with another run's checkpoints used to write step-1 there while its summary
+    named the old step-3, and --resume then took the old run (fresh-user trial 41): now refused; resuming from
+    that folder and saving on into it is the one allowed case, and the summary names the step it wrote."""
+    ck = tmp_path / "ck"
+    shutil.copytree(saved / "ck", ck)
+    a = plan_a(tmp_path / "a.json")
+    err = _refused(capsys, a, "--save", str(ck))
+    assert err == (f"hpp run: error: {ck}: field '--save': holds the checkpoints of another run (step-2, step-3). "
+                   f"Fix: give a new folder, or --resume {ck} to continue that run"), err
+    assert sorted(p.name for p in ck.iterdir()) == ["step-2", "step-3"]          # nothing written
+    other = tmp_path / "other" / "step-3"                                       # resumed from elsewhere: refused
+    shutil.copytree(saved / "ck" / "step-3", other)
+    assert "holds the checkpoints of another run" in _refused(capsys, a, "--resume", str(other), "--save", str(ck))
+    assert run(a, "--resume", str(ck), "--save", str(ck), "--verify", steps=1) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint       {ck / 'step-4'} (complete)" in out, out
+    assert sorted(p.name for p in ck.iterdir()) == ["step-2", "step-3", "step-4"]
+

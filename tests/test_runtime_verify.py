@@ -110,7 +110,7 @@ def test_metrics_lines_jsonl_and_json_keys(tmp_path, capsys):
     assert rep["predicted"]["iteration_time_s"] is None and rep["collectives"]["count"] > 0
     assert m["mfu"] is None and m["loss"] > 0 and m["tokens_per_s"] == pytest.approx(6 * 8 / m["iteration_time_s"])
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert {"step", "step_time_s", "loss", "samples_per_s", "tokens_per_s", "mfu", "peak_memory_bytes",
                 "peak_memory_bytes_per_rank"} <= set(r)

@@ -243,7 +243,8 @@ def _check_identity(meta: Mapping[str, Any], path: Path, model_name: str | None,
     if not same_name or (num_layers is not None and meta.get("num_layers") != num_layers):
         raise HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
                             f"{model_name!r} ({num_layers} layers)", source=str(path), field="--resume",
-                            fix=f"resume with --model {meta.get('model')}, or from a checkpoint of {model_name}")
+                            fix=f"resume from a checkpoint of {model_name}, or resume this one with a plan of "
+                                f"{meta.get('model')} (hpp plan --model {meta.get('model')} ...)")
     saved_opt = meta.get("optimizer")
     if optimizer is not None and saved_opt is not None and saved_opt != type(optimizer).__name__:
         raise HppInputError(f"checkpoint has {saved_opt} optimizer state, this run uses {type(optimizer).__name__}",

@@ -61,7 +61,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--launcher", choices=("torchrun", "fork"), default="torchrun",
                    help="torchrun (default) or fork (fast start, single host)")
-    p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the median time (default 1)")
+    p.add_argument("--warmup-steps", type=int, default=1,
+                   help="first steps left out of the timing median (not LR warm-up: see --lr-warmup-steps; "
+                        "default 1)")
     p.add_argument("--world-size", type=int, help="refuse unless the plan has exactly this many devices")
     p.add_argument("--seed", type=int, help="initialisation and data seed (default 0; on --resume the checkpoint's)")
     p.add_argument("--group-timeout", type=float, default=120.0, help="process-group timeout [s]")

@@ -9,6 +9,8 @@ norm ``(b, s, h) -> (b, s, h)``; the head ``(b, s, h) -> (b, s, V)``.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from transformers import GPTNeoConfig, LlamaConfig, OPTConfig
@@ -24,6 +26,9 @@ _CONFIG_CLASSES = {"opt": OPTConfig, "gpt_neo": GPTNeoConfig, "llama": LlamaConf
 #: Attention kernel per architecture: ``sdpa`` with no mask is causal (what the HF models pass
 #: OPT and Llama layers on CPU); GPT-Neo has only eager (and flash) attention, with its own mask buffer.
 ATTN_IMPLEMENTATION = {"opt": "sdpa", "gpt_neo": "eager", "llama": "sdpa"}
+#: ``create_causal_mask``'s cache argument: ``cache`` (newer transformers 5.x; passing the old
+#: ``past_key_values`` there warns FutureWarning once per process), ``past_key_values`` before.
+_CACHE_KWARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def make_config(arch: str, hf_config: dict):
@@ -40,8 +45,8 @@ def _causal_mask(config, x: torch.Tensor, position_ids: torch.Tensor | None) -> 
     dtype (GPT-Neo adds it to its float32 scores, so a float64 run takes its softmax in float64,
     exactly as the HF model does).
     """
-    return create_causal_mask(config=config, inputs_embeds=x, attention_mask=None, past_key_values=None,
-                              position_ids=position_ids)
+    return create_causal_mask(config=config, inputs_embeds=x, attention_mask=None, position_ids=position_ids,
+                              **{_CACHE_KWARG: None})
 
 
 def _positions(x: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["CpuTicks", "read_cpu_ticks", "tick_delta", "steal_fraction", "run_steal"]
+__all__ = ["CpuTicks", "read_cpu_ticks", "tick_delta", "steal_fraction", "run_steal", "background_cores"]
 
 _PROC_STAT = Path("/proc/stat")
 
@@ -131,3 +131,24 @@ def run_steal(rank_results: Iterable[Mapping[str, Any]], *, warmup_steps: int) -
         return None
     return {"fraction": p, "steal_s": sum(d["steal_s"] for d in deltas), "busy_s": sum(d["busy_s"] for d in deltas),
             "steps": len(deltas)}
+
+
+def background_cores(rank_results: Iterable[Mapping[str, Any]], *, warmup_steps: int) -> float | None:
+    """Cores other processes kept busy during a one-host run's kept steps [cores]: the host's busy core-seconds
+    (rank 0's per-step ``host`` records) less every rank's own CPU seconds (``proc_s``), over the steps' wall time.
+
+    The launcher's own polling counts as other (about 0.01 core). ``None`` off Linux, or when a rank did not
+    record its CPU time (a result from an older worker) or no step was kept.
+    """
+    results = sorted((r for r in rank_results if r is not None), key=lambda r: r["rank"])
+    if not results:
+        return None
+    kept = [(r.get("phases") or [])[warmup_steps:] for r in results]
+    first = results[0].get("step_times_s") or []
+    wall = sum(first[warmup_steps:])
+    host = [ph.get("host") for ph in kept[0]]
+    own = [ph.get("proc_s") for k in kept for ph in k]
+    if wall <= 0 or not host or any(h is None for h in host) or any(c is None for c in own):
+        return None
+    return max(0.0, sum(h["busy_s"] for h in host) - sum(own)) / wall
+

@@ -369,7 +369,8 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
     wall = time.perf_counter() - t0
     output = log_path.read_text(errors="replace")
     if code != 0:
-        logger.warning("torchrun exited with %s; its output ends:\n%s", code, "\n".join(output.splitlines()[-30:]))
+        # its stack and summary are its own (ChildFailedError): the ranks' errors say more (LaunchResult)
+        logger.info("torchrun exited with %s; its output ends:\n%s", code, "\n".join(output.splitlines()[-30:]))
     else:
         logger.debug("torchrun output:\n%s", output)
     host = host_label(node_rank) if nnodes > 1 else ""

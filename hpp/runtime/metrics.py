@@ -6,6 +6,9 @@ While the launcher waits, :class:`StepMonitor` reads every rank's
 ``lr``) and, once every rank has reported a step, folds the ranks' lines into one
 :class:`StepMetrics`:
 
+- step = the 1-based global step (the ranks' lines count from 0): the number of optimizer
+  steps done after it, as in the progress line ``step 3/20``, the summary's ``steps 4..8`` of a
+  resumed run and the checkpoint ``step-K`` saved after it;
 - step time [s] = the slowest rank's ``time_s`` (the step ends when the last rank's
   optimizer step does);
 - loss = the sum of the ranks' non-null losses (each last-stage rank reports its
@@ -113,7 +116,10 @@ def plan_peak_flops_per_s(device_types: Iterable[str], dtype: str) -> float | No
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """One step of a run, over all ranks (see the module docstring); what ``--metrics-jsonl`` holds per line."""
+    """One step of a run, over all ranks (see the module docstring); what ``--metrics-jsonl`` holds per line.
+
+    ``step`` is the 1-based global step (the ranks' ``steps.jsonl`` lines count from 0).
+    """
 
     step: int
     step_time_s: float
@@ -135,11 +141,13 @@ def aggregate_step(rows: Sequence[Mapping[str, Any]], *, global_batch_size: int,
                    peak_flops_per_s: float | None) -> StepMetrics:
     """Fold every rank's line of one step (in rank order) into :class:`StepMetrics`.
 
+    The rows' 0-based ``step`` becomes the 1-based global step (``step`` 0 is the first step).
+
     >>> rows = [{"step": 0, "time_s": 0.5, "loss": None, "flops": 1e9, "peak_memory_bytes": 10},
     ...         {"step": 0, "time_s": 1.0, "loss": 2.5, "flops": 3e9, "peak_memory_bytes": 30}]
     >>> m = aggregate_step(rows, global_batch_size=4, seq_len=8, peak_flops_per_s=8e9)
-    >>> (m.step_time_s, m.loss, m.samples_per_s, m.tokens_per_s, m.mfu, m.peak_memory_bytes)
-    (1.0, 2.5, 4.0, 32.0, 0.5, 30)
+    >>> (m.step, m.step_time_s, m.loss, m.samples_per_s, m.tokens_per_s, m.mfu, m.peak_memory_bytes)
+    (1, 1.0, 2.5, 4.0, 32.0, 0.5, 30)
     """
     time_s = max(float(r["time_s"]) for r in rows)
     losses = [float(r["loss"]) for r in rows if r.get("loss") is not None]
@@ -150,7 +158,7 @@ def aggregate_step(rows: Sequence[Mapping[str, Any]], *, global_batch_size: int,
     tokens = [r.get("target_tokens") for r in rows if r.get("target_tokens") is not None]
     lrs = [r.get("lr") for r in rows if r.get("lr") is not None]
     rate = 1.0 / time_s if time_s > 0 else math.inf
-    return StepMetrics(step=int(rows[0]["step"]), step_time_s=time_s, loss=sum(losses) if losses else None,
+    return StepMetrics(step=int(rows[0]["step"]) + 1, step_time_s=time_s, loss=sum(losses) if losses else None,
                        samples_per_s=global_batch_size * rate, tokens_per_s=global_batch_size * seq_len * rate,
                        mfu=mfu, flops=flops, peak_memory_bytes=max(mem), peak_memory_bytes_per_rank=mem,
                        target_tokens=int(tokens[0]) if tokens else None, lr=float(lrs[0]) if lrs else None)
@@ -159,13 +167,13 @@ def aggregate_step(rows: Sequence[Mapping[str, Any]], *, global_batch_size: int,
 def format_step(m: StepMetrics, *, steps: int) -> str:
     """The stderr line of one step.
 
-    >>> m = StepMetrics(2, 0.25, 5.5, 64.0, 8192.0, None, None, 3 * 2**20, [2**20, 3 * 2**20], 8000, 1e-3)
+    >>> m = StepMetrics(3, 0.25, 5.5, 64.0, 8192.0, None, None, 3 * 2**20, [2**20, 3 * 2**20], 8000, 1e-3)
     >>> format_step(m, steps=5)
     'step 3/5  loss 5.5000  time 0.2500 s  64.0 samples/s  8192 tokens/s  MFU n/a  peak mem 3.0 MiB (max of 2 ranks)'
     """
     loss = f"{m.loss:.4f}" if m.loss is not None else "n/a"
     mfu = f"{100 * m.mfu:.2f}%" if m.mfu is not None else "n/a"
-    return (f"step {m.step + 1}/{steps}  loss {loss}  time {m.step_time_s:.4f} s  {m.samples_per_s:.1f} samples/s  "
+    return (f"step {m.step}/{steps}  loss {loss}  time {m.step_time_s:.4f} s  {m.samples_per_s:.1f} samples/s  "
             f"{m.tokens_per_s:.0f} tokens/s  MFU {mfu}  peak mem {m.peak_memory_bytes / 2**20:.1f} MiB "
             f"(max of {len(m.peak_memory_bytes_per_rank)} ranks)")
 

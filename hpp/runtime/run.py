@@ -56,15 +56,16 @@ from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
-from hpp.runtime.checkpoint import latest_checkpoint
+from hpp.runtime.checkpoint import COMPLETE_MARKER, latest_checkpoint, step_dir
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
 from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
-from hpp.runtime.metrics import StepMonitor, plan_peak_flops_per_s
+from hpp.runtime.metrics import StepMonitor, peak_flops_per_s, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
+from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
@@ -76,6 +77,10 @@ __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_
            "check_host_capacity", "default_time_scale", "MAX_RANKS_PER_CORE"]
 
 logger = logging.getLogger(__name__)
+
+
+#: other processes' busy cores during the timed steps from which ``hpp run`` says the host was not quiet
+BUSY_HOST_CORES = 0.25
 
 
 class RunFailedError(RuntimeError):
@@ -125,7 +130,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     data : path, optional
         ``--data FILE`` (:mod:`hpp.runtime.data`); default synthetic tokens (on ``resume`` the checkpoint's).
     metrics_jsonl : path, optional
-        One JSON line per step (:class:`hpp.runtime.metrics.StepMetrics`).
+        One JSON line per step (:class:`hpp.runtime.metrics.StepMetrics`; ``step``: the 1-based global step).
     progress : bool
         One line per step on stderr, with a progress bar on a terminal.
     time_scale : float, optional
@@ -192,7 +197,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                      "the data order changes")
     if data is None and (saved_extra.get("data") or {}).get("path"):
         data = saved_extra["data"]["path"]               # the resumed run reads on in the checkpoint's data
-    save_dir = prepare_save_dir(save) if save is not None else None
+    save_dir = prepare_save_dir(save, meta["path"] if meta is not None else None) if save is not None else None
     run_dtype = dtype or (saved_training or {}).get("dtype") or "float32"
     if verify and meta is not None and (saved_training or {}).get("dtype", "float32") != "float64":
         raise HppInputError(f"--verify compares float64 training, but the checkpoint {meta['path']} was saved by a "
@@ -251,7 +256,13 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                                         resume=meta["path"] if meta is not None else None,
                                         emulate_node_type=emulate_node_type),
                        **dict(worker_options or {}))
-    peak = plan_peak_flops_per_s([_device_types(plan)[r] for r in share.ranks], run_dtype)
+    mine = [_device_types(plan)[r] for r in share.ranks]
+    gpus = sorted({t for t in mine if peak_flops_per_s(t, run_dtype) is not None})
+    peak = plan_peak_flops_per_s(mine, run_dtype) if device != "cpu" else None     # MFU n/a on CPU
+    if device == "cpu" and gpus:
+        notes.append(f"this plan is for {', '.join(gpus)} GPUs and runs here on CPU: the measured times are this "
+                     "CPU's, the predicted ones the profile's GPU times, so their ratio says nothing about the plan; "
+                     "MFU is n/a")
     if dry_run is not None:
         return _dry_run(Path(dry_run), cfg, share, plan_path=plan_path, spec=spec, steps=steps,
                         warmup_steps=warmup_steps, world_size=plan.num_devices, emulate_speed=emulate_speed,
@@ -283,7 +294,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                 if removed:
                     logger.warning("removed unfinished checkpoint(s) %s from %s", ", ".join(removed), save_dir)
         if not res.ok:
-            raise RunFailedError(res.failure_message())
+            raise RunFailedError(failure_line(res, share, plan, cluster, steps_seen=len(monitor.metrics),
+                                              log_dir=log_dir))
         if verify:
             verified = _verify(rt, Path(tmp), share.ranks, source=source, steps=start + steps, seed=seed,
                                training=training, whole=share.whole)
@@ -297,14 +309,18 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     predicted = predict_run(plan, cluster, profile, time_scale=scale, device=device, emulate_speed=emulate_speed,
                             host_speed=speed, steal=steal,
                             run_cpu_s=[r["phases_s"]["cpu_s"] for r in ranks] if one_host else None)
-    notes += [n for n in [speed_moved_note(predicted)] if n]
+    bg = measured.get("background_cores") if one_host and device == "cpu" else None
+    if bg is not None and bg >= BUSY_HOST_CORES:
+        notes.append(f"other processes kept about {bg:.1f} of this host's {os.cpu_count()} cores busy during the timed "
+                     "steps: the measured times are slower than on a quiet host, and the prediction assumes a quiet one")
+    notes += [n for n in [speed_moved_note(predicted)] if n and not (device == "cpu" and gpus)]
     timeline_path = None
     if timeline is not None:
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)
         timeline_path = str(timeline)
     if checkpoint:
         checkpoint.update(first_step=start, resumed_from=meta["path"] if meta is not None else None,
-                          latest=str(latest_checkpoint(save_dir) or "") if save_dir is not None else None)
+                          latest=str(_written(save_dir, start + steps)) if save_dir is not None else None)
     return RunReport(plan=str(plan_path), model=spec.name, steps=steps, warmup_steps=warmup_steps,
                      world_size=plan.num_devices, launcher=launcher, emulate_speed=emulate_speed, measured=measured,
                      predicted=predicted, collectives=collectives, ranks=ranks, wall_s=res.wall_s,
@@ -312,6 +328,12 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                      data=data_desc, verify=verified.to_dict() if verified is not None else None,
                      hosts={**hosts, "ranks": list(share.ranks), "nodes": list(share.nodes)} if hosts else {},
                      checkpoint=checkpoint, device=device)
+
+
+def _written(save_dir: Path, last_step: int) -> Path | str:
+    """The checkpoint this run wrote last (``save_dir/step-<last_step>``), else the latest complete one there."""
+    own = step_dir(save_dir, last_step)
+    return own if (own / COMPLETE_MARKER).is_file() else (latest_checkpoint(save_dir) or "")
 
 
 def _dry_run(out: Path, cfg: WorkerConfig, share: Any, *, plan_path: str | Path, spec: Any, **report: Any

@@ -22,7 +22,7 @@ from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.host_model import host_terms, scale_cpu_work, simulate_host_run
 from hpp.runtime.host_speed import HostSpeed
-from hpp.runtime.host_steal import run_steal
+from hpp.runtime.host_steal import background_cores, run_steal
 from hpp.runtime.launch import LaunchResult
 from hpp.runtime.layout import blocks
 from hpp.runtime.metrics import StepMetrics
@@ -221,7 +221,8 @@ def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: 
                 "mfu": flops / median / peak_flops if flops is not None and peak_flops else None,
                 "peak_flops_per_s": peak_flops,
                 "step_times_s": per_step, "pipelines": pipes,
-                "host_steal": run_steal(results, warmup_steps=warmup_steps)}
+                "host_steal": run_steal(results, warmup_steps=warmup_steps),
+                "background_cores": background_cores(results, warmup_steps=warmup_steps)}
     last = [r["collectives"][-1] for r in results]
     count, nbytes = _joined_collectives(last)
     collectives = {"count": count, "bytes": nbytes,

@@ -307,7 +307,8 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
             or meta.get("num_layers") != num_layers):
         raise HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
                             f"{model_name!r} ({num_layers} layers)", source=meta["path"], field="--resume",
-                            fix=f"resume with --model {meta.get('model')}, or from a checkpoint of {model_name}")
+                            fix=f"resume from a checkpoint of {model_name}, or resume this one with a plan of "
+                                f"{meta.get('model')} (hpp plan --model {meta.get('model')} ...)")
     saved = meta.get("optimizer")
     want = {"adamw": "AdamW", "sgd": "SGD"}.get(optimizer or "", optimizer)
     if optimizer is not None and saved is not None and saved != want:
@@ -316,14 +317,24 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
     return meta
 
 
-def prepare_save_dir(path: str | Path) -> Path:
+def prepare_save_dir(path: str | Path, resumed_from: str | Path | None = None) -> Path:
     """Create ``--save DIR`` (parents too) and check that it can be written.
+
+    A DIR that already holds complete checkpoints is refused unless the run resumes from one of them
+    (``resumed_from``, a ``DIR/step-K`` folder): another run's steps there would be taken for this run's
+    (``--resume DIR`` loads the highest step).
 
     Raises
     ------
     HppInputError
     """
     p = Path(path)
+    done = sorted((c for c in p.iterdir() if c.name.startswith("step-") and _complete(c)),
+                  key=lambda c: c.name) if p.is_dir() else []
+    if done and (resumed_from is None or Path(resumed_from).resolve().parent != p.resolve()):
+        names = ", ".join(c.name for c in done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
+        raise HppInputError(f"holds the checkpoints of another run ({names})", source=str(p), field="--save",
+                            fix=f"give a new folder, or --resume {p} to continue that run")
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".hpp-write-test-{os.getpid()}"

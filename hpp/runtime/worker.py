@@ -275,7 +275,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             instrument.reset()
             lr = optimizer.param_groups[0]["lr"]
             dist.barrier()
-            ticks0 = read_cpu_ticks() if rank == 0 else None     # the host's steal: one reader (run_steal's)
+            ticks0, cpu0 = read_cpu_ticks() if rank == 0 else None, time.process_time()  # host: one reader
             t0 = time.perf_counter()
             inputs, targets = source.batch(step)
             denominator[0] = max(1, target_count(targets))
@@ -301,7 +301,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             step_loss = float(sum(float(l.detach()) for l in losses)) if reports_loss else None
             step_times.append(t_end - t0)
             losses_out.append(step_loss)
-            phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument,
+            phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument, proc_s=time.process_time() - cpu0,
                                        host=tick_delta(ticks0, read_cpu_ticks())))
             coll.append(collective_record(sync.stats))
             events = event_records(instrument, t0)

@@ -115,14 +115,16 @@ def stage_flops_per_step(module: torch.nn.Module, role: RankRole, *, seq_len: in
 
 
 def phase_record(t0: float, t_sched: float, t_sync: float, t_opt: float, t_end: float,
-                 instrument: Instrument, *, host: dict[str, float] | None = None) -> dict[str, Any]:
+                 instrument: Instrument, *, host: dict[str, float] | None = None,
+                 proc_s: float | None = None) -> dict[str, Any]:
     """One step's phases [s]: wall time of the batch, the schedule, the sync wait and the optimizer step
     (from the perf-counter marks ``t0 <= t_sched <= t_sync <= t_opt <= t_end``), and the stage's
     instrumented ``compute_s``/``cpu_s``/``padding_s``; with ``host`` (the host's CPU counters over
-    the step, :func:`hpp.runtime.host_steal.tick_delta`) also ``host`` (None off Linux)."""
+    the step, :func:`hpp.runtime.host_steal.tick_delta`) also ``host`` (None off Linux); ``proc_s``: the
+    CPU seconds of the whole rank process over the step (all its threads: ``time.process_time``)."""
     return {"batch_s": t_sched - t0, "schedule_s": t_sync - t_sched, "sync_wait_s": t_opt - t_sync,
             "optimizer_s": t_end - t_opt, "compute_s": instrument.compute_s,
-            "cpu_s": instrument.cpu_s, "padding_s": instrument.padding_s, "host": host}
+            "cpu_s": instrument.cpu_s, "padding_s": instrument.padding_s, "host": host, "proc_s": proc_s}
 
 
 def collective_record(st: CollectiveStats) -> dict[str, Any]:
