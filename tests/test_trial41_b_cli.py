@@ -7,15 +7,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.cliparse import Parser
-
-
-def _one_line_error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "usage:" not in err and "Traceback" not in err, err
-    return err.strip()
+from tests.test_cli_trial_fixes import _one_line_error
 
 
 @pytest.mark.parametrize("argv, expected", [
