@@ -41,3 +41,16 @@ def test_warmup_steps_help_says_it_is_not_lr_warmup(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert ("--warmup-steps WARMUP_STEPS first steps left out of the timing median (not LR warm-up: see "
             "--lr-warmup-steps; default 1)") in help_text
+
+
+def test_time_profile_takes_no_abbreviations_and_errs_in_one_line(capsys, tmp_path):
+    from hpp.runtime import time_profile
+    with pytest.raises(SystemExit) as exc:
+        time_profile.main([str(tmp_path / "p.json"), "--ou", "x.json"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == ("python -m hpp.runtime.time_profile: error: unknown option --ou (did "
+                                               "you mean --out?). Fix: see python -m hpp.runtime.time_profile --help")
+    assert time_profile.main([str(tmp_path / "p.json"), "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"python -m hpp.runtime.time_profile: error: {tmp_path / 'p.json'}: cannot read profile "
+                          "file") and len(err.splitlines()) == 1, err

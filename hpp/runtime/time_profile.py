@@ -32,7 +32,6 @@ children (:func:`hpp.runtime.host_probe.run_forked`).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -44,6 +43,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile, save_profile
@@ -58,6 +58,9 @@ from hpp.runtime.worker_steps import make_stage_schedule, run_schedule_step
 
 __all__ = ["ScheduleOverheadFit", "HostStepTerms", "measure_loss_s", "measure_schedule_overhead",
            "measure_host_step_terms", "measure_time_terms", "add_time_terms", "add_measured_time_terms", "main"]
+
+#: The command's name in its usage and error lines.
+PROG = "python -m hpp.runtime.time_profile"
 
 logger = logging.getLogger(__name__)
 
@@ -324,20 +327,19 @@ def add_measured_time_terms(profile: ModelProfile, *, model: Any | None = None, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpp.runtime.time_profile PROFILE.json --out OUT.json``: a CPU profile plus its time terms."""
-    ap = argparse.ArgumentParser(prog="python -m hpp.runtime.time_profile", description=main.__doc__)
+    ap = Parser(prog=PROG, description=main.__doc__)
     ap.add_argument("profile", help="native profile JSON measured on this host (hpp profile --device cpu)")
     ap.add_argument("--out", required=True, help="where to write the profile with step_time and meta.host_time")
     ap.add_argument("--model", help="runtime model (default: the profile's meta.runtime_model)")
     ap.add_argument("--quick", action="store_true", help="fewer repeats (about 20 s instead of 60 s)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
-    try:
-        prof = add_measured_time_terms(load_profile(args.profile), model=args.model, quick=args.quick)
-        save_profile(prof, args.out)
-    except HppInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    return 0
+
+    def work() -> int:
+        save_profile(add_measured_time_terms(load_profile(args.profile), model=args.model, quick=args.quick),
+                     args.out)
+        return 0
+    return run_command(PROG, work)
 
 
 if __name__ == "__main__":
