@@ -170,8 +170,13 @@ class Parser(argparse.ArgumentParser):
 
 
 def _did_you_mean(name: str, names) -> str:
-    """`` (did you mean X?)`` for the closest of ``names``, or ``""``."""
-    close = difflib.get_close_matches(name, list(names), n=1)
+    """`` (did you mean X?)`` for the one name ``name`` abbreviates, else the closest of ``names``, or ``""``.
+
+    >>> _did_you_mean("--save-e", ["--save", "--save-every"]), _did_you_mean("--stepz", ["--steps", "--seed"])
+    (' (did you mean --save-every?)', ' (did you mean --steps?)')
+    """
+    starts = [n for n in names if n.startswith(name)]
+    close = starts if len(starts) == 1 else difflib.get_close_matches(name, list(names), n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

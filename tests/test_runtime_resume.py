@@ -207,7 +207,7 @@ def test_save_into_another_runs_folder_is_refused_and_continuing_names_its_own_s
     a = plan_a(tmp_path / "a.json")
     err = _refused(capsys, a, "--save", str(ck))
     assert err == (f"hpp run: error: {ck}: field '--save': holds the checkpoints of another run (step-2, step-3). "
-                   f"Fix: give a new folder, or --resume {ck} to continue that run"), err
+                   f"Fix: give a new folder, or --resume {ck} --save {ck} to continue that run there"), err
     assert sorted(p.name for p in ck.iterdir()) == ["step-2", "step-3"]          # nothing written
     other = tmp_path / "other" / "step-3"                                       # resumed from elsewhere: refused
     shutil.copytree(saved / "ck" / "step-3", other)
@@ -216,4 +216,8 @@ def test_save_into_another_runs_folder_is_refused_and_continuing_names_its_own_s
     out = capsys.readouterr().out
     assert f"checkpoint       {ck / 'step-4'} (complete)" in out, out
     assert sorted(p.name for p in ck.iterdir()) == ["step-2", "step-3", "step-4"]
+    # a branch from step-2 saved into the same folder would hide under step-4 (--resume ck takes the latest): refused
+    err = _refused(capsys, a, "--resume", str(ck / "step-2"), "--save", str(ck))
+    assert err.endswith(f"field '--save': holds later steps (step-3, step-4) than the step-2 this run resumes from. "
+                        f"Fix: save this branch in a new folder, or --resume {ck} (its latest step)"), err
 

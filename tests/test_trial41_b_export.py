@@ -5,6 +5,7 @@ with this command's prefix and its own argument (``DIR``), not ``hpp run``'s ``-
 from __future__ import annotations
 
 import os
+import zipfile
 import stat
 import subprocess
 import sys
@@ -84,3 +85,16 @@ def test_incomplete_checkpoint_and_missing_out_folder_are_one_line(saved, tmp_pa
     assert exc.value.code == 2
     assert _err_line(capsys) == (f"{PROG}: error: unknown option --forc (did you mean --force?). "
                                  f"Fix: see {PROG} --help")
+
+
+def test_format_follows_the_suffix_unless_given(saved, tmp_path):
+    """``OUT.safetensors`` without ``--format`` was a torch zip under that name (unreadable by safetensors:
+    fresh-user trial 43); now the suffix decides, and ``--format`` still overrides it (the control)."""
+    from safetensors.torch import load_file
+    names = {n for _l, n, _p in build_stage(_MODEL, 0, 3, seed=0).layer_parameters()}
+    assert main([str(saved), str(tmp_path / "m.safetensors")]) == 0
+    assert set(load_file(str(tmp_path / "m.safetensors"))) == names
+    assert main([str(saved), str(tmp_path / "t.safetensors"), "--format", "torch"]) == 0
+    assert zipfile.is_zipfile(tmp_path / "t.safetensors")                     # a torch.save file, as asked
+    with pytest.raises(Exception, match="header"):
+        load_file(str(tmp_path / "t.safetensors"))

@@ -12,6 +12,8 @@ NOT Hugging Face's: a tied pair appears under both of its names.
 
     python -m hpp.runtime.checkpoint_export DIR OUT [--format torch|safetensors] [--force]
 
+(``--format`` defaults to OUT's suffix: ``.safetensors`` writes safetensors, anything else torch.)
+
 An existing OUT is refused unless ``--force``; OUT gets the mode ``open()`` would give a new
 file (``0o666`` less the umask). Bad input is one line ``python -m hpp.runtime.checkpoint_export:
 error: ...`` on stderr, exit code 2 (:func:`hpp.cliparse.run_command`).
@@ -42,7 +44,7 @@ EXPORT_FORMATS = ("torch", "safetensors")
 PROG = "python -m hpp.runtime.checkpoint_export"
 
 
-def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str = "torch",
+def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str | None = None,
                       dtype: torch.dtype = torch.float32, force: bool = False) -> dict[str, tuple[int, ...]]:
     """Write the model of checkpoint ``path`` as one file of full tensors by global name (one process).
 
@@ -52,7 +54,8 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str = "
     out_file : path
         Written via a temporary file and a rename, with the mode ``open()`` would give a new file
         (``0o666`` less the process umask); its folder must exist.
-    format : ``"torch"`` (``torch.save`` of ``{name: tensor}``) or ``"safetensors"``.
+    format : ``"torch"`` (``torch.save`` of ``{name: tensor}``) or ``"safetensors"``; None (default): from
+        ``out_file``'s suffix (``.safetensors``: safetensors, else torch).
         The names are hpp's global names (``layers.<l>.<path>``), not Hugging Face's.
     dtype : torch.dtype
         Of every exported tensor (float32 by default).
@@ -70,6 +73,8 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str = "
         An unknown format, a missing / incomplete checkpoint (field ``DIR``), an existing
         ``out_file`` without ``force`` or a missing folder of it (field ``OUT``).
     """
+    if format is None:
+        format = "safetensors" if Path(out_file).suffix == ".safetensors" else "torch"
     if format not in EXPORT_FORMATS:
         raise HppInputError(f"unknown export format {format!r}", field="--format", fix=f"use one of {EXPORT_FORMATS}")
     out = Path(out_file)
@@ -125,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("checkpoint", type=Path, metavar="DIR",
                         help="a --save directory (its latest complete step) or a step-K")
     parser.add_argument("out", type=Path, metavar="OUT", help="the file to write (.pt or .safetensors)")
-    parser.add_argument("--format", choices=EXPORT_FORMATS, default="torch")
+    parser.add_argument("--format", choices=EXPORT_FORMATS,
+                        help="default: safetensors for an OUT ending in .safetensors, else torch")
     parser.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     args = parser.parse_args(argv)
 

@@ -321,20 +321,25 @@ def prepare_save_dir(path: str | Path, resumed_from: str | Path | None = None) -
     """Create ``--save DIR`` (parents too) and check that it can be written.
 
     A DIR that already holds complete checkpoints is refused unless the run resumes from one of them
-    (``resumed_from``, a ``DIR/step-K`` folder): another run's steps there would be taken for this run's
-    (``--resume DIR`` loads the highest step).
+    (``resumed_from``, a ``DIR/step-K`` folder) and none is later than it: another run's steps, or a later
+    step of an abandoned branch, would be taken for this run's (``--resume DIR`` loads the highest step).
 
     Raises
     ------
     HppInputError
     """
     p = Path(path)
-    done = sorted((c for c in p.iterdir() if c.name.startswith("step-") and _complete(c)),
-                  key=lambda c: c.name) if p.is_dir() else []
+    done = sorted((c for c in p.iterdir() if c.name.startswith("step-") and c.name[5:].isdigit() and _complete(c)),
+                  key=lambda c: int(c.name[5:])) if p.is_dir() else []
     if done and (resumed_from is None or Path(resumed_from).resolve().parent != p.resolve()):
         names = ", ".join(c.name for c in done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
         raise HppInputError(f"holds the checkpoints of another run ({names})", source=str(p), field="--save",
-                            fix=f"give a new folder, or --resume {p} to continue that run")
+                            fix=f"give a new folder, or --resume {p} --save {p} to continue that run there")
+    later = [c.name for c in done if resumed_from is not None and int(c.name[5:]) > int(Path(resumed_from).name[5:])]
+    if later:                    # a branch from an earlier step: --resume DIR would take the old branch's latest
+        raise HppInputError(f"holds later steps ({', '.join(later[:3])}) than the {Path(resumed_from).name} this run "
+                            f"resumes from", source=str(p), field="--save",
+                            fix=f"save this branch in a new folder, or --resume {p} (its latest step)")
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".hpp-write-test-{os.getpid()}"
