@@ -314,6 +314,10 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         notes.append(f"other processes kept about {bg:.1f} of this host's {os.cpu_count()} cores busy during the timed "
                      "steps: the measured times are slower than on a quiet host, and the prediction assumes a quiet one")
     notes += [n for n in [speed_moved_note(predicted)] if n and not (device == "cpu" and gpus)]
+    prof_dtype = (profile.meta.get("dtype") if profile is not None else None) or run_dtype
+    if predicted and prof_dtype != run_dtype:
+        notes.append(f"the run computes in {run_dtype}{' (--verify)' if verify else ''}, the prediction uses the "
+                     f"profile's {prof_dtype} times")
     timeline_path = None
     if timeline is not None:
         write_timeline_png(Path(timeline), plan=plan, results=list(res.results), predicted=predicted)
