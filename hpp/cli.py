@@ -16,13 +16,13 @@ from typing import Any, Sequence
 
 from dataclasses import replace
 
-from hpp.cli_inputs import DEFAULT_GBS, check_writable, left_out_types, max_tp_note, plan_inputs, solver_settings
+from hpp.cli_inputs import (DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs,
+                            solver_settings)
 from hpp.cli_output import (estimate_header, estimate_json, idle_devices_note, named_solver_note, num, plan_source,
                             optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
-from hpp.interop import load_any_plan
 from hpp.plan import plan_to_dict, write_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster_notes import cluster_notes
@@ -201,9 +201,8 @@ def _cost_config(args) -> CostModelConfig:
 def cmd_estimate(args) -> int:
     from hpp.formulation.cost_model import estimate_plan     # lazy: numpy (see the module top)
 
-    profile = load_bundled_profile(args.model) if args.model else None
     check_writable(args.out)
-    plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
+    plan, cluster, profile = estimate_inputs(args)
     est = estimate_plan(plan, cluster, profile, config=_cost_config(args))
     if args.out:
         write_plan_json(plan, args.out)
@@ -212,7 +211,7 @@ def cmd_estimate(args) -> int:
                           "model": plan.model, "predicted": estimate_json(est)}, indent=1))
         return 0
     src = plan.predicted.get("imported_from")
-    print(estimate_header(args.plan, plan, cluster, src))
+    print(estimate_header(args.plan, plan, cluster, src, cluster_file=args.cluster))
     print_estimate(est, plan)
     print_memory_breakdown(est)
     if args.out:
@@ -326,6 +325,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--format", choices=["hpp", "sailor", "metis"],
                    help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop/)")
     e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
+    e.add_argument("--cluster", type=Path, help="bind the plan's pipelines onto this cluster file and price them there")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     _add_memory_flags(e)
     e.add_argument("--json", action="store_true")

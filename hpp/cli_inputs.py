@@ -27,6 +27,7 @@ from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
 # `import hpp.cli`, measured): imported where used ("lazy: numpy/OR-Tools"), so `hpp --help` stays fast.
 
 __all__ = ["PlanInputs", "plan_inputs", "check_plan_args", "check_writable", "left_out_types", "max_tp_note",
+           "estimate_inputs",
            "solver_settings", "DEFAULT_GBS"]
 
 #: Global batch [samples] of ``hpp plan --cluster FILE`` without ``--gbs``.
@@ -225,3 +226,30 @@ def solver_settings(args):
                           num_workers=args.workers, random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
                           cpsat_params=args.cpsat_params or "", max_candidates=MAX_CANDIDATES if named_exact else None,
                           type_classes=bool(getattr(args, "type_classes", False)))
+
+
+def estimate_inputs(args) -> tuple[Any, Any, Any]:
+    """``hpp estimate``'s (plan, cluster, profile): the plan file read in its format (``--format``, ``--model``,
+    ``--gbs``; :func:`hpp.interop.load_any_plan`), its pipelines bound onto ``--cluster FILE`` when given
+    (:func:`hpp.formulation.binding.rebind_plan`: another planner's plan priced on your cluster, not the
+    converter's).
+
+    Raises
+    ------
+    HppInputError
+        A bad plan or cluster file, or a cluster with fewer devices of a type than the plan uses (naming the file).
+    """
+    from hpp.formulation.binding import rebind_plan       # lazy: numpy
+    from hpp.interop import load_any_plan
+    from hpp.profiles.cluster_format import cluster_to_dict
+
+    profile = load_bundled_profile(args.model) if args.model else None
+    plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
+    if args.cluster is not None:
+        cluster = load_cluster(args.cluster)
+        try:
+            plan = rebind_plan(plan, cluster, cluster_ref=cluster_to_dict(cluster))
+        except HppInputError as exc:
+            raise exc.with_source(str(args.cluster)) from None
+    return plan, cluster, profile
+

@@ -68,11 +68,15 @@ def status_text(comp) -> str:
     return f"OPTIMAL (gap within the {optimality_tolerance()['optimality_rtol']:.1%} optimality tolerance)"
 
 
-def estimate_header(path, plan, cluster, src: str | None) -> str:
+def estimate_header(path, plan, cluster, src: str | None, *, cluster_file=None) -> str:
     """``hpp estimate``'s first line: the plan, its model, pipelines and devices; for a converted plan whose cluster
-    holds more devices than it uses (Sailor's: one node per stage replica), how many and why."""
-    extra = (f" of the converted cluster's {cluster.num_devices} (each stage replica on its own node, as {src} runs "
-             f"it)" if src and cluster.num_devices > plan.num_devices else "")
+    holds more devices than it uses (Sailor's: one node per stage replica), how many and why; with ``cluster_file``
+    (``--cluster``), the plan's devices of that cluster's."""
+    if cluster_file is not None:
+        extra = f" of {cluster_file}'s {cluster.num_devices} (bound by --cluster)"
+    else:
+        extra = (f" of the converted cluster's {cluster.num_devices} (each stage replica on its own node, as {src} "
+                 f"runs it)" if src and cluster.num_devices > plan.num_devices else "")
     return (f"plan {path}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
             f"{plan.num_devices} devices{extra}, global batch {plan.global_batch_size}")
 

@@ -23,18 +23,20 @@ groups largest first (then copy, stage), each from the lowest free ids of its no
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.formulation.binding_exact import exact_assign
 from hpp.formulation.binding_rules import best_fit_assign, packed_assign
 from hpp.formulation.binding_score import BindingScore, BindingScorer, node_crossings
-from hpp.formulation.candidates import Candidate
+from hpp.formulation.candidates import Candidate, StageKind
 from hpp.formulation.data_balance import balance_data
 from hpp.plan import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 
-__all__ = ["bind_devices", "bind_nodes", "build_plan", "node_crossings", "EXACT_MAX_STAGES", "EXACT_MAX_NODES",
+__all__ = ["bind_devices", "bind_nodes", "build_plan", "rebind_plan", "node_crossings", "EXACT_MAX_STAGES", "EXACT_MAX_NODES",
            "EXACT_MAX_EXPANSIONS"]
 
 log = logging.getLogger(__name__)
@@ -133,3 +135,35 @@ def build_plan(cluster: Cluster, *, model: str, num_layers: int, sequence_length
                                        cand.micro_batch_size, n))
     return Plan(model=model, num_layers=num_layers, global_batch_size=global_batch_size, pipelines=tuple(pipelines),
                 sequence_length=sequence_length, profile_ref=dict(profile_ref), cluster_ref=dict(cluster_ref))
+
+
+def rebind_plan(plan: Plan, cluster: Cluster, *, cluster_ref: Mapping[str, Any]) -> Plan:
+    """``plan``'s pipelines (stages, layers, TP degrees, micro-batches, samples: unchanged) bound to ``cluster``'s
+    devices by the same rules as a search's plan (:func:`bind_devices`); ``cluster_ref`` is the plan's new cluster.
+
+    For pricing a plan, e.g. another planner's, on another cluster than the one it was made for
+    (``hpp estimate PLAN --cluster FILE``).
+
+    Raises
+    ------
+    HppInputError
+        The cluster has fewer devices of a type than the plan's stages use, or its nodes cannot hold a TP group.
+    """
+    need: dict[str, int] = {}
+    for p in plan.pipelines:
+        for st in p.stages:
+            need[st.device_type] = need.get(st.device_type, 0) + st.tp_degree
+    have = cluster.count_by_type()
+    short = [f"{n} x {t} (the cluster has {have.get(t, 0)})" for t, n in sorted(need.items()) if n > have.get(t, 0)]
+    if short:
+        raise HppInputError(f"the plan's stages use {', '.join(short)}", field="--cluster",
+                            fix="give a cluster with at least the devices the plan uses")
+    shapes = [SimpleNamespace(shape=tuple(StageKind(st.device_type, st.tp_degree) for st in p.stages),
+                              partition=SimpleNamespace(boundaries=[p.stages[0].layer_start,
+                                                                    *(st.layer_stop for st in p.stages)]))
+              for p in plan.pipelines]
+    ids = bind_devices(cluster, shapes)               # type: ignore[arg-type]  (shape and boundaries are all it reads)
+    pipes = tuple(replace(p, stages=tuple(replace(st, device_ids=d) for st, d in zip(p.stages, ds)))
+                  for p, ds in zip(plan.pipelines, ids))
+    return replace(plan, pipelines=pipes, cluster_ref=dict(cluster_ref))
+
