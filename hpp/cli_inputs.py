@@ -252,4 +252,3 @@ def estimate_inputs(args) -> tuple[Any, Any, Any]:
         except HppInputError as exc:
             raise exc.with_source(str(args.cluster)) from None
     return plan, cluster, profile
-

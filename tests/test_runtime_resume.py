@@ -220,4 +220,3 @@ def test_save_into_another_runs_folder_is_refused_and_continuing_names_its_own_s
     err = _refused(capsys, a, "--resume", str(ck / "step-2"), "--save", str(ck))
     assert err.endswith(f"field '--save': holds later steps (step-3, step-4) than the step-2 this run resumes from. "
                         f"Fix: save this branch in a new folder, or --resume {ck} (its latest step)"), err
-

@@ -229,7 +229,7 @@ def uniform_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size:
     for tp in sorted(common_tp):
         if truncated:
             break
-        if (space.max_tp is not None and tp > space.max_tp) or tp < space.min_tp:
+        if not space.allows_tp(tp):
             continue
         groups = _uniform_groups(cluster, tp)
         sizes = common_micro_batch_sizes(profile, tuple(StageKind(t, tp) for t in types), space)
@@ -283,5 +283,3 @@ def uniform_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size:
 
 def _fmt_s(t: float) -> str:
     return f"{t:.3f} s/iter" if math.isfinite(t) else "none feasible yet"
-
-

@@ -103,14 +103,9 @@ WORK_LIMIT_HELP = ("deterministic budget per solver instead of a wall-clock limi
 
 
 def _limits(time_limit: float | None, work_limit: float | None, default_s: float) -> tuple[float | None, float | None]:
-    """(wall limit [s], work units) of ``--time-limit`` / ``--work-limit``: one of them; the default wall limit if
-    neither is given. Raises HppInputError when both are."""
-    if time_limit is not None and work_limit is not None:
-        raise HppInputError("--time-limit and --work-limit both given", field="--work-limit",
-                            fix="give one: --time-limit S (wall clock) or --work-limit UNITS (deterministic)")
-    if work_limit is not None:
-        return None, work_limit
-    return (time_limit if time_limit is not None else default_s), None
+    """(wall limit [s], work units) of ``--time-limit`` / ``--work-limit``, with the default wall limit when neither
+    is given (:func:`~hpp.formulation.composition.settings.bench_settings` refuses both)."""
+    return (default_s if time_limit is None and work_limit is None else time_limit), work_limit
 
 
 def _load(ref: str):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
@@ -36,8 +35,8 @@ from hpp.formulation.data_balance import balance_data
 from hpp.plan import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 
-__all__ = ["bind_devices", "bind_nodes", "build_plan", "rebind_plan", "node_crossings", "EXACT_MAX_STAGES", "EXACT_MAX_NODES",
-           "EXACT_MAX_EXPANSIONS"]
+__all__ = ["bind_devices", "bind_nodes", "build_plan", "rebind_plan", "node_crossings", "EXACT_MAX_STAGES",
+           "EXACT_MAX_NODES", "EXACT_MAX_EXPANSIONS"]
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +61,13 @@ def bind_nodes(cluster: Cluster, shapes: Sequence[Candidate], *, exact: bool = T
     HppInputError
         No rule places every TP group on a node of its device type.
     """
-    kinds = [c.shape for c in shapes]
-    scorer = BindingScorer(cluster, [c.partition.boundaries for c in shapes])
+    return _bind_nodes(cluster, [c.shape for c in shapes], [c.partition.boundaries for c in shapes], exact=exact)
+
+
+def _bind_nodes(cluster: Cluster, kinds: Sequence[Sequence[StageKind]], boundaries: Sequence[Sequence[int]], *,
+                exact: bool = True) -> tuple[list[list[int]], BindingScore, str]:
+    """:func:`bind_nodes` of pipelines given by their stage kinds and layer boundaries."""
+    scorer = BindingScorer(cluster, boundaries)
     best: tuple[list[list[int]], BindingScore, str] | None = None
     for rule, assign in (("best-fit", best_fit_assign), ("packed", packed_assign)):
         nodes = assign(cluster, kinds)
@@ -101,18 +105,24 @@ def bind_devices(cluster: Cluster, shapes: Sequence[Candidate]) -> list[list[tup
     HppInputError
         The copies do not fit the cluster's nodes.
     """
-    nodes, _, _ = bind_nodes(cluster, shapes)
+    return _device_ids(cluster, [c.shape for c in shapes], [c.partition.boundaries for c in shapes])
+
+
+def _device_ids(cluster: Cluster, kinds: Sequence[Sequence[StageKind]],
+                boundaries: Sequence[Sequence[int]]) -> list[list[tuple[int, ...]]]:
+    """:func:`bind_devices` of pipelines given by their stage kinds and layer boundaries."""
+    nodes, _, _ = _bind_nodes(cluster, kinds, boundaries)
     free: dict[int, list[int]] = {}
     for d in cluster.devices:
         free.setdefault(d.node, []).append(d.device_id)
-    requests = sorted(((p, s, k) for p, cand in enumerate(shapes) for s, k in enumerate(cand.shape)),
+    requests = sorted(((p, s, k) for p, shape in enumerate(kinds) for s, k in enumerate(shape)),
                       key=lambda r: (-r[2].tp_degree, r[0], r[1]))
     placed: dict[tuple[int, int], tuple[int, ...]] = {}
     for p, s, kind in requests:
         n = nodes[p][s]
         placed[(p, s)] = tuple(free[n][:kind.tp_degree])
         del free[n][:kind.tp_degree]
-    return [[placed[(p, s)] for s in range(len(cand.shape))] for p, cand in enumerate(shapes)]
+    return [[placed[(p, s)] for s in range(len(shape))] for p, shape in enumerate(kinds)]
 
 
 def build_plan(cluster: Cluster, *, model: str, num_layers: int, sequence_length: int, global_batch_size: int,
@@ -158,12 +168,9 @@ def rebind_plan(plan: Plan, cluster: Cluster, *, cluster_ref: Mapping[str, Any])
     if short:
         raise HppInputError(f"the plan's stages use {', '.join(short)}", field="--cluster",
                             fix="give a cluster with at least the devices the plan uses")
-    shapes = [SimpleNamespace(shape=tuple(StageKind(st.device_type, st.tp_degree) for st in p.stages),
-                              partition=SimpleNamespace(boundaries=[p.stages[0].layer_start,
-                                                                    *(st.layer_stop for st in p.stages)]))
-              for p in plan.pipelines]
-    ids = bind_devices(cluster, shapes)               # type: ignore[arg-type]  (shape and boundaries are all it reads)
+    kinds = [tuple(StageKind(st.device_type, st.tp_degree) for st in p.stages) for p in plan.pipelines]
+    ids = _device_ids(cluster, kinds, [[p.stages[0].layer_start, *(st.layer_stop for st in p.stages)]
+                                       for p in plan.pipelines])
     pipes = tuple(replace(p, stages=tuple(replace(st, device_ids=d) for st, d in zip(p.stages, ds)))
                   for p, ds in zip(plan.pipelines, ids))
     return replace(plan, pipelines=pipes, cluster_ref=dict(cluster_ref))
-

@@ -75,6 +75,10 @@ class SearchSpace:
             raise HppInputError(f"--min-tp {self.min_tp} with --max-tp {self.max_tp}", field="--min-tp",
                                 fix="give 1 <= --min-tp <= --max-tp")
 
+    def allows_tp(self, tp: int) -> bool:
+        """``min_tp <= tp <= max_tp`` (no upper limit when ``max_tp`` is None)."""
+        return tp >= self.min_tp and (self.max_tp is None or tp <= self.max_tp)
+
     @property
     def tp_range(self) -> str:
         """The TP degrees allowed, for messages: ``"max_tp 4"``, ``"TP 2..4"``, ``"min_tp 2"``."""
@@ -144,19 +148,17 @@ def stage_kinds(cluster: Cluster, profile: ModelProfile, space: SearchSpace) -> 
                                 field="nodes[*].device_type",
                                 fix=_no_profile_fix(dtype, profile))
         largest_node = max(n.num_devices for n in cluster.nodes if n.device_type == dtype)
-        tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and (space.max_tp is None or t <= space.max_tp)
-               and t >= space.min_tp and t in runnable]
+        tps = [t for t in profile.tp_degrees(dtype) if t <= largest_node and space.allows_tp(t) and t in runnable]
         if not tps:
             unusable.append(f"{dtype} is profiled only at TP {list(profile.tp_degrees(dtype))}, nodes of {largest_node}")
             log.info("%s left out: no measured TP degree fits its nodes and max_tp", dtype)
             continue
         out[dtype] = tuple(StageKind(dtype, t) for t in tps)
     if not out:
-        tp_flags = "--max-tp" if space.min_tp == 1 else "--min-tp and --max-tp"
+        flags, field, fix = (("--max-tp", "max_tp", "raise --max-tp or use larger nodes") if space.min_tp == 1 else
+                             ("--min-tp and --max-tp", "--min-tp", "lower --min-tp, raise --max-tp or use larger nodes"))
         raise HppInputError(f"no GPU type of the cluster has a TP degree of {profile.model} that fits its nodes "
-                            f"and {tp_flags} ({'; '.join(unusable)})", field="max_tp" if space.min_tp == 1 else "--min-tp",
-                            fix="raise --max-tp or use larger nodes" if space.min_tp == 1 else
-                            "lower --min-tp, raise --max-tp or use larger nodes")
+                            f"and {flags} ({'; '.join(unusable)})", field=field, fix=fix)
     return out
 
 

@@ -53,7 +53,8 @@ from hpp.errors import HppInputError
 from hpp.runtime.checkpoint_export import export_checkpoint
 from hpp.runtime.checkpoint_store import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, COMPLETE_MARKER, META_FILE,
                                           MODEL_PREFIX, OPTIM_PREFIX, dcp_io, fsync_dir, is_distributed,
-                                          latest_checkpoint, read_checkpoint_meta, resolve_checkpoint, step_dir,
+                                          latest_checkpoint, other_model_error, read_checkpoint_meta, resolve_checkpoint,
+                                          step_dir,
                                           stored_entries, tmp_step_dir, write_synced)
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "META_FILE", "COMPLETE_MARKER", "MODEL_PREFIX", "OPTIM_PREFIX",
@@ -241,10 +242,7 @@ def _check_identity(meta: Mapping[str, Any], path: Path, model_name: str | None,
                     optimizer: torch.optim.Optimizer | None) -> None:
     same_name = model_name is None or str(meta.get("model", "")).strip().lower() == model_name.strip().lower()
     if not same_name or (num_layers is not None and meta.get("num_layers") != num_layers):
-        raise HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
-                            f"{model_name!r} ({num_layers} layers)", source=str(path), field="--resume",
-                            fix=f"resume from a checkpoint of {model_name}, or resume this one with a plan of "
-                                f"{meta.get('model')} (hpp plan --model {meta.get('model')} ...)")
+        raise other_model_error(meta, str(path), model_name, num_layers)
     saved_opt = meta.get("optimizer")
     if optimizer is not None and saved_opt is not None and saved_opt != type(optimizer).__name__:
         raise HppInputError(f"checkpoint has {saved_opt} optimizer state, this run uses {type(optimizer).__name__}",

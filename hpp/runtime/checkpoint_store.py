@@ -25,7 +25,7 @@ import torch.distributed as dist
 from hpp.errors import HppInputError
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "META_FILE", "COMPLETE_MARKER", "MODEL_PREFIX", "OPTIM_PREFIX",
-           "step_dir", "tmp_step_dir", "latest_checkpoint", "resolve_checkpoint", "read_checkpoint_meta",
+           "step_dir", "tmp_step_dir", "complete_checkpoints", "latest_checkpoint", "other_model_error", "resolve_checkpoint", "read_checkpoint_meta",
            "stored_entries", "is_distributed", "dcp_io", "write_synced", "fsync_dir"]
 
 CHECKPOINT_FORMAT = "hpp-checkpoint"
@@ -61,10 +61,24 @@ def _steps(root: Path) -> Iterator[tuple[int, Path]]:
                 yield int(tail), child
 
 
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """``(K, root/step-K)`` of every complete checkpoint under ``root`` (with its marker), by step; [] if none."""
+    return sorted((k, p) for k, p in _steps(Path(root)) if _is_complete(p))
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     """The complete checkpoint of the highest step under ``root`` (``root/step-K`` with its marker), or None."""
-    done = [(k, p) for k, p in _steps(Path(root)) if _is_complete(p)]
-    return max(done)[1] if done else None
+    done = complete_checkpoints(root)
+    return done[-1][1] if done else None
+
+
+def other_model_error(meta: Mapping[str, Any], source: str, model_name: str | None,
+                      num_layers: int | None) -> HppInputError:
+    """The error of resuming checkpoint ``meta`` (at ``source``) into another model (name, layer count)."""
+    return HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
+                         f"{model_name!r} ({num_layers} layers)", source=source, field="--resume",
+                         fix=f"resume from a checkpoint of {model_name}, or resume this one with a plan of "
+                             f"{meta.get('model')} (hpp plan --model {meta.get('model')} ...)")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

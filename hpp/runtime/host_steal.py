@@ -151,4 +151,3 @@ def background_cores(rank_results: Iterable[Mapping[str, Any]], *, warmup_steps:
     if wall <= 0 or not host or any(h is None for h in host) or any(c is None for c in own):
         return None
     return max(0.0, sum(h["busy_s"] for h in host) - sum(own)) / wall
-

@@ -110,16 +110,20 @@ class LaunchResult:
         torchrun's root cause; without torchrun's word, those that died without reporting, else those that
         reported errors."""
         if self.torchrun_failures:
-            pr = self.plan_ranks
-            died = [(r, c) for r, c in self.torchrun_failures if r in pr and self.errors[pr.index(r)] is None]
-            # a rank the agent stopped with SIGTERM while tearing down (before it could write its error, which
-            # happens under load) is a casualty, not a cause: name the others when there are any
-            cause = [r for r, c in died if c != -signal.SIGTERM]
-            return cause or [r for r, _c in died] or [self.torchrun_failures[0][0]]
+            died = self.died_silently(sigterm=True)
+            return self.died_silently() or died or [self.torchrun_failures[0][0]]
         pr = self.plan_ranks
         silent = [pr[i] for i, (c, e, res) in enumerate(zip(self.exit_codes, self.errors, self.results))
                   if c != 0 and e is None and res is None]
         return silent or [pr[i] for i, e in enumerate(self.errors) if e is not None]
+
+    def died_silently(self, *, sigterm: bool = False) -> list[int]:
+        """Plan ranks of this result that torchrun saw fail and that wrote no error (killed, crashed). A rank the
+        agent stopped with SIGTERM while tearing down (before it could write its error, which happens under load)
+        is a casualty, not a cause: left out unless ``sigterm``."""
+        pr = self.plan_ranks
+        return [r for r, c in self.torchrun_failures if r in pr and self.errors[pr.index(r)] is None
+                and (sigterm or c != -signal.SIGTERM)]
 
     def _code(self, rank: int) -> str:
         code = dict(self.torchrun_failures).get(rank, self.exit_codes[self.plan_ranks.index(rank)])

@@ -56,7 +56,7 @@ from hpp.errors import HppInputError
 from hpp.plan import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
-from hpp.runtime.checkpoint import COMPLETE_MARKER, latest_checkpoint, step_dir
+from hpp.runtime.checkpoint_store import complete_checkpoints
 from hpp.runtime.data import data_spec, make_batch_source
 from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
 from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
@@ -336,8 +336,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
 
 def _written(save_dir: Path, last_step: int) -> Path | str:
     """The checkpoint this run wrote last (``save_dir/step-<last_step>``), else the latest complete one there."""
-    own = step_dir(save_dir, last_step)
-    return own if (own / COMPLETE_MARKER).is_file() else (latest_checkpoint(save_dir) or "")
+    done = complete_checkpoints(save_dir)
+    return dict(done).get(last_step) or (done[-1][1] if done else "")
 
 
 def _dry_run(out: Path, cfg: WorkerConfig, share: Any, *, plan_path: str | Path, spec: Any, **report: Any

@@ -6,7 +6,6 @@ their connections to them: gloo's "Connection reset by peer", none died on its o
 from __future__ import annotations
 
 import re
-import signal
 from typing import Any, Sequence
 
 from hpp.plan import Plan
@@ -43,11 +42,8 @@ def failure_line(res: LaunchResult, share: Any, plan: Plan, cluster: Cluster, *,
                      f"{share.nnodes} and the same --rdzv-endpoint {share.rdzv_endpoint}?")
         return line
     errors = [e.strip() for e in res.errors if e]
-    pr = res.plan_ranks
     # a local rank that died without a word (killed, crashed) is the cause here, whatever its peers then reported
-    silent = [r for r, c in res.torchrun_failures if r in pr and res.errors[pr.index(r)] is None
-              and c != -signal.SIGTERM]
-    if silent or not errors or not all(LOST_CONNECTION.search(e) for e in errors):
+    if res.died_silently() or not errors or not all(LOST_CONNECTION.search(e) for e in errors):
         return line + keep
     peers = {int(r) for e in errors for m in _PEERS.finditer(e) for r in m.group(1).split(",") if r.strip()}
     host_of = _host_of(plan, cluster, share.nnodes, share.node_map)

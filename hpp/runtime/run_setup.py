@@ -39,7 +39,8 @@ from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
 from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
-from hpp.runtime.checkpoint import COMPLETE_MARKER, META_FILE, read_checkpoint_meta
+from hpp.runtime.checkpoint_store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
+                                          read_checkpoint_meta)
 from hpp.runtime.model_api import RuntimeModel, check_tp_degree
 from hpp.runtime.training import TrainingConfig
 from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model
@@ -305,10 +306,7 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
     meta = read_checkpoint_meta(path)
     if (str(meta.get("model", "")).strip().lower() != model_name.strip().lower()
             or meta.get("num_layers") != num_layers):
-        raise HppInputError(f"checkpoint of model {meta.get('model')!r} ({meta.get('num_layers')} layers), not of "
-                            f"{model_name!r} ({num_layers} layers)", source=meta["path"], field="--resume",
-                            fix=f"resume from a checkpoint of {model_name}, or resume this one with a plan of "
-                                f"{meta.get('model')} (hpp plan --model {meta.get('model')} ...)")
+        raise other_model_error(meta, meta["path"], model_name, num_layers)
     saved = meta.get("optimizer")
     want = {"adamw": "AdamW", "sgd": "SGD"}.get(optimizer or "", optimizer)
     if optimizer is not None and saved is not None and saved != want:
@@ -329,13 +327,13 @@ def prepare_save_dir(path: str | Path, resumed_from: str | Path | None = None) -
     HppInputError
     """
     p = Path(path)
-    done = sorted((c for c in p.iterdir() if c.name.startswith("step-") and c.name[5:].isdigit() and _complete(c)),
-                  key=lambda c: int(c.name[5:])) if p.is_dir() else []
-    if done and (resumed_from is None or Path(resumed_from).resolve().parent != p.resolve()):
-        names = ", ".join(c.name for c in done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
+    done = complete_checkpoints(p)
+    mine = [k for k, c in done if resumed_from is not None and c.resolve() == Path(resumed_from).resolve()]
+    if done and not mine:
+        names = ", ".join(c.name for _, c in done[:3]) + (f" and {len(done) - 3} more" if len(done) > 3 else "")
         raise HppInputError(f"holds the checkpoints of another run ({names})", source=str(p), field="--save",
                             fix=f"give a new folder, or --resume {p} --save {p} to continue that run there")
-    later = [c.name for c in done if resumed_from is not None and int(c.name[5:]) > int(Path(resumed_from).name[5:])]
+    later = [c.name for k, c in done if mine and k > mine[0]]
     if later:                    # a branch from an earlier step: --resume DIR would take the old branch's latest
         raise HppInputError(f"holds later steps ({', '.join(later[:3])}) than the {Path(resumed_from).name} this run "
                             f"resumes from", source=str(p), field="--save",
@@ -386,4 +384,3 @@ def clean_partial_checkpoints(root: str | Path) -> list[str]:
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child.name)
     return removed
-

@@ -194,17 +194,20 @@ def bench_settings(solver: str, time_limit_s: float | None, num_workers: int = 1
     (above: on the best 1,000, their bound then not used).
 
     ``work_units``: instead of a wall limit, a deterministic budget per solver (CP-SAT's work units, HiGHS
-    :data:`~hpp.formulation.composition.solve.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must then be None): the same input, seed
-    and worker count give the same rows whatever the host's speed or load.
+    :data:`~hpp.formulation.composition.solve.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must
+    then be None): the same input, seed and worker count give the same rows whatever the host's speed or load.
 
     Raises
     ------
     HppInputError
         Both limits or neither, or a limit that is not a positive finite number.
     """
-    if (work_units is None) == (time_limit_s is None):
-        raise HppInputError("give either a time limit or a work limit", field="--work-limit",
-                            fix="use --time-limit S (wall clock) or --work-limit UNITS (deterministic), not both")
+    if work_units is not None and time_limit_s is not None:
+        raise HppInputError("--time-limit and --work-limit both given", field="--work-limit",
+                            fix="give one: --time-limit S (wall clock) or --work-limit UNITS (deterministic)")
+    if work_units is None and time_limit_s is None:
+        raise HppInputError("no solver limit given", field="--time-limit",
+                            fix="give --time-limit S (wall clock) or --work-limit UNITS (deterministic)")
     budget = work_units if work_units is not None else time_limit_s
     if not (math.isfinite(budget) and budget > 0):
         flag = "--work-limit" if work_units is not None else "--time-limit"
