@@ -111,5 +111,7 @@ def test_bench_settings_limits():
     assert s.max_time_in_seconds is None and s.deterministic_time == 2.0
     w = bench_settings("cp-sat", 5.0)
     assert w.max_time_in_seconds == 5.0 and w.deterministic_time == 5.0
-    with pytest.raises(HppInputError):
+    with pytest.raises(HppInputError) as e:
         bench_settings("cp-sat", None)
+    assert str(e.value) == ("field '--time-limit': no solver limit given. Fix: give --time-limit S (wall clock) or "
+                            "--work-limit UNITS (deterministic)")

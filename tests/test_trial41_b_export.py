@@ -98,3 +98,9 @@ def test_format_follows_the_suffix_unless_given(saved, tmp_path):
     assert zipfile.is_zipfile(tmp_path / "t.safetensors")                     # a torch.save file, as asked
     with pytest.raises(Exception, match="header"):
         load_file(str(tmp_path / "t.safetensors"))
+
+
+def test_out_that_is_a_folder_is_one_line(saved, tmp_path, capsys):
+    assert main([str(saved), str(tmp_path)]) == 2
+    assert _err_line(capsys) == (f"{PROG}: error: field 'OUT': {tmp_path} is a folder. "
+                                 "Fix: give a file name, e.g. model.safetensors")
