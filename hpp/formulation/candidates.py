@@ -19,7 +19,7 @@ import logging
 import time
 
 import numpy as np
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from hpp.errors import HppInputError
@@ -53,6 +53,10 @@ class Candidate:
         Devices of each type one copy uses.
     tp_groups : dict[tuple[str, int], int]
         TP groups of each (type, size) one copy uses.
+    pruned_by : str
+        ``""``: the search's heuristics use it; else the heuristic pruning rule that leaves it out of their
+        set (``"dominated"``, ``"canonical_order"``). Every candidate counts for the bound and the exact
+        solvers, whatever this says (:mod:`hpp.pruning.rules`).
     """
 
     shape: tuple[StageKind, ...]
@@ -60,6 +64,7 @@ class Candidate:
     partition: Partition
     devices: dict
     tp_groups: dict
+    pruned_by: str = ""
 
     @property
     def num_devices(self) -> int:
@@ -92,6 +97,12 @@ def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], 
                     count_of = dict(zip(subset, counts))
                     for order in orders:
                         yield tuple(k for t in order for k in [by_type[t]] * count_of[t])
+
+
+def _is_canonical(shape: tuple[StageKind, ...], memory_bytes: dict[str, int]) -> bool:
+    """True if the shape's type groups are in the canonical order (largest memory first, ties by name)."""
+    order = list(dict.fromkeys(k.device_type for k in shape))
+    return order == sorted(order, key=lambda t: (-memory_bytes[t], t))
 
 
 def _balance_shapes(shapes: list[tuple[StageKind, ...]], sizes: list[list[int]], balancer: StageBalancer,
@@ -186,19 +197,14 @@ BoundFn = Callable[[Sequence[Candidate]], Sequence[Candidate]]
 
 
 def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys, bound: BoundFn | None = None):
-    """One worker's share: its sizes balanced, then (rule on) its dominated rows removed, then (``bound``
-    given) each row's lower-bound (bottleneck, fill, optimizer step) [s] as an (R, 3) array (else None).
+    """One worker's share: its sizes balanced, then (``bound`` given) each row's lower-bound (bottleneck, fill,
+    optimizer step) [s] as an (R, 3) array (else None).
 
-    Dominance compares candidates of the same micro-batch size only, so removing it per share of
-    the sizes drops exactly the candidates that one pass over all of them drops. The bound model prices
-    each candidate on its own (its memos only cache), so any split gives the same values.
+    Every feasible row is kept: the heuristic rules (``dominated``, ``canonical_order``) only mark rows, after
+    the shares are merged (:func:`_in_one_process_order`). The bound model prices each candidate on its own (its
+    memos only cache), so any split gives the same values.
     """
     batch, stats = _balance_shapes(shapes, sizes, balancer, pruning, keep_b)
-    stats["dominated"] = 0
-    if pruning.dominated:
-        keep = _undominated(batch, usage)
-        stats["dominated"] = int(len(batch) - keep.sum())
-        batch = batch.take(keep)
     lb = None
     if bound is not None:
         t0 = time.process_time()
@@ -235,20 +241,39 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
 
 
 def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys,
-                          dominated: bool, lb: np.ndarray | None, bound: BoundFn | None,
-                          stats: dict) -> tuple[list[Candidate], list[Candidate]]:
-    """The candidates in the order one pass gives: the dominance visiting order with the rule on
-    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant); and the same
+                          pruning: PruningOptions, canonical: np.ndarray, lb: np.ndarray | None,
+                          bound: BoundFn | None, stats: dict) -> tuple[list[Candidate], list[Candidate]]:
+    """Every candidate, marked and ordered: first those the heuristics use, then those a heuristic rule leaves
+    out of their set (:attr:`Candidate.pruned_by`), each part in the dominance visiting order with the rule on
+    (ties by enumeration order), else in enumeration order (shape, micro-batch size, variant); and the same
     candidates with lower-bound times: from the workers' rows ``lb`` (R, 3), else from ``bound`` run here on
-    them (its CPU seconds added to ``stats``), else []."""
-    if dominated:
+    them (its CPU seconds added to ``stats``), else [].
+
+    ``canonical``: (number of shapes,) bool, the shapes in the canonical type-group order (all True when the rule
+    is off). Dominance compares rows of one micro-batch size only, so marking it here, after the shares are
+    merged, gives what one pass gives.
+    """
+    R = len(batch)
+    why = np.full(R, "", dtype=object)
+    if pruning.canonical_order:
+        why[~canonical[batch.shape_index]] = "canonical_order"
+    dominated = np.zeros(R, dtype=bool)
+    if pruning.dominated:
+        dominated = ~_undominated(batch, usage)
+        why[dominated & (why == "")] = "dominated"
+    stats["dominated"] = int(dominated.sum())
+    stats["heuristic_candidates"] = int((why == "").sum())
+    if pruning.dominated:
         order = _visit_order(batch, usage.num_devices)
     else:
         order = np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index))
-    cands = _candidates(batch.take(order), shapes, usage)
+    order = np.concatenate([order[why[order] == ""], order[why[order] != ""]])
+    cands = [replace(c, pruned_by=w) if w else c
+             for c, w in zip(_candidates(batch.take(order), shapes, usage), why[order].tolist())]
     if lb is not None:
         return cands, [Candidate(c.shape, c.micro_batch_size,
-                                 c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups)
+                                 c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups,
+                                 c.pruned_by)
                        for c, (t, f, o) in zip(cands, lb[order].tolist())]
     if bound is None:
         return cands, []
@@ -295,14 +320,20 @@ def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: 
     Returns
     -------
     (candidates, bound_candidates, stats)
-        Feasible candidates (dominated ones removed if the rule is on); ``bound(candidates)`` (same
-        order; [] without ``bound``); counters: shapes, shapes_pruned_memory, infeasible, dominated,
-        workers, and with ``bound`` bound_model_s (CPU seconds of the bound model, summed over workers).
+        Every feasible candidate of the space (the ``memory_infeasible`` rule is exact): first those the
+        heuristics use, then those a heuristic rule (``dominated``, ``canonical_order``) leaves out of their
+        set, marked (:attr:`Candidate.pruned_by`); ``bound(candidates)`` (same order; [] without ``bound``);
+        counters: shapes, shapes_pruned_memory, infeasible, dominated, heuristic_candidates, workers, and
+        with ``bound`` bound_model_s (CPU seconds of the bound model, summed over workers).
     """
     if workers < 0:
         raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
     kinds = stage_kinds(cluster, profile, space)
-    shapes = list(enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers))
+    # every order of the type groups: ``canonical_order`` only marks the others (heuristic, see PruningOptions)
+    shapes = list(enumerate_shapes(cluster, kinds, space, replace(pruning, canonical_order=False),
+                                   profile.num_layers))
+    memory = {t: cluster.device_types[t].memory_bytes for t in cluster.device_types}
+    canonical = np.array([_is_canonical(s, memory) for s in shapes], dtype=bool)
     by_kinds: dict[frozenset, list[int]] = {}          # shapes of one kind set share their sizes
     sizes = [by_kinds[ks] if ks in by_kinds else by_kinds.setdefault(ks, common_micro_batch_sizes(profile, s, space))
              for s in shapes for ks in [frozenset(s)]]
@@ -312,7 +343,7 @@ def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: 
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
 
     def finish(batch: PartitionBatch, part_stats: dict[str, int], lb: np.ndarray | None):
-        return _in_one_process_order(batch, shapes, usage, pruning.dominated, lb, bound, part_stats), part_stats
+        return _in_one_process_order(batch, shapes, usage, pruning, canonical, lb, bound, part_stats), part_stats
 
     if parallel:
         (out, out_lb), part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, finish, bound)

@@ -346,6 +346,6 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 tau = min(p.bottleneck_s, exact)      # never above the search's own price
         part = p._replace(bottleneck_s=max(0.0, tau) * keep, fill_s=max(0.0, phi) * keep,
                           optimizer_s=p.optimizer_s * keep)
-        out.append(Candidate(shape, cand.micro_batch_size, part, cand.devices, cand.tp_groups))
+        out.append(Candidate(shape, cand.micro_batch_size, part, cand.devices, cand.tp_groups, cand.pruned_by))
     log.debug("lower-bound candidates: %d of %d re-priced", corrected, len(candidates))
     return out

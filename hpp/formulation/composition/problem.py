@@ -175,6 +175,13 @@ class CompositionProblem:
                                             sync_floor=SyncFloor.of(self.cluster))
         return self.bound
 
+    @cached_property
+    def heuristic_indices(self) -> list[int]:
+        """Indices of the candidates the search's heuristics use: those no heuristic pruning rule leaves out
+        (:attr:`~hpp.formulation.candidates.Candidate.pruned_by`). The bounds and the exact solvers use every
+        candidate."""
+        return [i for i, c in enumerate(self.candidates) if not c.pruned_by]
+
     def restricted(self, keep: Sequence[int]) -> "CompositionProblem":
         """The problem restricted to candidates ``keep`` (indices; order kept), its bound problem likewise;
         the memo of solo objectives and ring times is shared."""

@@ -209,8 +209,13 @@ def _judge(problem: CompositionProblem) -> Callable[[dict], float]:
 
 
 def _heuristic(problem: CompositionProblem) -> tuple[dict[int, int], float]:
-    """The incumbent (counts, objective [s]): :func:`~hpp.formulation.composition.heuristics.best_incumbent`."""
-    return best_incumbent(problem)
+    """The incumbent (counts, objective [s]): :func:`~hpp.formulation.composition.heuristics.best_incumbent` on the
+    candidates the heuristics use (:attr:`CompositionProblem.heuristic_indices`), as counts of ``problem``."""
+    idx = problem.heuristic_indices
+    if len(idx) == len(problem.candidates):
+        return best_incumbent(problem)
+    counts, obj = best_incumbent(problem.restricted(idx))
+    return {idx[c]: x for c, x in counts.items()}, obj
 
 
 def _best_candidates(problem: CompositionProblem, keep: list[int], must: set[int], limit: int) -> list[int]:
