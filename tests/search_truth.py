@@ -49,7 +49,8 @@ from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import make_cluster
 from tests.test_certified import _per_pair_cluster, public_fits
 
-__all__ = ["FAMILIES", "NO_PRUNING", "TruthInstance", "Oracle", "truth_instance", "exhaustive_optimum"]
+__all__ = ["FAMILIES", "NO_PRUNING", "TruthInstance", "Oracle", "Check", "truth_instance", "exhaustive_optimum",
+           "instance_or_none", "check_instance"]
 
 GB = 10**9
 FAMILIES = ("independent", "inverted", "per-pair", "zoned", "bundled")
@@ -238,3 +239,66 @@ def instance_or_none(seed: int, **kw) -> TruthInstance | None:
     except (InfeasibleError, HppInputError):
         return None
     return inst
+
+
+@dataclass(frozen=True)
+class Check:
+    """One instance checked against the oracle: the search's figures, the oracle's, and what was violated."""
+
+    seed: int
+    family: str
+    settings: str
+    num_gpus: int
+    num_types: int
+    candidates: int
+    compositions: int
+    priced: int
+    status: str
+    objective_s: float
+    bound_s: float
+    oracle_s: float
+    source: str
+    bound_method: str
+    search_s: float
+    oracle_wall_s: float
+    violations: tuple[str, ...]
+
+    @property
+    def excess(self) -> float:
+        """objective / oracle - 1 (0 at the optimum)."""
+        return self.objective_s / self.oracle_s - 1.0
+
+
+def check_instance(inst: TruthInstance, settings, *, label: str = "default", limit: int = 3000) -> Check | None:
+    """Plan ``inst`` with ``settings`` (:func:`hpp.planner.plan_hpp`, no baseline seeds) and compare with the oracle;
+    None when the oracle would need more than ``limit`` compositions (the instance proves nothing then).
+
+    Violations (each a line): an OPTIMAL plan above the oracle's optimum (beyond the solve path's optimality
+    tolerance), a bound above it, a plan below it (the oracle missed a plan: not exhaustive), a bound above the
+    plan's own time.
+    """
+    import time
+
+    from hpp.formulation.composition.solve import OPTIMUM_ATOL_S, OPTIMUM_RTOL
+    from hpp.planner import plan_hpp
+
+    t0 = time.perf_counter()
+    try:
+        orc = exhaustive_optimum(inst, limit=limit)
+    except HppInputError:
+        return None
+    t1 = time.perf_counter()
+    res = plan_hpp(inst.cluster, inst.profile, inst.global_batch_size, space=inst.space, settings=settings)
+    s = res.search
+    bad = []
+    if s.status == "OPTIMAL" and s.objective_s - orc.time_s > OPTIMUM_ATOL_S + OPTIMUM_RTOL * orc.time_s:
+        bad.append(f"OPTIMAL at {s.objective_s:.6g} s above the optimum {orc.time_s:.6g} s")
+    if s.bound_s > orc.time_s * (1 + 1e-9):
+        bad.append(f"bound {s.bound_s:.6g} s above the optimum {orc.time_s:.6g} s")
+    if s.objective_s < orc.time_s * (1 - 1e-9):
+        bad.append(f"plan {s.objective_s:.6g} s below the oracle's optimum {orc.time_s:.6g} s")
+    if s.bound_s > s.objective_s * (1 + 1e-9):
+        bad.append(f"bound {s.bound_s:.6g} s above the plan's {s.objective_s:.6g} s")
+    return Check(inst.seed, inst.family, label, inst.cluster.num_devices, len(inst.cluster.count_by_type()),
+                 orc.num_candidates, orc.compositions, orc.priced, s.status, s.objective_s, s.bound_s, orc.time_s,
+                 s.source, s.bound_method, res.wall_s, t1 - t0, tuple(bad))
