@@ -121,9 +121,9 @@ def cmd_plan(args) -> int:
         params = parse_cpsat_params(settings.cpsat_params)
         if params.HasField("max_deterministic_time"):
             det = params.max_deterministic_time
-    say(f"HPP search ({settings.solver}; " + (f"wall-clock limit {args.time_limit:g} s)" if args.time_limit else
-        (f"deterministic: a budget of {det:g} work units" if settings.solver == "cp-sat" else
-         "deterministic: no wall-clock limit") + "; --time-limit S sets a wall limit)"))
+    say(f"HPP search ({settings.solver}; " + (f"wall-clock budget {args.time_limit:g} s)" if args.time_limit else
+        (f"deterministic: a budget of {det:g} work units" if settings.solver == "cp-sat" or settings.budgeted else
+         "deterministic: no wall-clock limit") + "; --time-limit S or --work-limit UNITS: more)"))
     res = plan_hpp(cluster, profile, gbs, config=planner, profile_ref=profile_ref_for(profile), progress=progress,
                    seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
@@ -251,9 +251,10 @@ defaults: with no arguments, the bundled scenario opt350-a100x8-v100x8 (OPT-350,
 1024, 8 A100-40 + 8 V100-16); --model/--profile with --scenario replace its model; with
 --cluster FILE, --model NAME or --profile FILE is required and --gbs defaults to 1024. The
 first progress lines name every default in use. Time limits: --baseline-time-limit bounds both baselines together
-(about S + 1 s), --time-limit sets a wall-clock limit on the exact solver (default: none; CP-SAT
-stops at a deterministic work limit, so the same input, --seed and --workers give the same plan);
-building the candidates (seconds at 4,096 GPUs) is outside both.
+(about S + 1 s), --time-limit S is the search's wall-clock budget, counted from its start (default: none; the search
+stops at a small deterministic work limit, so the same input, --seed and --workers give the same plan);
+--work-limit UNITS a deterministic budget instead; building the candidates (seconds at 4,096 GPUs)
+counts in --time-limit but cannot be cut short.
 
 """
 
@@ -282,8 +283,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline")
     p.add_argument("--max-types-per-pipeline", type=int, default=2, help="most GPU types in one pipeline (3: far more shapes)")
     p.add_argument("--time-limit", type=float, default=None,
-                   help="wall-clock limit [s] of the exact solver (default: none, deterministic; with a limit the "
-                        "answer can depend on the machine's load, and the result says when it was hit)")
+                   help="wall-clock budget [s] of the search: it improves the plan and the bound until then (CP-SAT "
+                        "and the MILP on every candidate, a local search priced by the cost model, the type-class "
+                        "bound) and returns the best found, with progress lines (default: none: a small "
+                        "deterministic budget; with a limit the answer can depend on the machine's load)")
+    p.add_argument("--work-limit", type=float, default=None, metavar="UNITS",
+                   help="the same with a deterministic budget instead: UNITS of CP-SAT work for each exact solver "
+                        "(HiGHS: 2,000 nodes per unit) and as much for the cost-model local search (the same answer "
+                        "on any machine; hpp instances solve --work-limit UNITS runs one solver so)")
     p.add_argument("--workers", type=int, default=0,
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")

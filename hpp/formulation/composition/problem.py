@@ -130,6 +130,10 @@ class CompositionProblem:
     caches: ProblemCaches = field(default_factory=ProblemCaches, repr=False)
     #: True: price every ring on ``sync_link`` (the version-1 rule) even on a per-pair cluster
     flat_sync: bool = False
+    #: A bound problem's stronger per-candidate sync floors [s], (candidates, H) for h = 1 .. H pipelines, or None:
+    #: where set, :meth:`sync_s` and the sync tables take the larger of them and the :class:`SyncFloor` (both are
+    #: lower bounds; :func:`~hpp.formulation.composition.copy_bound_levels.floor_tables` computes them)
+    floor_table: np.ndarray | None = field(default=None, repr=False)
 
     @cached_property
     def per_type_sync(self) -> bool:
@@ -187,7 +191,8 @@ class CompositionProblem:
         the memo of solo objectives and ring times is shared."""
         sub = CompositionProblem([self.candidates[i] for i in keep], self.cluster, self.global_batch_size,
                                  self.sync_link, sync_floor=self.sync_floor, caches=self.caches.for_restriction(),
-                                 flat_sync=self.flat_sync)
+                                 flat_sync=self.flat_sync,
+                                 floor_table=None if self.floor_table is None else self.floor_table[list(keep)])
         if self.sync_floor is None and self.bound is not None:
             sub.bound = self.bound.restricted(keep)
         if self.estimator is not None:
@@ -219,8 +224,10 @@ class CompositionProblem:
         key = (c, h)
         got = self.caches.sync.get(key)
         if got is None and self.sync_floor is not None:
-            got = self.caches.sync[key] = self.sync_floor.seconds(
-                max(self.candidates[c].partition.stage_param_bytes, default=0.0), h)
+            got = self.sync_floor.seconds(max(self.candidates[c].partition.stage_param_bytes, default=0.0), h)
+            if self.floor_table is not None and 1 <= h <= self.floor_table.shape[1]:
+                got = max(got, float(self.floor_table[c, h - 1]))
+            self.caches.sync[key] = got
         if got is None and self.per_type_sync:
             got = self.caches.sync[key] = max((self.type_ring_s(t, g, w, h) for t, g, w in self.stage_sync_specs(c)),
                                               default=0.0)
@@ -273,7 +280,11 @@ class CompositionProblem:
         if self.sync_floor is not None:        # a bound problem: floors (linear in W), rounded down
             per_byte = np.array([self.sync_floor.seconds(1.0, hh) for hh in range(1, max_pipelines + 1)])
             w = np.array([max(self.candidates[c].partition.stage_param_bytes, default=0.0) for c in cs], dtype=float)
-            return np.floor(w[:, None] * per_byte[None, :] * US_PER_S).astype(np.int64).tolist()
+            floor = w[:, None] * per_byte[None, :]
+            if self.floor_table is not None:   # the stronger per-candidate floors where given
+                H = min(max_pipelines, self.floor_table.shape[1])
+                floor[:, :H] = np.maximum(floor[:, :H], self.floor_table[list(cs), :H])
+            return np.floor(floor * US_PER_S).astype(np.int64).tolist()
         if self.per_type_sync:                 # per stage on its type's links, grouped by (type, g)
             worst = np.zeros((len(cs), max_pipelines))
             groups: dict[tuple[str, int], tuple[list[int], list[float]]] = {}

@@ -40,8 +40,12 @@ from typing import Callable, Mapping
 
 from hpp.errors import HppInputError
 from hpp.formulation.composition.objective import composition_objective_s, pipeline_time_for_counts
-from hpp.formulation.composition.problem import CompositionProblem
-from hpp.formulation.composition.heuristics import best_incumbent, rounded_lp_incumbent, solo_objective_s
+from hpp.formulation.composition.copy_bound_levels import floor_tables
+from hpp.formulation.composition.problem import CompositionProblem, ProblemCaches
+from hpp.formulation.composition.anytime import (Budget, cost_model_local_search, exact_model_candidates,
+                                                 local_search_pool)
+from hpp.formulation.composition.heuristics import (ROUNDED_POOL, best_incumbent, rounded_lp_incumbent,
+                                                    solo_objective_s)
 from hpp.formulation.composition.lp_bound import composition_bounds
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings, bench_settings
 from hpp.formulation.composition.type_classes import type_class_bound
@@ -63,6 +67,9 @@ OPTIMUM_ATOL_S = 1e-5
 MILP_REL_GAP = 1e-6
 #: HiGHS branch-and-bound nodes per unit of ``SolverSettings.deterministic_time`` (its deterministic limit).
 MILP_NODES_PER_WORK_UNIT = 2000
+#: With a wall-clock budget, an exact solver is not started with less than this left [s] (building its model alone
+#: takes about that on a few hundred candidates).
+MIN_EXACT_WALL_S = 0.3
 #: The status vocabulary of :class:`SolveResult`.
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "NO_SOLUTION")
 
@@ -253,9 +260,43 @@ def _exact(name: str, sub, settings: SolverSettings, hint: dict, cutoff: float |
             f"{r.num_variables} vars, {r.num_constraints} rows")
 
 
+def _budgeted_model(problem: CompositionProblem, keep: list[int], must: Mapping[int, int]
+                    ) -> tuple[list[int], CompositionProblem]:
+    """The exact solvers' model with a budget: the candidates ``keep`` reduced by
+    :func:`~hpp.formulation.composition.anytime.exact_model_candidates` (``must`` kept), and their bound problem
+    with the copy bound's per-type sync floors (:func:`~hpp.formulation.composition.copy_bound_levels.floor_tables`,
+    computed over every candidate of ``keep``): ``(selected indices, their bound problem)``."""
+    bp = problem.bound_problem()
+    floors = floor_tables(bp.restricted(keep), min(problem.cluster.num_devices,
+                                                   sum(problem.max_copies(c) for c in keep)))
+    row = {c: r for r, c in enumerate(keep)}
+    sel = exact_model_candidates(bp, keep, must=list(must), floors=floors)
+    sub = bp.restricted(sel)
+    return sel, replace(sub, floor_table=floors[[row[c] for c in sel]], caches=ProblemCaches(ring=sub.caches.ring))
+
+
+def _budget(settings: SolverSettings, t0: float, deadline: float | None) -> Budget | None:
+    """The budget of the budgeted phase (None at the default budget): the wall-clock limit from ``t0`` (or the
+    caller's ``deadline``), else the deterministic work budget."""
+    if not settings.budgeted:
+        return None
+    if settings.max_time_in_seconds is not None:
+        return Budget(deadline if deadline is not None else t0 + settings.max_time_in_seconds)
+    return Budget(None, settings.work_budget)
+
+
+def _exact_settings(settings: SolverSettings, budget: Budget, *, share: float) -> SolverSettings:
+    """The exact solver's settings in the budgeted phase: with a wall-clock budget ``share`` of what is left (its
+    deterministic limit then no tighter), else the deterministic budget as given (each exact run gets it whole)."""
+    if budget.deadline is None:
+        return settings
+    left = max(0.05, share * budget.left_s())
+    return replace(settings, max_time_in_seconds=left, deterministic_time=max(settings.deterministic_time, left))
+
+
 def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings(), *,
           incumbent: SolveResult | None = None,
-          progress: Callable[[str], None] | None = None) -> SolveResult:
+          progress: Callable[[str], None] | None = None, deadline: float | None = None) -> SolveResult:
     """Solve ``problem`` with ``settings.solver`` (see the module docstring for the steps).
 
     Parameters
@@ -265,6 +306,9 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     incumbent : SolveResult, optional
         A heuristic answer already computed on ``problem`` (its counts are the incumbent).
     progress : optional callback for one-line progress messages.
+    deadline : float, optional
+        With ``settings.max_time_in_seconds``: the :func:`time.perf_counter` value the budgeted phase ends at
+        (the caller's start + the limit; default: this call's start + the limit).
 
     Returns
     -------
@@ -313,47 +357,113 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         answers.append((judge(rounded), "lp-rounding", rounded))
     bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
-    tc = type_class_bound(bsub, cutoff_s=inc_obj if math.isfinite(inc_obj) else None) if settings.type_classes else None
+    budget = _budget(settings, t0, deadline)
+    budgeted = budget is not None and name != "heuristic" and not settings.solver_answer_only
+
+    def best() -> tuple[float, str, dict]:
+        return min(answers, key=lambda a: a[0])          # ties: the first (the incumbent)
+
+    def report(what: str) -> None:                       # a progress line of the budgeted phase
+        o = best()[0]
+        say(f"{time.perf_counter() - t0:.1f} s: {what}; plan {o:.4f} s ({best()[1]}), bound {bound:.4f} s "
+            f"({bound_method}), gap {gap(o, bound):.2%}")
+
+    tc = None
+    if settings.type_classes or budgeted:
+        cut = best()[0]
+        tc = type_class_bound(bsub, cutoff_s=cut if math.isfinite(cut) else None)
     tc_note = "" if tc is None else f"type-class bound {tc.bound_s:.4f} s" + ("" if tc.bound_s > bound else ", no stronger")
     if tc is not None and tc.bound_s > bound:
         bound, bound_method = float(tc.bound_s), "type-classes"
-    if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL" and not settings.solver_answer_only:
-        note = f"{name} not run: the incumbent is within the optimality tolerance of the bound"
-        if name == "cp-sat" and settings.cpsat_params:
-            note += "; --cpsat-params unused"
-    elif name != "heuristic":
+    extra = [keep[c] for c in (copy_bounds[0].pool[:ROUNDED_POOL] if copy_bounds else [])]
+    done: set[tuple] = set()
+
+    def local_search(own: list, share: float) -> None:
+        """The cost-model local search from the best of ``own`` (answers), its pool from their plans: with a
+        wall-clock budget ``share`` of what is left, else the whole work budget (each run the same)."""
+        obj0, _, start = min(own, key=lambda a: a[0])
+        pool_ls = local_search_pool(problem, [a[2] for a in own if a[2]], extra)
+        key = (frozenset(start.items()), tuple(pool_ls))
+        if key in done or not start or (budget.deadline is not None and budget.exhausted()):
+            return
+        done.add(key)
+        work = budget.share(share) if budget.deadline is not None else Budget(None, settings.work_budget)
+        better, v, evals = cost_model_local_search(problem, judge, dict(start), obj0, pool_ls, work)
+        if v < obj0:
+            answers.append((v, "local-search", better))
+        report(f"cost-model local search ({evals} plans priced)")
+
+    if budgeted:
+        report("type-class bound")
+        local_search(list(answers), 0.3)
+    pre_best, _, pre_counts = best()              # every exact solver starts from here (hint and cutoff)
+    solvers = [name, *(x for x in settings.portfolio if x != name and x != "heuristic")] if budgeted else [name]
+    n_pre = len(answers)
+    starts: list[list] = []                       # per exact solver run: the answers a run of it alone would have
+    model = None                                  # (candidates, bound problem) of the exact solvers with a budget
+    for i, exact in enumerate(solvers):
+        if name == "heuristic":
+            break
+        if status_of(best()[0], bound) == "OPTIMAL" and not settings.solver_answer_only:
+            if not i:
+                note = f"{name} not run: the incumbent is within the optimality tolerance of the bound"
+                if name == "cp-sat" and settings.cpsat_params:
+                    note += "; --cpsat-params unused"
+            break
         most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
+        if budgeted and budget.deadline is not None and budget.left_s() < MIN_EXACT_WALL_S:
+            note = (note + "; " if note else "") + f"{exact} not run: {budget.left_s():.2f} s left of the time limit"
+            continue
+        if budgeted and model is None:
+            model = _budgeted_model(problem, keep, pre_counts)
+        pool = model[0] if budgeted else keep
         limit = min(settings.candidate_limit, max(50, settings.max_table_entries // max(1, most)))
-        full = len(keep) <= limit
-        if full or settings.cpsat_on_subset:
-            sel = keep if full else _best_candidates(problem, keep, set(inc_counts), limit)
+        full = len(pool) <= limit
+        if full or settings.cpsat_on_subset or budgeted:
+            sel = pool if full else _best_candidates(problem, pool, set(pre_counts), limit)
             remap = {old: new for new, old in enumerate(sel)}
-            hint = {remap[c]: x for c, x in inc_counts.items() if c in remap} if settings.warm_start else {}
-            cutoff = inc_obj if settings.warm_start and math.isfinite(inc_obj) else None
-            counts, solver_status, ex_bound, solver_model, hit, nodes, note = _exact(
-                name, bp.restricted(sel), settings, hint, cutoff, lb_pipe if full else None, progress)
+            hint = {remap[c]: x for c, x in pre_counts.items() if c in remap} if settings.warm_start else {}
+            cutoff = pre_best if settings.warm_start and math.isfinite(pre_best) else None
+            run = _exact_settings(settings, budget, share=0.85 / (len(solvers) - i)) if budgeted else settings
+            sub = model[1] if budgeted and full else bp.restricted(sel)
+            counts, status_x, ex_bound, model_x, hit_x, nodes_x, note_x = _exact(
+                exact, sub, run, hint, cutoff, lb_pipe if full else None, progress)
+            if exact == name:
+                solver_status, solver_model, hit, nodes, note = status_x, model_x, hit_x, nodes_x, note_x
             counts = {sel[c]: x for c, x in counts.items() if x > 0}
+            own = []
             if counts and problem.fits(counts):
-                answers.append((judge(counts), name, counts))
-            elif counts:
-                note = (note + "; " if note else "") + f"answer {counts} does not fit the inventory: dropped"
+                answers.append((judge(counts), exact, counts))
+                own = [answers[-1]]
+            starts.append(answers[:n_pre] + own)
+            if counts and not own:
+                note = (note + "; " if note else "") + f"{exact}'s answer {counts} does not fit the inventory: dropped"
             if full:
-                if solver_status == "INFEASIBLE" and cutoff is not None:
-                    ex_bound = cutoff                   # nothing's bound model beats the incumbent
+                if status_x == "INFEASIBLE" and cutoff is not None:
+                    ex_bound = cutoff                   # nothing's bound model beats the best plan
                 elif cutoff is not None and ex_bound == ex_bound:
-                    ex_bound = min(ex_bound, cutoff)    # plans cut off cost more than the incumbent
+                    ex_bound = min(ex_bound, cutoff)    # plans cut off cost more than the best plan
                 if ex_bound == ex_bound and ex_bound > bound:
-                    bound, bound_method = float(ex_bound), ("cutoff" if solver_status == "INFEASIBLE" else name)
+                    bound, bound_method = float(ex_bound), ("cutoff" if status_x == "INFEASIBLE" else exact)
+                if budgeted and len(sel) < len(keep):
+                    note = (note + "; " if note else "") + (f"{exact} on {len(sel)} of {len(keep)} candidates "
+                                                            f"(the others dominated in its model)")
             else:
-                note = (note + "; " if note else "") + f"{name} saw {len(sel)} of {len(keep)} candidates"
+                note = (note + "; " if note else "") + f"{exact} saw {len(sel)} of {len(pool)} candidates"
+            if budgeted:
+                report(f"{exact} {status_x or 'done'}")
         else:
-            note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP and copy bound cover all"
+            note = f"{name} skipped: {len(pool)} candidates > {limit}; the LP and copy bound cover all"
             if name == "cp-sat" and settings.cpsat_params:
                 note += "; --cpsat-params unused: --cpsat-on-subset runs CP-SAT on a subset"
+    if budgeted:
+        # from each exact solver's answer, as a run of that solver alone would continue (the same whatever else ran)
+        for k, own in enumerate(starts):
+            local_search(own, 1.0 / (len(starts) - k))
     note = "; ".join(x for x in (note, tc_note) if x)
     if settings.solver_answer_only and name != "heuristic":     # the exact solver's own answer, or none
         answers = [a for a in answers if a[1] == name] or [(math.inf, "", {})]
-    obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
+    obj, source, counts = best()
     obj = float(obj)
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
         log.error("bound %.9g s above a feasible objective %.9g s: the bound model is wrong", bound, obj)
@@ -369,7 +479,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
 
 def export_cpsat_model(problem: CompositionProblem, path, *, settings: SolverSettings = SolverSettings()) -> dict:
     """Write the CP-SAT model :func:`solve` would solve on ``problem`` (its bound problem, all candidates left
-    after the presolve, the warm start of ``settings``) to ``path``; returns a description.
+    after the presolve, the warm start of ``settings``; with a budget reduced and with the per-type sync floors,
+    as there) to ``path``; returns a description.
 
     ``.pb`` writes the binary proto, ``.pbtxt``/``.txt`` the text format. Variables ``x_<i>`` are the copies of
     the i-th listed candidate; the objective is in integer microseconds (rounded down: a bound model).
@@ -388,6 +499,10 @@ def export_cpsat_model(problem: CompositionProblem, path, *, settings: SolverSet
         hint = {keep.index(c): x for c, x in inc_counts.items()}
     bsub = bp.restricted(keep)
     lb_pipe = composition_bounds(bsub)[0] if settings.warm_start else None
+    if settings.budgeted:                           # as solve() builds it with a budget
+        sel, bsub = _budgeted_model(problem, keep, {c: 1 for c in hint and {keep[i] for i in hint}})
+        hint = {sel.index(keep[i]): x for i, x in hint.items()}
+        keep = sel
     model, _ = build_composition_model(bsub, settings=settings, hint=hint or None, incumbent_s=inc_obj,
                                        lower_bound_pipe_s=lb_pipe)
     if not model.export_to_file(str(path)):
