@@ -43,6 +43,16 @@ def test_the_default_search_is_never_above_the_exhaustive_optimum_when_it_says_o
     assert sum(c.status == "FEASIBLE" for c in checks) >= 20
 
 
+def test_the_budgeted_search_is_never_above_the_exhaustive_optimum_when_it_says_optimal():
+    """The budgeted phase (exact solvers on every candidate with the per-type floors, the cost-model local search) on
+    30 instances, deterministic budget: the same checks; it certifies at least as often as the default."""
+    checks = _checks(30, max_gpus_per_type=2, limit=3000, settings=SolverSettings(num_workers=1, deterministic_time=0.1))
+    default = _checks(30, max_gpus_per_type=2, limit=3000, settings=SolverSettings(num_workers=1))
+    assert [(c.family, c.seed, v) for c in checks for v in c.violations] == []
+    assert sum(c.status == "OPTIMAL" for c in checks) >= sum(c.status == "OPTIMAL" for c in default)
+    assert all(c.objective_s <= d.objective_s * (1 + 1e-12) for c, d in zip(checks, default))
+
+
 def test_control_a_bound_over_the_dominance_pruned_candidates_is_caught():
     """The old search bounded only the candidates the ``dominated`` rule kept: on instance ``inverted`` seed 68 the
     dominated T0-then-2xT1 pipeline is the optimum (3.905 s), and that search said OPTIMAL at 4.015 s."""

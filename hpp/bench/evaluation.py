@@ -59,7 +59,7 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
-def scenario_rows(names: Iterable[str], *, time_limit_s: float = 5.0, single_shape_budget_s: float = 60.0
+def scenario_rows(names: Iterable[str], *, time_limit_s: float | None = None, single_shape_budget_s: float = 60.0
                   ) -> list[ScenarioRow]:
     """Plan each scenario with HPP and both baselines (same cost model, same input)."""
     rows = []

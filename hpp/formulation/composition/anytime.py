@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hpp.formulation.composition.heuristics import _fill_in_order
 from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.composition.problem import CompositionProblem
 from hpp.pruning.rules import DominanceKeys, dominance_order, undominated_mask
@@ -116,7 +117,7 @@ def local_search_pool(problem: CompositionProblem, plans: Sequence[dict], extra:
 PAIR_POOL = 12
 
 
-def _moves(counts: dict[int, int], pool: Sequence[int]) -> list[dict[int, int]]:
+def _moves(problem: CompositionProblem, counts: dict[int, int], pool: Sequence[int]) -> list[dict[int, int]]:
     """The neighbours of ``counts`` (:func:`cost_model_local_search`), in a fixed order."""
     def less(t: dict, c: int) -> dict:
         t = dict(t)
@@ -143,6 +144,13 @@ def _moves(counts: dict[int, int], pool: Sequence[int]) -> list[dict[int, int]]:
         for c2 in used[i:]:
             if c2 != c or counts[c] >= 2:
                 out += [more(less(less(counts, c), c2), d) for d in pool[:PAIR_POOL]]
+    for c in used:                  # every copy of c replaced by as many copies of d as the freed devices hold
+        rest = {k: v for k, v in counts.items() if k != c}
+        for d in pool:
+            if d != c:
+                filled, _ = _fill_in_order(problem, rest, [d])
+                if filled.get(d, 0) > rest.get(d, 0):
+                    out.append(filled)
     return out
 
 
@@ -152,7 +160,8 @@ def cost_model_local_search(problem: CompositionProblem, judge: Callable[[dict],
     """First-improvement local search over copy counts priced by ``judge`` (the cost model).
 
     Neighbours: one copy less of a used candidate; one more of a ``pool`` candidate; one copy of a used candidate
-    replaced by one or two of the pool (two: of its first :data:`PAIR_POOL`), or two copies by one. Those that fit
+    replaced by one or two of the pool (two: of its first :data:`PAIR_POOL`), or two copies by one; every copy of a
+    used candidate replaced by as many of a pool candidate as the freed devices hold. Those that fit
     the inventory and were not priced before are tried in the order of their search-model price
     (:func:`composition_objective_s`, cheapest first; ties in move order), each judged (spending
     :func:`eval_work` of ``budget``), the first better than ``obj`` (by more than 1e-12 relative) taken, until none
@@ -168,7 +177,7 @@ def cost_model_local_search(problem: CompositionProblem, judge: Callable[[dict],
     seen: set[frozenset] = {frozenset(counts.items())}
     while not budget.exhausted():
         priced = []
-        for i, t in enumerate(_moves(counts, pool)):
+        for i, t in enumerate(_moves(problem, counts, pool)):
             key = frozenset(t.items())
             if t and key not in seen and problem.fits(t):
                 seen.add(key)

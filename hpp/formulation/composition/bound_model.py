@@ -293,13 +293,16 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
 
     out = []
     corrected = 0
+    runs_of: dict[tuple, list[int | None]] = {}
     for cand in candidates:
         p = cand.partition
         shape, bnd = cand.shape, p.boundaries
         tau, phi = p.bottleneck_s, p.fill_s
         S = len(shape)
         if S > 1:
-            runs = _runs_after(shape)
+            runs = runs_of.get(shape)
+            if runs is None:
+                runs = runs_of[shape] = _runs_after(shape)
             mbs = cand.micro_batch_size
             rec = [record(shape[i], shape[i + 1], runs[i], mbs, bnd[i + 1]) for i in range(S - 1)]
             inter = [False] * (S - 1)       # the fill's choice: boundaries priced as crossings

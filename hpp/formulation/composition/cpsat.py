@@ -63,7 +63,7 @@ class CompositionResult:
         Composition objective of ``counts`` and CP-SAT's bound of its model [s] (a raw answer: the
         solve path, :func:`hpp.formulation.composition.solve.solve`, turns it into the one :class:`~hpp.formulation.composition.solve.SolveResult`).
     gap : float
-        (objective - bound) / objective; 0 when proven optimal; nan without a bound.
+        :func:`hpp.formulation.composition.solve.gap` of the two (the one gap definition).
     wall_s : float
         CP-SAT's time (model and solve) [s]; 0 when it was skipped.
     num_candidates : int
@@ -196,7 +196,12 @@ def _time_variables(mo: _Model) -> None:
     horizon = mo.us(max(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
                         for c in cands)) + 1
     mo.t_pipe = m.new_int_var(0, horizon, "t_pipe_us")
-    t_sync_max = max(mo.us(p.sync_s(c, mo.H)) for c in range(len(cands))) + 2
+    # the largest sync over every h (per-candidate floor tables need not grow with h: the hierarchical form is
+    # allowed only where the group size divides h)
+    if p.floor_table is not None:
+        t_sync_max = max((max(row) for row in p.sync_tables_us(range(len(cands)), mo.H)), default=0) + 2
+    else:
+        t_sync_max = max(mo.us(p.sync_s(c, mo.H)) for c in range(len(cands))) + 2
     mo.t_sync = m.new_int_var(0, max(t_sync_max, 1), "t_sync_us")
     mo.t_opt = m.new_int_var(0, max(mo.us(c.partition.optimizer_s) for c in cands) + 1, "t_opt_us")
 
@@ -240,8 +245,36 @@ def _pipeline_time(mo: _Model) -> None:
                  ).only_enforce_if(mo.used[c])
 
 
+#: Bytes per unit of W in the compact sync of a bound problem (:func:`_gradient_sync_compact`).
+_SYNC_BYTES_UNIT = 1_000_000
+
+
+def _gradient_sync_compact(mo: _Model) -> None:
+    """Gradient sync of a bound problem without per-candidate floor tables: its floor is W_c times a factor of h
+    (:class:`~hpp.formulation.composition.sync_floor.SyncFloor`), so t_sync >= W_max f(h) with W_max >= W_c of every
+    used candidate (in whole MB, rounded down) and f(h) one table (us per MB, rounded down): O(n + H) instead of n
+    tables of H entries, each term at most the real floor."""
+    m, p = mo.m, mo.problem
+    cands = p.candidates
+    per = [int(math.floor(p.sync_floor.seconds(1.0, h) * _SYNC_BYTES_UNIT * US_PER_S)) for h in range(1, mo.H + 1)]
+    w = [int(max(c.partition.stage_param_bytes, default=0.0) // _SYNC_BYTES_UNIT) for c in cands]
+    wmax = m.new_int_var(0, max(w, default=0), "sync_bytes_mb")
+    for c, wc in enumerate(w):
+        if wc > 0:
+            m.add(wmax >= wc).only_enforce_if(mo.used[c])
+    f = m.new_int_var(0, max(per, default=0), "sync_us_per_mb")
+    m.add_element(mo.h, [0] + per, f)
+    prod = m.new_int_var(0, max(w, default=0) * max(per, default=0), "sync_floor_us")
+    m.add_multiplication_equality(prod, [wmax, f])
+    m.add(mo.t_sync >= prod)
+
+
 def _gradient_sync(mo: _Model) -> None:
-    """Gradient sync: t_sync >= sync_c(h) for every used candidate, a table over the number of pipelines h."""
+    """Gradient sync: t_sync >= sync_c(h) for every used candidate, a table over the number of pipelines h (on a
+    bound problem without per-candidate floor tables and more than 256 pipelines: :func:`_gradient_sync_compact`)."""
+    if mo.problem.sync_floor is not None and mo.problem.floor_table is None and mo.H > 256:
+        _gradient_sync_compact(mo)
+        return
     m, n = mo.m, len(mo.problem.candidates)
     tables = mo.problem.sync_tables_us(range(n), mo.H)
     for c in range(n):
@@ -364,7 +397,6 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     else:
         counts = dict(hint or {})
         bound = solver.best_objective_bound / US_PER_S if status == cp_model.UNKNOWN else math.nan
+    from hpp.formulation.composition.solve import gap    # the one gap (solve imports this module lazily)
     obj = composition_objective_s(problem, counts) if counts else math.inf
-    gap = (obj - bound) / obj if math.isfinite(obj) and obj > 0 and bound == bound else math.nan
-    return CompositionResult(counts, name, obj, bound, max(0.0, gap) if gap == gap else gap, wall, n,
-                             hit_time_limit=hit)
+    return CompositionResult(counts, name, obj, bound, gap(obj, bound), wall, n, hit_time_limit=hit)

@@ -91,6 +91,12 @@ def _product(b: _Builder, a: int, a_ub: int, o: int, o_ub: int) -> list[tuple[in
     return [(w, p) for _, w, p in bits]
 
 
+#: ``formulation="auto"``: the per-copy formulation while the copies' upper bounds sum to at most this, else the
+#: product. Measured (HiGHS): on 36 candidates of opt350-3types-40 10 nodes took 9.9 s per copy, 1.7 s with the
+#: product; on the 217 of opt350-a100x4-v100x4 (sum 316) both closed the model, in 7.4 s and 4.9 s.
+PER_COPY_LIMIT = 100
+
+
 def _max_pipelines(problem: CompositionProblem, ub: list[int]) -> int:
     fewest = min(c.num_devices for c in problem.candidates)
     return max(1, min(sum(ub), problem.cluster.num_devices // fewest))
@@ -98,7 +104,7 @@ def _max_pipelines(problem: CompositionProblem, ub: list[int]) -> int:
 
 def solve_composition_milp(problem: CompositionProblem, *, time_limit_s: float = 10.0, cutoff_s: float | None = None,
                            lower_bound_pipe_s: float | None = None, mip_rel_gap: float = 1e-6,
-                           formulation: str = "auto", per_copy_limit: int = 4000,
+                           formulation: str = "auto", per_copy_limit: int = PER_COPY_LIMIT,
                            node_limit: int | None = None) -> MilpResult:
     """Build and solve the MILP of the module docstring; never raises on a time limit.
 

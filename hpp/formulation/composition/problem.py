@@ -87,9 +87,12 @@ class ProblemCaches:
     tp
         TP groups the nodes hold by (device type, TP degree).
     copies
-        :meth:`~CompositionProblem.max_copies` by index and by usage key.
+        :meth:`~CompositionProblem.max_copies` by index.
     rows
-        :meth:`~CompositionProblem._copy_rows` by index and by usage key.
+        :meth:`~CompositionProblem._copy_rows` by index.
+    by_usage
+        both by usage key (``("copies", key)``, ``("rows", key)``), and max_copies by candidate object (``id``):
+        shared with restrictions (same inventory, the same candidate objects).
     """
 
     solo: dict = field(default_factory=dict)
@@ -98,10 +101,12 @@ class ProblemCaches:
     tp: dict = field(default_factory=dict)
     copies: dict = field(default_factory=dict)
     rows: dict = field(default_factory=dict)
+    by_usage: dict = field(default_factory=dict)
 
     def for_restriction(self) -> "ProblemCaches":
-        """The caches of a restricted copy: ``solo`` and ``ring`` shared (the same dicts), the rest new."""
-        return ProblemCaches(solo=self.solo, ring=self.ring)
+        """The caches of a restricted copy: ``solo``, ``ring`` and ``by_usage`` shared (the same dicts), the rest
+        new."""
+        return ProblemCaches(solo=self.solo, ring=self.ring, by_usage=self.by_usage)
 
 
 _PER_COPY_MAX_VARS = 3000   # "auto": per-copy variables while sum of copy bounds stays below this
@@ -320,15 +325,19 @@ class CompositionProblem:
         ub = self.caches.copies.get(c)
         if ub is None:
             cand = self.candidates[c]
+            ub = self.caches.by_usage.get(id(cand))           # the same candidate in a restriction
+            if ub is not None:
+                self.caches.copies[c] = ub
+                return ub
             usage = _usage_key(cand)
-            ub = self.caches.copies.get(usage)    # candidates of the same device and TP-group counts share it
+            ub = self.caches.by_usage.get(("copies", usage))    # candidates of the same counts share it
             if ub is None:
                 inv = self.inventory
                 ub = min(inv.get(t, 0) // n for t, n in cand.devices.items())
                 for (t, s), n in cand.tp_groups.items():
                     ub = min(ub, self.tp_capacity(t, s) // n)
-                self.caches.copies[usage] = ub
-            self.caches.copies[c] = ub
+                self.caches.by_usage[("copies", usage)] = ub
+            self.caches.copies[c] = self.caches.by_usage[id(cand)] = ub
         return ub
 
     def fits(self, counts: dict[int, int]) -> bool:
@@ -361,9 +370,10 @@ class CompositionProblem:
             return self.caches.rows[c]
         cand = self.candidates[c]
         usage = _usage_key(cand)
-        if usage not in self.caches.rows:      # candidates of the same device and TP-group counts share rows
-            self.caches.rows[usage] = _usage_rows(cand)
-        rows = self.caches.rows[c] = self.caches.rows[usage]
+        key = ("rows", usage)
+        if key not in self.caches.by_usage:    # candidates of the same device and TP-group counts share rows
+            self.caches.by_usage[key] = _usage_rows(cand)
+        rows = self.caches.rows[c] = self.caches.by_usage[key]
         return rows
 
 

@@ -260,19 +260,49 @@ def _exact(name: str, sub, settings: SolverSettings, hint: dict, cutoff: float |
             f"{r.num_variables} vars, {r.num_constraints} rows")
 
 
+#: The most (candidates x pipeline counts) for which the budgeted exact model gets the copy bound's per-type sync
+#: floors (their tables, and the dominance that compares them at every count, grow with both).
+FLOOR_TABLE_MAX_ENTRIES = 200_000
+
+
 def _budgeted_model(problem: CompositionProblem, keep: list[int], must: Mapping[int, int]
                     ) -> tuple[list[int], CompositionProblem]:
-    """The exact solvers' model with a budget: the candidates ``keep`` reduced by
-    :func:`~hpp.formulation.composition.anytime.exact_model_candidates` (``must`` kept), and their bound problem
-    with the copy bound's per-type sync floors (:func:`~hpp.formulation.composition.copy_bound_levels.floor_tables`,
-    computed over every candidate of ``keep``): ``(selected indices, their bound problem)``."""
+    """The exact solvers' model with a budget: ``(selected indices, their bound problem)``.
+
+    The candidates ``keep`` reduced by :func:`~hpp.formulation.composition.anytime.exact_model_candidates` (``must``
+    kept). Where (candidates x most pipelines) is at most :data:`FLOOR_TABLE_MAX_ENTRIES`, the bound problem has the
+    copy bound's per-type sync floors as well
+    (:func:`~hpp.formulation.composition.copy_bound_levels.floor_tables`, computed over every candidate of ``keep``,
+    the dominance then comparing them at every count); else the cluster-wide floor only.
+    """
     bp = problem.bound_problem()
-    floors = floor_tables(bp.restricted(keep), min(problem.cluster.num_devices,
-                                                   sum(problem.max_copies(c) for c in keep)))
+    most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
+    pool = exact_model_candidates(bp, keep, must=list(must))
+    if len(keep) * most > FLOOR_TABLE_MAX_ENTRIES:
+        return pool, bp.restricted(pool)
+    floors = floor_tables(bp.restricted(keep), most)
     row = {c: r for r, c in enumerate(keep)}
     sel = exact_model_candidates(bp, keep, must=list(must), floors=floors)
     sub = bp.restricted(sel)
-    return sel, replace(sub, floor_table=floors[[row[c] for c in sel]], caches=ProblemCaches(ring=sub.caches.ring))
+    return sel, replace(sub, floor_table=floors[[row[c] for c in sel]],
+                        caches=ProblemCaches(ring=sub.caches.ring, by_usage=sub.caches.by_usage))
+
+
+#: With a budget, the exact solvers' model holds at most this many candidates per second of wall-clock budget left,
+#: or per unit of deterministic budget: (CP-SAT, HiGHS). Building a CP-SAT model of 3,000 candidates took ~10 s
+#: (opt350-1024-4types), and HiGHS spent 40 s on 192 candidates of opt350-3types-40 with a limit of 200 nodes (its
+#: node limit does not bound its root work; measured); above, they run on the best that many (their bound then not
+#: used).
+MODEL_CANDIDATES_PER_S = {"cp-sat": 300, "milp": 60}
+MODEL_CANDIDATES_PER_UNIT = {"cp-sat": 2000, "milp": 400}
+
+
+def _model_size_cap(exact: str, settings: SolverSettings, budget: Budget) -> int:
+    """The most candidates the budgeted exact model of solver ``exact`` may hold (:data:`MODEL_CANDIDATES_PER_S`,
+    :data:`MODEL_CANDIDATES_PER_UNIT`), at least 30."""
+    if budget.deadline is not None:
+        return max(30, int(MODEL_CANDIDATES_PER_S[exact] * budget.left_s()))
+    return max(30, int(MODEL_CANDIDATES_PER_UNIT[exact] * settings.work_budget))
 
 
 def _budget(settings: SolverSettings, t0: float, deadline: float | None) -> Budget | None:
@@ -417,7 +447,12 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         if budgeted and model is None:
             model = _budgeted_model(problem, keep, pre_counts)
         pool = model[0] if budgeted else keep
-        limit = min(settings.candidate_limit, max(50, settings.max_table_entries // max(1, most)))
+        # CP-SAT's sync is one table on a bound problem without per-candidate floors and > 256 pipelines (compact)
+        compact = budgeted and exact == "cp-sat" and model[1].floor_table is None and most > 256
+        limit = settings.candidate_limit if compact else \
+            min(settings.candidate_limit, max(50, settings.max_table_entries // max(1, most)))
+        if budgeted:                      # building the model takes time too: its size follows the budget
+            limit = min(limit, _model_size_cap(exact, settings, budget))
         full = len(pool) <= limit
         if full or settings.cpsat_on_subset or budgeted:
             sel = pool if full else _best_candidates(problem, pool, set(pre_counts), limit)
