@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.bench.gap_table import gap_table_markdown, read_gap_table
 from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table, type_class_lines
 from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, search_targets,
                                      target_lines)
@@ -300,7 +301,13 @@ def _gap_markdown(results: Path) -> list[str]:
     if not rows:
         return []
     sums = summarise(rows)
-    return ["### What limits the gap (`experiments/gap_progress.py`)", "",
+    table = gap_table_markdown(read_gap_table(results / "gap_table.csv"))
+    if table:
+        table = ["`hpp plan --no-baselines`'s gap ((objective - bound) / objective, as everywhere) on every bundled "
+                 "scenario at the default budget, and on the two largest with a wall-clock budget "
+                 "(`experiments/gap_table.py`, `results/gap_table.csv`; the budgeted rows depend on the machine's "
+                 "speed and load):", "", *table, ""]
+    return ["### What limits the gap (`experiments/gap_progress.py`)", "", *table,
             "Per input, how far each method moves the incumbent (the best plan's iteration time as the cost model "
             "predicts it) and the bound (a proven lower bound of that same time, always on the bound problem as "
             "`solve()` builds it). Inputs `Ktypes-N` are the search-overhead sweep's: OPT-350 on N GPUs split evenly "
