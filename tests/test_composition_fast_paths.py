@@ -164,9 +164,9 @@ def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
     assert skip.search.bound_s == run.search.bound_s and run.search.bound_method == "lp"
     assert run.search.objective_s <= skip.search.objective_s
     assert skip.search.status in ("OPTIMAL", "FEASIBLE")
-    # below the limit CP-SAT runs on all candidates
-    small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=10**6,
-                                                                              deterministic_time=0.2))
+    # below the limit CP-SAT runs on all candidates (with a budget of 0.3 units its model may hold 600)
+    small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(
+        num_workers=1, max_candidates=10**6, deterministic_time=0.3, portfolio=("cp-sat",)))
     assert small.search.solver_status != "" and " saw " not in small.search.note
     assert small.stats["plan_from"] in ("cp-sat", "heuristic")
 
@@ -187,7 +187,7 @@ def test_cpsat_limit_depends_on_its_budget():
     default = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
     budget = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, deterministic_time=0.2))
     assert default.search.solver_status == "" and "skipped: 284 candidates > 16" in default.search.note
-    assert budget.search.solver_status != "" and " saw " not in budget.search.note     # every candidate, no subset
+    assert budget.search.solver_status != "" and "cp-sat saw" not in budget.search.note    # every candidate, no subset
     assert re.search(r"cp-sat on \d+ of \d+ candidates \(the others dominated in its model\)", budget.search.note)
     # more budget never gives a worse plan or bound
     assert budget.search.objective_s <= default.search.objective_s

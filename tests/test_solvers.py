@@ -20,7 +20,8 @@ from hpp.formulation.composition import US_PER_S, composition_objective_s
 from hpp.bench.instances import get_instance, library
 from hpp.planner import make_problem
 from hpp.bench.solvers import check_consistency, run_bench, summary_table
-from hpp.formulation.composition.solve import (SOLVER_NAMES, SolverSettings, bench_settings, export_cpsat_model, model_objective_s, solve,
+from hpp.formulation.composition.exact_step import export_cpsat_model
+from hpp.formulation.composition.solve import (SOLVER_NAMES, SolverSettings, bench_settings, model_objective_s, solve,
                          within_tolerance)
 from tests.synthetic import toy_cluster, toy_profile
 

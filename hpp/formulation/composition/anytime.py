@@ -3,7 +3,7 @@ budget ends (:func:`hpp.formulation.composition.solve.solve`, step 5).
 
 A budget (:class:`Budget`) is wall-clock seconds (``--time-limit T``: the answer may then depend on the machine's
 load) and/or deterministic work units (``--work-limit U``: CP-SAT's own units; HiGHS
-:data:`~hpp.formulation.composition.solve.MILP_NODES_PER_WORK_UNIT` nodes per unit; one cost-model evaluation
+:data:`~hpp.formulation.composition.exact_step.MILP_NODES_PER_WORK_UNIT` nodes per unit; one cost-model evaluation
 :func:`eval_work` units), so that a work-limited search gives the same answer on any machine.
 
 What it runs, each step only while the budget lasts:

@@ -245,15 +245,13 @@ def _pipeline_time(mo: _Model) -> None:
                  ).only_enforce_if(mo.used[c])
 
 
-#: Bytes per unit of W in the compact sync of a bound problem (:func:`_gradient_sync_compact`).
-_SYNC_BYTES_UNIT = 1_000_000
+_SYNC_BYTES_UNIT = 1_000_000      # bytes per unit of W in :func:`_gradient_sync_compact`
 
 
 def _gradient_sync_compact(mo: _Model) -> None:
-    """Gradient sync of a bound problem without per-candidate floor tables: its floor is W_c times a factor of h
-    (:class:`~hpp.formulation.composition.sync_floor.SyncFloor`), so t_sync >= W_max f(h) with W_max >= W_c of every
-    used candidate (in whole MB, rounded down) and f(h) one table (us per MB, rounded down): O(n + H) instead of n
-    tables of H entries, each term at most the real floor."""
+    """Gradient sync of a bound problem without floor tables: its floor is W_c times a factor of h (SyncFloor), so
+    t_sync >= W_max f(h), W_max >= W_c of every used candidate (whole MB) and f(h) one table (us per MB), both rounded
+    down: O(n + H) instead of n tables of H entries."""
     m, p = mo.m, mo.problem
     cands = p.candidates
     per = [int(math.floor(p.sync_floor.seconds(1.0, h) * _SYNC_BYTES_UNIT * US_PER_S)) for h in range(1, mo.H + 1)]

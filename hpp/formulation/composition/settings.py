@@ -228,7 +228,7 @@ def bench_settings(solver: str, time_limit_s: float | None, num_workers: int = 1
     less the exact solver on all candidates up to 1,000 (above: on the best 1,000, its bound then not used).
 
     ``work_units``: instead of a wall limit, a deterministic budget per solver (CP-SAT's work units, HiGHS
-    :data:`~hpp.formulation.composition.solve.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must
+    :data:`~hpp.formulation.composition.exact_step.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must
     then be None): the same input, seed and worker count give the same rows whatever the host's speed or load.
 
     Raises

@@ -6,21 +6,26 @@ chosen by ``settings.solver``) -> bind -> estimate. ``hpp plan`` (:func:`hpp.pla
 
 What every solver does, in one place:
 
-1. Incumbent: :func:`~hpp.formulation.composition.heuristics.best_incumbent` on the search model (the best
-   of the greedy and fill heuristics, improved by a local search over copy counts).
+1. Incumbent: :func:`~hpp.formulation.composition.heuristics.heuristic_incumbent`, on the search model and the
+   candidates the heuristics walk (the heuristic pruning rules' set; :mod:`hpp.pruning.rules`).
 2. Presolve (``warm_start``): candidates whose lower-bound single micro-batch already exceeds the
-   incumbent's objective are dropped (rule ``incumbent_bound``; any plan using one is slower).
+   incumbent's objective are dropped (rule ``incumbent_bound``, exact; any plan using one is slower).
 3. Bound: the LP bound (:func:`hpp.formulation.composition.lp_bound.composition_bounds`) on the *bound problem*
    (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
-   any link model) of all candidates left. The copy bound's LP solutions, rounded, are priced by the search
-   model too: the best, where it beats the incumbent there, is improved by a local search over copy counts
-   and becomes a second answer (``lp-rounding``); the bound does not depend on it. ``type_classes``: also :mod:`.type_classes`.
-4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
-   (at most ``settings.candidate_limit``: 16 at the default budget, where CP-SAT's presolve alone takes the
-   budget on larger inputs), with the incumbent as hint and cutoff; its bound then counts.
+   any link model) of every candidate left, those a heuristic rule leaves out of the heuristics' set included.
+   The copy bound's LP solutions, rounded, are priced by the search model too: the best, where it beats the
+   incumbent there, is improved by a local search over copy counts and becomes a second answer
+   (``lp-rounding``); the bound does not depend on it. ``type_classes`` (and any budget): also :mod:`.type_classes`.
+4. Exact solver (``cp-sat`` / ``milp``) on the bound problem (:mod:`.exact_step`), from the best plan so far
+   (hint and cutoff): at the default budget when it sees every candidate left (at most 16, where CP-SAT's
+   presolve alone takes the budget on larger inputs), its bound then counting. With a budget
+   (``settings.budgeted``: a wall-clock or a larger deterministic one) the budgeted phase
+   (:mod:`.anytime`): a local search priced by the cost model, then the exact solver (and the ``portfolio``'s)
+   on every candidate of its model, then the local search again from each one's answer.
 5. Judge: every answer is priced by ``problem.estimator`` (bind + the cost model:
    :func:`~hpp.formulation.cost_model.estimate_plan`) where the problem has one, else by
-   :func:`~hpp.formulation.composition.objective.composition_objective_s`; the best is returned.
+   :func:`~hpp.formulation.composition.objective.composition_objective_s`; the best is returned. At the default
+   budget, where the cost model prices it far above the search model, a few neighbours are priced too.
 6. Figures of the returned answer: ``objective_s`` its judged time, ``bound_s`` a proven lower
    bound of the judged time over all candidates and all bindings, ``gap`` = :func:`gap`, status by
    :func:`status_of`: ``OPTIMAL`` only when objective and bound agree within the tolerance.
@@ -39,13 +44,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.composition.objective import composition_objective_s, pipeline_time_for_counts
-from hpp.formulation.composition.copy_bound_levels import floor_tables
-from hpp.formulation.composition.problem import CompositionProblem, ProblemCaches
-from hpp.formulation.composition.anytime import (Budget, cost_model_local_search, eval_work, exact_model_candidates,
-                                                 local_search_pool)
-from hpp.formulation.composition.heuristics import (ROUNDED_POOL, best_incumbent, rounded_lp_incumbent,
-                                                    solo_objective_s)
+from hpp.formulation.composition.objective import composition_objective_s, judge_of, pipeline_time_for_counts
+from hpp.formulation.composition.exact_step import (MIN_EXACT_WALL_S, best_candidates, budget_of, budgeted_model,
+                                                    candidate_cap, exact_bound, exact_settings, run_exact)
+from hpp.formulation.composition.problem import CompositionProblem
+from hpp.formulation.composition.anytime import Budget, cost_model_local_search, eval_work, local_search_pool
+from hpp.formulation.composition.heuristics import ROUNDED_POOL, heuristic_incumbent, rounded_lp_incumbent
 from hpp.formulation.composition.lp_bound import composition_bounds
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings, bench_settings
 from hpp.formulation.composition.type_classes import type_class_bound
@@ -53,7 +57,7 @@ from hpp.pruning.rules import exceeds_incumbent
 
 __all__ = ["SolverSettings", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S",
            "STATUSES", "solve", "bench_settings", "check_solver", "model_objective_s", "within_tolerance", "gap",
-           "status_of", "certify", "export_cpsat_model"]
+           "status_of", "certify"]
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +67,6 @@ log = logging.getLogger(__name__)
 #: every profile we ship) and HiGHS stops at a relative gap of 1e-6: 1e-3 relative covers both.
 OPTIMUM_RTOL = 1e-3
 OPTIMUM_ATOL_S = 1e-5
-#: HiGHS' relative MIP gap at which it stops and calls the answer optimal.
-MILP_REL_GAP = 1e-6
-#: HiGHS branch-and-bound nodes per unit of ``SolverSettings.deterministic_time`` (its deterministic limit).
-MILP_NODES_PER_WORK_UNIT = 2000
-#: With a wall-clock budget, an exact solver is not started with less than this left [s] (building its model alone
-#: takes about that on a few hundred candidates).
-MIN_EXACT_WALL_S = 0.3
 #: At the default budget, when the cost model prices the best plan above this many times the search model's price, up
 #: to :data:`MISPRICED_EVALS` of its neighbours are priced by the cost model (:mod:`.anytime`'s local search): the
 #: search model misses some links (e.g. an intra-node link slower than the inter-node one: 35.5 s for a plan it
@@ -200,135 +197,6 @@ def check_solver(name: str) -> str:
     return SolverSettings(solver=name).solver
 
 
-def _judge(problem: CompositionProblem) -> Callable[[dict], float]:
-    """counts -> judged objective [s] (memoised on the counts)."""
-    memo: dict[frozenset, float] = {}
-
-    def judge(counts: dict) -> float:
-        counts = {c: x for c, x in counts.items() if x > 0}
-        if not counts:
-            return math.inf
-        key = frozenset(counts.items())
-        got = memo.get(key)
-        if got is None:
-            if problem.estimator is not None:
-                got = problem.estimator(counts)[1].iteration_time_s
-            else:
-                got = composition_objective_s(problem, counts)
-            memo[key] = got
-        return got
-    return judge
-
-
-def _heuristic(problem: CompositionProblem) -> tuple[dict[int, int], float]:
-    """The incumbent (counts, objective [s]): :func:`~hpp.formulation.composition.heuristics.best_incumbent` on the
-    candidates the heuristics use (:attr:`CompositionProblem.heuristic_indices`), as counts of ``problem``."""
-    idx = problem.heuristic_indices
-    if len(idx) == len(problem.candidates):
-        return best_incumbent(problem)
-    counts, obj = best_incumbent(problem.restricted(idx))
-    return {idx[c]: x for c, x in counts.items()}, obj
-
-
-def _best_candidates(problem: CompositionProblem, keep: list[int], must: set[int], limit: int) -> list[int]:
-    """Up to about ``limit`` of ``keep``: ``must``, then the best by solo objective per device-type set."""
-    groups: dict[frozenset, list[int]] = {}
-    for c in keep:
-        groups.setdefault(frozenset(problem.candidates[c].devices), []).append(c)
-    share = max(1, (limit - len(must)) // max(1, len(groups)))
-    out = set(must)
-    for members in groups.values():
-        out.update(sorted(members, key=lambda c: (solo_objective_s(problem, c), c))[:share])
-    return sorted(out)
-
-
-def _exact(name: str, sub, settings: SolverSettings, hint: dict, cutoff: float | None, lb_pipe: float,
-           progress) -> tuple[dict, str, float, float, bool, int, str]:
-    """(counts, status, bound, model objective, hit limit, nodes, note) of the exact solver on bound problem ``sub``."""
-    if name == "cp-sat":
-        # imported here: ortools' CP-SAT module costs ~0.4 s to import (measured), paid only when it runs
-        from hpp.formulation.composition.cpsat import solve_composition_cpsat
-        r = solve_composition_cpsat(sub, settings=settings, hint=hint or None, incumbent_s=cutoff,
-                                    lower_bound_pipe_s=lb_pipe, progress=progress)
-        status = {"UNKNOWN": "NO_SOLUTION", "MODEL_INVALID": "NO_SOLUTION"}.get(r.status, r.status)
-        counts = r.counts if status in ("OPTIMAL", "FEASIBLE") else {}
-        return counts, status, r.bound_s, model_objective_s(sub, counts), r.hit_time_limit, -1, ""
-    # imported here: scipy.optimize (HiGHS' milp) costs ~0.45 s to import (measured), paid only when it runs
-    from hpp.formulation.composition.milp import solve_composition_milp
-    # no wall limit: HiGHS stops at a node limit (deterministic) scaled like CP-SAT's deterministic time
-    r = solve_composition_milp(sub, time_limit_s=settings.max_time_in_seconds or 3600.0, cutoff_s=cutoff,
-                               lower_bound_pipe_s=lb_pipe, mip_rel_gap=MILP_REL_GAP,
-                               formulation=settings.formulation,
-                               node_limit=max(1, int(MILP_NODES_PER_WORK_UNIT * settings.deterministic_time)))
-    hit = r.hit_time_limit and settings.max_time_in_seconds is not None
-    return (r.counts, r.status, r.bound_s, r.model_objective_s, hit, r.nodes,
-            f"{r.num_variables} vars, {r.num_constraints} rows")
-
-
-#: The most (candidates x pipeline counts) for which the budgeted exact model gets the copy bound's per-type sync
-#: floors (their tables, and the dominance that compares them at every count, grow with both).
-FLOOR_TABLE_MAX_ENTRIES = 200_000
-
-
-def _budgeted_model(problem: CompositionProblem, keep: list[int], must: Mapping[int, int]
-                    ) -> tuple[list[int], CompositionProblem]:
-    """The exact solvers' model with a budget: ``(selected indices, their bound problem)``.
-
-    The candidates ``keep`` reduced by :func:`~hpp.formulation.composition.anytime.exact_model_candidates` (``must``
-    kept). Where (candidates x most pipelines) is at most :data:`FLOOR_TABLE_MAX_ENTRIES`, the bound problem has the
-    copy bound's per-type sync floors as well
-    (:func:`~hpp.formulation.composition.copy_bound_levels.floor_tables`, computed over every candidate of ``keep``,
-    the dominance then comparing them at every count); else the cluster-wide floor only.
-    """
-    bp = problem.bound_problem()
-    most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
-    pool = exact_model_candidates(bp, keep, must=list(must))
-    if len(keep) * most > FLOOR_TABLE_MAX_ENTRIES:
-        return pool, bp.restricted(pool)
-    floors = floor_tables(bp.restricted(keep), most)
-    row = {c: r for r, c in enumerate(keep)}
-    sel = exact_model_candidates(bp, keep, must=list(must), floors=floors)
-    sub = bp.restricted(sel)
-    return sel, replace(sub, floor_table=floors[[row[c] for c in sel]],
-                        caches=ProblemCaches(ring=sub.caches.ring, by_usage=sub.caches.by_usage))
-
-
-#: With a budget, the exact solvers' model holds at most this many candidates per second of wall-clock budget left,
-#: or per unit of deterministic budget: (CP-SAT, HiGHS). Building a CP-SAT model of 3,000 candidates took ~10 s
-#: (opt350-1024-4types), and HiGHS spent 40 s on 192 candidates of opt350-3types-40 with a limit of 200 nodes (its
-#: node limit does not bound its root work; measured); above, they run on the best that many (their bound then not
-#: used).
-MODEL_CANDIDATES_PER_S = {"cp-sat": 300, "milp": 60}
-MODEL_CANDIDATES_PER_UNIT = {"cp-sat": 2000, "milp": 400}
-
-
-def _model_size_cap(exact: str, settings: SolverSettings, budget: Budget) -> int:
-    """The most candidates the budgeted exact model of solver ``exact`` may hold (:data:`MODEL_CANDIDATES_PER_S`,
-    :data:`MODEL_CANDIDATES_PER_UNIT`), at least 30."""
-    if budget.deadline is not None:
-        return max(30, int(MODEL_CANDIDATES_PER_S[exact] * budget.left_s()))
-    return max(30, int(MODEL_CANDIDATES_PER_UNIT[exact] * settings.work_budget))
-
-
-def _budget(settings: SolverSettings, t0: float, deadline: float | None) -> Budget | None:
-    """The budget of the budgeted phase (None at the default budget): the wall-clock limit from ``t0`` (or the
-    caller's ``deadline``), else the deterministic work budget."""
-    if not settings.budgeted:
-        return None
-    if settings.max_time_in_seconds is not None:
-        return Budget(deadline if deadline is not None else t0 + settings.max_time_in_seconds)
-    return Budget(None, settings.work_budget)
-
-
-def _exact_settings(settings: SolverSettings, budget: Budget, *, share: float) -> SolverSettings:
-    """The exact solver's settings in the budgeted phase: with a wall-clock budget ``share`` of what is left (its
-    deterministic limit then no tighter), else the deterministic budget as given (each exact run gets it whole)."""
-    if budget.deadline is None:
-        return settings
-    left = max(0.05, share * budget.left_s())
-    return replace(settings, max_time_in_seconds=left, deterministic_time=max(settings.deterministic_time, left))
-
-
 def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings(), *,
           incumbent: SolveResult | None = None,
           progress: Callable[[str], None] | None = None, deadline: float | None = None) -> SolveResult:
@@ -361,13 +229,13 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         raise HppInputError("the composition problem has no candidate pipeline", field="candidates",
                             fix="check that some pipeline shape fits memory")
     say = progress or (lambda _msg: None)
-    judge = _judge(problem)
+    judge = judge_of(problem)
     bp = problem.bound_problem()
     if incumbent is not None and incumbent.counts:
         inc_counts = dict(incumbent.counts)
         inc_model = composition_objective_s(problem, inc_counts)
     else:
-        inc_counts, inc_model = _heuristic(problem)     # the search model's price of it
+        inc_counts, inc_model = heuristic_incumbent(problem)     # the search model's price of it
     inc_obj = judge(inc_counts)
     answers = [(inc_obj, "heuristic", inc_counts)]
     keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
@@ -392,7 +260,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         answers.append((judge(rounded), "lp-rounding", rounded))
     bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
-    budget = _budget(settings, t0, deadline)
+    budget = budget_of(settings, t0, deadline)
     budgeted = budget is not None and name != "heuristic" and not settings.solver_answer_only
 
     def best() -> tuple[float, str, dict]:
@@ -445,28 +313,23 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
                 if name == "cp-sat" and settings.cpsat_params:
                     note += "; --cpsat-params unused"
             break
-        most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
         if budgeted and budget.deadline is not None and budget.left_s() < MIN_EXACT_WALL_S:
             note = (note + "; " if note else "") + f"{exact} not run: {budget.left_s():.2f} s left of the time limit"
             continue
         if budgeted and model is None:
-            model = _budgeted_model(problem, keep, pre_counts)
+            model = budgeted_model(problem, keep, pre_counts)
         pool = model[0] if budgeted else keep
-        # CP-SAT's sync is one table on a bound problem without per-candidate floors and > 256 pipelines (compact)
-        compact = budgeted and exact == "cp-sat" and model[1].floor_table is None and most > 256
-        limit = settings.candidate_limit if compact else \
-            min(settings.candidate_limit, max(50, settings.max_table_entries // max(1, most)))
-        if budgeted:                      # building the model takes time too: its size follows the budget
-            limit = min(limit, _model_size_cap(exact, settings, budget))
+        limit = candidate_cap(problem, keep, exact, settings, budget if budgeted else None,
+                              model[1] if budgeted else None)
         full = len(pool) <= limit
         if full or settings.cpsat_on_subset or budgeted:
-            sel = pool if full else _best_candidates(problem, pool, set(pre_counts), limit)
+            sel = pool if full else best_candidates(problem, pool, set(pre_counts), limit)
             remap = {old: new for new, old in enumerate(sel)}
             hint = {remap[c]: x for c, x in pre_counts.items() if c in remap} if settings.warm_start else {}
             cutoff = pre_best if settings.warm_start and math.isfinite(pre_best) else None
-            run = _exact_settings(settings, budget, share=0.85 / (len(solvers) - i)) if budgeted else settings
+            run = exact_settings(settings, budget, share=0.85 / (len(solvers) - i)) if budgeted else settings
             sub = model[1] if budgeted and full else bp.restricted(sel)
-            counts, status_x, ex_bound, model_x, hit_x, nodes_x, note_x = _exact(
+            counts, status_x, ex_bound, model_x, hit_x, nodes_x, note_x = run_exact(
                 exact, sub, run, hint, cutoff, lb_pipe if full else None, progress)
             if exact == name:
                 solver_status, solver_model, hit, nodes, note = status_x, model_x, hit_x, nodes_x, note_x
@@ -479,10 +342,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
             if counts and not own:
                 note = (note + "; " if note else "") + f"{exact}'s answer {counts} does not fit the inventory: dropped"
             if full:
-                if status_x == "INFEASIBLE" and cutoff is not None:
-                    ex_bound = cutoff                   # nothing's bound model beats the best plan
-                elif cutoff is not None and ex_bound == ex_bound:
-                    ex_bound = min(ex_bound, cutoff)    # plans cut off cost more than the best plan
+                ex_bound = exact_bound(status_x, ex_bound, cutoff)
                 if ex_bound == ex_bound and ex_bound > bound:
                     bound, bound_method = float(ex_bound), ("cutoff" if status_x == "INFEASIBLE" else exact)
                 if budgeted and len(sel) < len(keep):
@@ -528,40 +388,3 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         f"gap {res.gap:.2%}{'; ' + note if note else ''}")
     log.debug("%s: %s obj %.6g bound %.6g (%.2f s)", name, res.status, obj, bound, res.wall_s)
     return res
-
-
-def export_cpsat_model(problem: CompositionProblem, path, *, settings: SolverSettings = SolverSettings()) -> dict:
-    """Write the CP-SAT model :func:`solve` would solve on ``problem`` (its bound problem, all candidates left
-    after the presolve, the warm start of ``settings``; with a budget reduced and with the per-type sync floors,
-    as there) to ``path``; returns a description.
-
-    ``.pb`` writes the binary proto, ``.pbtxt``/``.txt`` the text format. Variables ``x_<i>`` are the copies of
-    the i-th listed candidate; the objective is in integer microseconds (rounded down: a bound model).
-    """
-    # imported here: ortools' CP-SAT module costs ~0.4 s to import (measured), paid only on export
-    from hpp.formulation.composition.cpsat import build_composition_model
-
-    judge = _judge(problem)
-    bp = problem.bound_problem()
-    keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
-    hint, inc_obj = {}, None
-    if settings.warm_start:
-        inc_counts, _ = _heuristic(problem)
-        inc_obj = judge(inc_counts)
-        keep = sorted({c for c in keep if not exceeds_incumbent(bp.candidates[c], inc_obj)} | set(inc_counts))
-        hint = {keep.index(c): x for c, x in inc_counts.items()}
-    bsub = bp.restricted(keep)
-    lb_pipe = composition_bounds(bsub)[0] if settings.warm_start else None
-    if settings.budgeted:                           # as solve() builds it with a budget
-        sel, bsub = _budgeted_model(problem, keep, {c: 1 for c in hint and {keep[i] for i in hint}})
-        hint = {sel.index(keep[i]): x for i, x in hint.items()}
-        keep = sel
-    model, _ = build_composition_model(bsub, settings=settings, hint=hint or None, incumbent_s=inc_obj,
-                                       lower_bound_pipe_s=lb_pipe)
-    if not model.export_to_file(str(path)):
-        raise HppInputError("CP-SAT could not write the model", source=str(path), fix="check the path")
-    return {"path": str(path), "objective_unit": "microseconds", "num_variables": len(model.proto.variables),
-            "num_constraints": len(model.proto.constraints),
-            "candidates": [{"index": i, "problem_index": c, "label": problem.candidates[c].label(),
-                            "variable": f"x_{i}"} for i, c in enumerate(keep)],
-            "incumbent_s": inc_obj}
