@@ -165,10 +165,25 @@ def _human_run(rep: dict) -> str:
 
 
 def _verify_line(v: dict) -> str:
+    """The ``verify:`` line (the per-step check, which decides) and, under it, the free-running comparison."""
     tail = f"; {len(v['missing'])} parameter(s) saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
-    return (f"verify: max |difference| {v['max_abs_difference']:.3g} over {v['num_parameters']} parameters "
-            f"({v['num_copies']} copies on the ranks; tolerance {v['tolerance']:g}): "
+    if v["steps_checked"] < v["steps"]:
+        tail += f"; only {v['steps_checked']} of {v['steps']} steps were checked"
+    worst = v.get("worst_step")
+    where = "" if worst is None else ("; worst: the initial parameters" if worst == 0 else f"; worst: step {worst}")
+    line = (f"verify: max |difference| {v['max_abs_difference']:.3g} over {v['num_parameters']} parameters "
+            f"({v['num_copies']} copies on the ranks; each of {v['steps']} step(s) against one single-device step "
+            f"from the run's state before it{where}; tolerance {v['tolerance']:g}): "
             f"{'ok' if v['passed'] else 'FAILED'}{tail}")
+    free = v.get("free_running_difference")
+    if free is None:
+        return line
+    line += f"\nverify: free-running, the final parameters differ from single-device training by {free:.3g}"
+    if v.get("reordered_difference") is not None:
+        line += (f"; single-device training differs from itself by {v['reordered_difference']:.3g} when each "
+                 "batch's samples are only summed in reverse order (float64 training amplifies rounding over "
+                 "many steps, which is why each step is checked from the run's own state)")
+    return line
 
 
 def run_main(argv: Sequence[str] | None = None) -> int:
