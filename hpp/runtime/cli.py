@@ -169,8 +169,10 @@ def _verify_line(v: dict) -> str:
     tail = f"; {len(v['missing'])} parameter(s) saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
     if v["steps_checked"] < v["steps"]:
         tail += f"; only {v['steps_checked']} of {v['steps']} steps were checked"
-    worst = v.get("worst_step")
-    where = "" if worst is None else ("; worst: the initial parameters" if worst == 0 else f"; worst: step {worst}")
+    step_name = lambda k: "the initial parameters" if k == 0 else f"step {k}"  # noqa: E731
+    where = "" if v.get("worst_step") is None else f"; worst: {step_name(v['worst_step'])}"
+    if v.get("first_failed_step") is not None:
+        where += f"; first above the tolerance: {step_name(v['first_failed_step'])}"
     line = (f"verify: max |difference| {v['max_abs_difference']:.3g} over {v['num_parameters']} parameters "
             f"({v['num_copies']} copies on the ranks; each of {v['steps']} step(s) against one single-device step "
             f"from the run's state before it{where}; tolerance {v['tolerance']:g}): "

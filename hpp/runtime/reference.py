@@ -170,6 +170,9 @@ class VerifyResult:
         Steps the run took, and how many of them the per-step check covered (fails unless all).
     worst_step : int or None
         1-based global step of ``max_abs_difference`` (0: the initial parameters).
+    first_failed_step : int or None
+        1-based global step of the first difference above the tolerance (0: the initial parameters;
+        None: none). Replicas that diverged there stay apart, so later steps fail too.
     free_running_difference : float or None
         Largest ``|run - single-device training|`` after the last step, without re-synchronising.
     reordered_difference : float or None
@@ -185,6 +188,7 @@ class VerifyResult:
     steps: int = 0
     steps_checked: int = 0
     worst_step: int | None = None
+    first_failed_step: int | None = None
     free_running_difference: float | None = None
     reordered_difference: float | None = None
 
@@ -197,6 +201,7 @@ class VerifyResult:
         return {"max_abs_difference": self.max_abs_difference, "num_parameters": self.num_parameters,
                 "num_copies": self.num_copies, "missing": list(self.missing), "tolerance": self.tolerance,
                 "steps": self.steps, "steps_checked": self.steps_checked, "worst_step": self.worst_step,
+                "first_failed_step": self.first_failed_step,
                 "free_running_difference": self.free_running_difference,
                 "reordered_difference": self.reordered_difference, "passed": self.passed}
 
@@ -232,6 +237,7 @@ def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference:
     if init_difference is not None:
         checked[0] = float(init_difference)
     worst = max(checked, key=lambda k: (checked[k], -k)) if checked else None
+    failed = min((k for k, d in checked.items() if not d <= tolerance), default=None)
     return VerifyResult(checked[worst] if worst is not None else math.inf, len(seen), copies, missing, tolerance,
-                        steps=steps, steps_checked=len(step_differences), worst_step=worst,
+                        steps=steps, steps_checked=len(step_differences), worst_step=worst, first_failed_step=failed,
                         free_running_difference=free, reordered_difference=reordered_difference)

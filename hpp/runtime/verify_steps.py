@@ -31,7 +31,7 @@ for runs of any length.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -162,8 +162,3 @@ class StepVerifier:
         self._before = after
         return self._broadcast(diff)
 
-
-def worst_step(differences: Mapping[int, float]) -> tuple[int, float]:
-    """``(step, difference)`` of the largest difference (the first such step on ties)."""
-    step = max(differences, key=lambda k: (differences[k], -k))
-    return step, differences[step]
