@@ -20,7 +20,8 @@ training amplifies rounding over hundreds of steps, each step does not).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -33,7 +34,7 @@ from hpp.runtime.stage import build_stage
 from hpp.runtime.training import make_lr_scheduler, make_optimizer as make_opt, single_device_step
 
 __all__ = ["make_optimizer", "train_reference", "train_single_device", "max_param_difference",
-           "VerifyResult", "verify_against", "VERIFY_TOLERANCE"]
+           "VerifyResult", "verify_against", "verify_run", "VERIFY_TOLERANCE"]
 
 #: ``--verify`` fails above this max absolute parameter difference (float64).
 VERIFY_TOLERANCE = 1e-9
@@ -241,3 +242,44 @@ def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference:
     return VerifyResult(checked[worst] if worst is not None else math.inf, len(seen), copies, missing, tolerance,
                         steps=steps, steps_checked=len(step_differences), worst_step=worst, first_failed_step=failed,
                         free_running_difference=free, reordered_difference=reordered_difference)
+
+
+def verify_run(model: RuntimeModel, out_dir: Path, ranks: Sequence[int], results: Sequence[Mapping[str, Any] | None],
+               *, source: Any, first_step: int, steps: int, seed: int, training: Any, whole: bool = True,
+               num_threads: int = 1) -> VerifyResult:
+    """The verdict of ``hpp run --verify`` from the ranks' files.
+
+    The per-step check the ranks recorded (every rank the same, :mod:`hpp.runtime.verify_steps`) decides;
+    beside it, the ranks' saved parameters (``out_dir/rank<r>.pt``) against free-running single-device
+    float64 training of all ``first_step + steps`` steps and, when that drifts past the tolerance, the
+    drift of single-device training from itself with every batch summed in reverse sample order.
+
+    Parameters
+    ----------
+    results : sequence of dict or None
+        The ranks' ``rank<r>.json`` (``verify_init``, ``verify_steps``).
+    whole : bool
+        False (one host of several): only the names these ranks hold are compared free-running.
+    num_threads : int
+        torch compute threads of the single-device training, the ranks' (on a busy host, more threads
+        than free cores make a tiny model's step many times slower); restored afterwards.
+    """
+    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
+    recorded = next((r for r in results if r is not None and "verify_steps" in r), {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        ref = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training)
+        if not whole:
+            held = {name for params in rank_params for name in params}
+            ref = {k: v for k, v in ref.items() if k in held}
+        result = verify_against(rank_params, ref, steps=steps, step_differences=recorded.get("verify_steps", []),
+                                first_step=first_step, init_difference=recorded.get("verify_init"))
+        if result.free_running_difference is not None and result.free_running_difference > result.tolerance:
+            twin = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training,
+                                       sample_order=range(source.global_batch_size - 1, -1, -1))
+            drift, _nan, _n = max_param_difference([{k: twin[k] for k in ref}], ref)
+            result = replace(result, reordered_difference=drift)
+    finally:
+        torch.set_num_threads(before)
+    return result

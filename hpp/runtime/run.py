@@ -44,14 +44,13 @@ interrupted run leaves only complete checkpoints
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -65,8 +64,7 @@ from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
 from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, peak_flops_per_s, plan_peak_flops_per_s
-from hpp.runtime.model_api import RuntimeModel
-from hpp.runtime.reference import VerifyResult, max_param_difference, train_single_device, verify_against
+from hpp.runtime.reference import verify_run
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
@@ -300,8 +298,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
             raise RunFailedError(failure_line(res, share, plan, cluster, steps_seen=len(monitor.metrics),
                                               log_dir=log_dir))
         if verify:
-            verified = _verify(rt, Path(tmp), share.ranks, res.results, source=source, first_step=start, steps=steps,
-                               seed=seed, training=training, whole=share.whole, num_threads=num_threads)
+            verified = verify_run(rt, Path(tmp), share.ranks, res.results, source=source, first_step=start,
+                                  steps=steps, seed=seed, training=training, whole=share.whole, num_threads=num_threads)
     measured, collectives, ranks = summarise_run(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                                  steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
@@ -367,41 +365,3 @@ def _worker_fields(share: Any, *, save_dir: Path | None, save_every: int, resume
     if resume is not None:
         out["resume"] = str(Path(resume).resolve())
     return out
-
-
-def _verify(rt: RuntimeModel, out_dir: Path, ranks: Sequence[int], results: Sequence[Mapping[str, Any] | None], *,
-            source: Any, first_step: int, steps: int, seed: int, training: Any, whole: bool = True,
-            num_threads: int = 1) -> VerifyResult:
-    """The run's per-step check (every rank recorded the same, :mod:`hpp.runtime.verify_steps`) beside the
-    ranks' saved parameters against free-running single-device float64 training of all ``first_step + steps``
-    steps; when that drifts past the tolerance, also the drift of single-device training from itself with
-    every batch summed in reverse sample order. ``whole`` False (one host of several): only the names
-    these ranks hold. The single-device training uses the ranks' ``num_threads`` compute threads (on a busy
-    host, more threads than free cores make a tiny model's step many times slower)."""
-    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
-    recorded = next((r for r in results if r is not None and "verify_steps" in r), {})
-    with _torch_threads(num_threads):
-        ref = train_single_device(rt, source=source, steps=first_step + steps, seed=seed, training=training,
-                                  dtype=torch.float64)
-        if not whole:
-            held = {name for params in rank_params for name in params}
-            ref = {k: v for k, v in ref.items() if k in held}
-        result = verify_against(rank_params, ref, steps=steps, step_differences=recorded.get("verify_steps", []),
-                                first_step=first_step, init_difference=recorded.get("verify_init"))
-        if result.free_running_difference is not None and result.free_running_difference > result.tolerance:
-            twin = train_single_device(rt, source=source, steps=first_step + steps, seed=seed, training=training,
-                                       dtype=torch.float64, sample_order=range(source.global_batch_size - 1, -1, -1))
-            drift, _nan, _n = max_param_difference([{k: twin[k] for k in ref}], ref)
-            result = replace(result, reordered_difference=drift)
-    return result
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` inside the block, restored after it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -31,6 +31,7 @@ for runs of any length.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -79,16 +80,21 @@ class StepVerifier:
     seed : int
         The run's initialisation seed (the initial-parameter check).
     rank : int
-    group : ProcessGroup or None
-        A gloo group of every rank (None: the default group, when it is gloo).
+    timeout_s : float
+        Of the gloo group of every rank that the state travels in, made here when the default group is
+        not gloo (NCCL), so the construction is collective too.
 
-    Every rank must call :meth:`start` once and :meth:`check` after every optimizer step,
-    in the same order (both are collective).
+    Every rank must construct it at the same point, call :meth:`start` once and :meth:`check` after
+    every optimizer step (all three are collective).
     """
 
     def __init__(self, model: RuntimeModel, training: TrainingConfig, *, seed: int, rank: int,
-                 group: dist.ProcessGroup | None = None) -> None:
-        self.model, self.training, self.seed, self.rank, self.group = model, training, seed, rank, group
+                 timeout_s: float = 300.0) -> None:
+        self.model, self.training, self.seed, self.rank = model, training, seed, rank
+        self.group: dist.ProcessGroup | None = None                # the CPU tensors travel over gloo
+        if dist.get_backend() != "gloo":
+            self.group = dist.new_group(list(range(dist.get_world_size())), backend="gloo",
+                                        timeout=timedelta(seconds=timeout_s))
         self._before: list[dict[str, Any]] | None = None          # rank 0: every rank's state before the step
         self._module: StageModule | None = None
         self._optimizer: torch.optim.Optimizer | None = None

@@ -225,10 +225,6 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
-        verify_group = None                              # the per-step check gathers CPU tensors: gloo
-        if cfg.verify_steps and backend != "gloo":
-            verify_group = dist.new_group(list(range(world_size)), backend="gloo",
-                                          timeout=timedelta(seconds=cfg.timeout_s))
         module = build_stage(model, role.layer_start, role.layer_stop, seed=cfg.seed, dtype=tcfg.param_dtype,
                              device=device, recompute=role.recompute)
         b, s, h = role.micro_batch_size, spec.seq_len, spec.hidden_size
@@ -251,11 +247,10 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         if cfg.resume:                                  # collective; parameters loaded in place (buckets stay)
             start = load_checkpoint(cfg.resume, module=module, optimizer=optimizer, scheduler=scheduler,
                                     model_name=spec.name, num_layers=spec.num_layers)
-        verifier = verify_init = None
+        verifier = StepVerifier(model, tcfg, seed=cfg.seed, rank=rank, timeout_s=cfg.timeout_s) \
+            if cfg.verify_steps else None
+        verify_init = verifier.start(module, optimizer, fresh=not cfg.resume) if verifier is not None else None
         verify_diffs: list[float] = []
-        if cfg.verify_steps:
-            verifier = StepVerifier(model, tcfg, seed=cfg.seed, rank=rank, group=verify_group)
-            verify_init = verifier.start(module, optimizer, fresh=not cfg.resume)
         second = {b for _a, b in model.tied_parameters()}
         norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
                       for _l, name, p in named]
