@@ -209,8 +209,7 @@ class VerifyResult:
 
 def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference: Mapping[str, torch.Tensor], *,
                    steps: int, step_differences: Sequence[float], first_step: int = 0,
-                   init_difference: float | None = None,
-                   reordered_difference: float | None = None, tolerance: float = VERIFY_TOLERANCE) -> VerifyResult:
+                   init_difference: float | None = None, tolerance: float = VERIFY_TOLERANCE) -> VerifyResult:
     """The :class:`VerifyResult` of a run.
 
     Parameters
@@ -228,8 +227,6 @@ def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference:
         0-based global index of the run's first step (a resumed run's checkpoint step).
     init_difference : float or None
         The initial parameters against the single-device initialisation (None: resumed).
-    reordered_difference : float or None
-        See :class:`VerifyResult`.
     """
     free, _nan, copies = max_param_difference(rank_params, reference)
     seen = {name for params in rank_params for name in params}
@@ -241,7 +238,7 @@ def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference:
     failed = min((k for k, d in checked.items() if not d <= tolerance), default=None)
     return VerifyResult(checked[worst] if worst is not None else math.inf, len(seen), copies, missing, tolerance,
                         steps=steps, steps_checked=len(step_differences), worst_step=worst, first_failed_step=failed,
-                        free_running_difference=free, reordered_difference=reordered_difference)
+                        free_running_difference=free)
 
 
 def verify_run(model: RuntimeModel, out_dir: Path, ranks: Sequence[int], results: Sequence[Mapping[str, Any] | None],

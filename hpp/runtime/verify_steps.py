@@ -23,10 +23,10 @@ so every rank records it (each host of a multi-host run reports it). Before the 
 step of a fresh run the ranks' initial parameters are compared with the single-device
 initialisation too.
 
-A real difference (a skipped or doubled gradient sum, a wrong shard, a stale replica)
+A real difference (a skipped gradient sum, a wrong shard, a stale replica)
 shows in the step where it happens, whatever came before; rounding does not accumulate
-across steps, so the tolerance of :data:`hpp.runtime.reference.VERIFY_TOLERANCE` holds
-for runs of any length.
+across steps, so the tolerance (:data:`hpp.runtime.reference.VERIFY_TOLERANCE`) does not
+depend on the run's length.
 """
 
 from __future__ import annotations
