@@ -136,7 +136,9 @@ def cmd_plan(args) -> int:
         write_plan_json(plan, args.out)
     comp = res.composition
     source, source_line = plan_source(res.stats, comp)
-    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()))
+    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()),
+                             predicted_s=res.estimate.iteration_time_s,
+                             alternative=res.stats.get("idle_alternative"))
     notes += [n for n in (idle, named_solver_note(args.solver, comp, args.cpsat_params)) if n]
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
@@ -268,6 +270,8 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=DefaultsRawFormatter, epilog=_PLAN_EPILOG + CLUSTER_FORMAT_HELP)
     p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`; default opt350-a100x8-v100x8)")
     p.add_argument("--cluster", type=Path, help="cluster JSON file instead of --scenario (format below)")
+    p.add_argument("--default-links", action="store_true",
+                   help="plan on Sailor's measured fits (one public cloud) for links the cluster file leaves out")
     p.add_argument("--profile", type=Path,
                    help="native profile JSON file (with --cluster, or replacing a --scenario's model)")
     p.add_argument("--model", help=f"bundled model profile (with --cluster, or replacing a --scenario's model): "
@@ -326,6 +330,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop/)")
     e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
     e.add_argument("--cluster", type=Path, help="bind the plan's pipelines onto this cluster file and price them there")
+    e.add_argument("--default-links", action="store_true",
+                   help="take Sailor's measured fits for links the --cluster file leaves out")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     _add_memory_flags(e)
     e.add_argument("--json", action="store_true")

@@ -208,11 +208,14 @@ def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
     return src, f"plan returned: the search's, {what}"
 
 
-def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset()) -> str | None:
+def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset(),
+                      predicted_s: float | None = None, alternative: dict | None = None) -> str | None:
     """A note when the plan leaves devices idle: how many, of which types, and why (None if all are used).
 
     ``left_out``: device types the search could not use at all (no usable TP degree or micro-batch
-    size; said in an earlier note).
+    size; said in an earlier note). ``alternative``: the best plan found that uses them
+    (:func:`hpp.planner.plan_using_idle_devices`), said with how much slower it was predicted than
+    ``predicted_s``.
     """
     used = set(plan.device_ids)
     idle: dict[str, int] = {}
@@ -233,6 +236,12 @@ def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset
         else:
             why.append("using them was not predicted faster (a slow or memory-short device, or the gradient sync "
                        "among more replicas, would cost more than it adds)")
+            if alternative and predicted_s:
+                t = alternative["iteration_time_s"]
+                why.append(f"the best plan found that uses them ({alternative['devices_used']} devices) was "
+                           f"predicted {(t - predicted_s) / predicted_s:+.1%} ({t:.4f} s vs {predicted_s:.4f} s)")
+            elif predicted_s:
+                why.append("no candidate pipeline could add a copy on them")
     return f"{n} of {cluster.num_devices} devices are idle ({types}): {'; '.join(why)}"
 
 
