@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any, Iterable, Mapping
 
 __all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num",
-           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note", "named_solver_note"]
+           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_alternative", "idle_devices_note", "named_solver_note"]
 
 
 def num(x: Any) -> Any:
@@ -206,6 +206,19 @@ def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
     what = {"cp-sat": "CP-SAT's solution", "milp": "the MILP's solution",
             "lp-rounding": "a rounded solution of the bound's LP, improved by a local search"}.get(src, "the heuristic incumbent")
     return src, f"plan returned: the search's, {what}"
+
+
+def idle_alternative(res, cluster, gbs: int) -> dict | None:
+    """:func:`hpp.planner.plan_using_idle_devices` of the search's answer when it leaves devices idle (memoised on
+    the result's stats; None for a returned seed, or a batch smaller than the devices)."""
+    from hpp.planner import plan_using_idle_devices      # lazy: numpy/OR-Tools, as hpp.cli's
+    got = res.stats.get("idle_alternative", False)
+    if got is False:
+        idle = len(set(res.plan.device_ids)) < cluster.num_devices <= gbs
+        got = plan_using_idle_devices(res.problem, res.search.counts) if idle and res.search.counts and \
+            res.problem is not None else None
+        res.stats["idle_alternative"] = got
+    return got
 
 
 def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset(),

@@ -106,6 +106,9 @@ class PlannerResult:
     search: SolveResult
     wall_s: float
     stats: Mapping[str, Any] = field(default_factory=dict)
+    #: the composition problem the search solved (candidates and the cost-model estimator), for follow-up
+    #: questions such as :func:`plan_using_idle_devices`
+    problem: "CompositionProblem | None" = field(default=None, repr=False, compare=False)
 
     @property
     def composition(self) -> SolveResult:
@@ -337,12 +340,8 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         raise AssertionError(f"returned plan outside the search space: {'; '.join(bad)}")
     if res.objective_s < res.bound_s * (1 - 1e-9) - 1e-9:
         log.error("objective %.9g s below the bound %.9g s", res.objective_s, res.bound_s)
-    if res.counts and len(set(plan.device_ids)) < cluster.num_devices <= global_batch_size:
-        t_idle = time.perf_counter()
-        stats["idle_alternative"] = plan_using_idle_devices(problem, res.counts)
-        stats["idle_alternative_s"] = time.perf_counter() - t_idle
     wall = time.perf_counter() - t0
-    return PlannerResult(plan, est, res, wall, stats)
+    return PlannerResult(plan, est, res, wall, stats, problem)
 
 
 #: Candidates tried per idle device type by :func:`plan_using_idle_devices` (the best by solo objective).

@@ -245,7 +245,7 @@ def test_idle_devices_note_says_how_much_slower_the_best_plan_using_them_was(tmp
     assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines",
                  "--workers", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    alt = out["search"]["stats"]["idle_alternative"]
+    alt = out["search"]["idle_alternative"]
     t = out["predicted"]["iteration_time_s"]
     assert out["search"]["idle_devices"] == 4 and alt["devices_used"] == 8 and alt["iteration_time_s"] > t
     assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines",

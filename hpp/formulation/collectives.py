@@ -350,7 +350,7 @@ def _block_cost(num_bytes: float, shapes: Sequence[_RingShape], cluster: Cluster
         intra = cluster.nodes[worst.node_order[0]].intra_node
         return AllReduceCost(ring_allreduce_s(num_bytes, len(worst.order), intra), "ring", worst.order, intra), {}
     senders: dict[int, frozenset[int]] = {}
-    for s in multi:                     # each ring's form alone, and the devices that then send across nodes
+    for s in multi if flows is None else ():    # each ring's form alone, and the devices that then send across nodes
         _, m, _ = min(_ring_options(num_bytes, s, cluster, hierarchical=hierarchical, flows=None),
                       key=lambda r: r[0])
         for i, ds in _senders(s, m, cluster).items():
@@ -370,8 +370,23 @@ def _shard_rings(groups: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     return sorted({tuple(sorted(g[j % len(g)] for g in groups)) for j in range(width)})
 
 
+def _shapes(num_bytes: float, groups: Sequence[Sequence[int]], cluster: Cluster, memo: dict | None) -> list[_RingShape]:
+    """The TP-shard rings of ``groups`` (:func:`_ring_shape`); with ``memo``, each ring's shape is kept by its ranks
+    (its node order chosen at the first message size priced: the block's, for the block's per-layer pieces)."""
+    out = []
+    for r in _shard_rings(groups):
+        got = memo.get(r) if memo is not None else None
+        if got is None:
+            got = _ring_shape(r, cluster, num_bytes)
+            if memo is not None:
+                memo[r] = got
+        out.append(got)
+    return out
+
+
 def allreduce_s(num_bytes: float, groups: Sequence[Sequence[int]], cluster: Cluster, *,
-                hierarchical: bool = True, flows: Mapping[int, int] | None = None) -> AllReduceCost:
+                hierarchical: bool = True, flows: Mapping[int, int] | None = None,
+                memo: dict | None = None) -> AllReduceCost:
     """All-reduce of ``num_bytes`` (per device) among holders ``groups`` on their actual links.
 
     Parameters
@@ -387,6 +402,9 @@ def allreduce_s(num_bytes: float, groups: Sequence[Sequence[int]], cluster: Clus
         Flows that leave each node at once (this all-reduce's own included): every inter-node edge
         is priced on :func:`edge_link`. None: this all-reduce alone, its TP shards' rings sharing the
         nodes they leave together (:func:`concurrent_allreduces` prices several at once).
+    memo : dict, optional
+        Ring shapes kept by ring (:func:`concurrent_allreduces`' ``memo``): a ring priced again (a block's
+        per-layer pieces) keeps the node order chosen the first time.
 
     Returns
     -------
@@ -410,12 +428,13 @@ def allreduce_s(num_bytes: float, groups: Sequence[Sequence[int]], cluster: Clus
     """
     if len(groups) <= 1 or num_bytes <= 0:
         return AllReduceCost(0.0, "none", tuple(d for g in groups for d in g))
-    shapes = [_ring_shape(r, cluster, num_bytes) for r in _shard_rings(groups)]
+    shapes = _shapes(num_bytes, groups, cluster, memo)
     return _block_cost(num_bytes, shapes, cluster, hierarchical=hierarchical, flows=flows)[0]
 
 
 def concurrent_allreduces(blocks: Sequence[tuple[float, Sequence[Sequence[int]]]], cluster: Cluster, *,
-                          hierarchical: bool = True) -> tuple[list[AllReduceCost], dict[int, int]]:
+                          hierarchical: bool = True, memo: dict | None = None
+                          ) -> tuple[list[AllReduceCost], dict[int, int]]:
     """The all-reduces of a plan's gradient blocks, priced with the flows that leave each node at once.
 
     Parameters
@@ -426,6 +445,8 @@ def concurrent_allreduces(blocks: Sequence[tuple[float, Sequence[Sequence[int]]]
     cluster : Cluster
     hierarchical : bool
         As :func:`allreduce_s`.
+    memo : dict, optional
+        Filled with the blocks' ring shapes, for :func:`allreduce_s` of the same rings (its ``memo``).
 
     Returns
     -------
@@ -454,7 +475,7 @@ def concurrent_allreduces(blocks: Sequence[tuple[float, Sequence[Sequence[int]]]
             alone.append(AllReduceCost(0.0, "none", tuple(d for g in groups for d in g)))
             sent.append({})
             continue
-        sh = [_ring_shape(r, cluster, nbytes) for r in _shard_rings(groups)]
+        sh = _shapes(nbytes, groups, cluster, memo)
         cost, out = _block_cost(nbytes, sh, cluster, hierarchical=hierarchical, flows=None)
         shapes.append(sh)
         alone.append(cost)

@@ -355,12 +355,14 @@ def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
         holder_entries = [stage_entries[p][s] for p, s in enumerate(holders)]
         block_rings.append((max(sum(e.param_bytes[lo:hi]) for e in holder_entries),
                             [plan.pipelines[p].stages[s].device_ids for p, s in enumerate(holders)]))
-    costs, sync_flows = concurrent_allreduces(block_rings, cluster, hierarchical=config.hierarchical_allreduce)
+    rings: dict = {}                    # the blocks' ring shapes: a block's per-layer pieces keep its ring order
+    costs, sync_flows = concurrent_allreduces(block_rings, cluster, hierarchical=config.hierarchical_allreduce,
+                                              memo=rings)
     for (lo, hi, holders), (nbytes, groups), ar in zip(blocks, block_rings, costs):
         holder_entries = [stage_entries[p][s] for p, s in enumerate(holders)]
         t_block = ar.seconds
         t_layers = sum(allreduce_s(max(e.param_bytes[l] for e in holder_entries), groups, cluster,
-                                   hierarchical=config.hierarchical_allreduce,
+                                   hierarchical=config.hierarchical_allreduce, memo=rings,
                                    flows=sync_flows if len(groups) > 1 else None).seconds for l in range(lo, hi))
         for g in groups:
             for d in g:
