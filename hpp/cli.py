@@ -29,7 +29,7 @@ from hpp.profiles.cluster_notes import cluster_notes
 from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP, cluster_to_dict
 from hpp.resolve import profile_ref_for
 from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
-from hpp.validate import validate_plan
+from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory, validate_plan
 
 # The search (hpp.planner, hpp.replan, hpp.baselines, hpp.formulation's candidates, cost model and solver
 # settings) imports numpy, SciPy and OR-Tools: about 1.4 s, against 0.16 s for `hpp --help` without them
@@ -204,16 +204,20 @@ def cmd_estimate(args) -> int:
     check_writable(args.out)
     plan, cluster, profile = estimate_inputs(args)
     est = estimate_plan(plan, cluster, profile, config=_cost_config(args))
+    over = check_fits_memory(est, plan, source=str(args.plan), allow=args.allow_over_memory)
     if args.out:
         write_plan_json(plan, args.out)
     if args.json:
         print(json.dumps({"plan": str(args.plan), "format": plan.predicted.get("imported_from", "hpp"),
-                          "model": plan.model, "predicted": estimate_json(est)}, indent=1))
+                          "model": plan.model, "allowed_over_memory": over is not None, "notes": [over] if over else [],
+                          "predicted": estimate_json(est)}, indent=1))
         return 0
     src = plan.predicted.get("imported_from")
     print(estimate_header(args.plan, plan, cluster, src, cluster_file=args.cluster))
     print_estimate(est, plan)
     print_memory_breakdown(est)
+    if over:
+        print(f"note: {over}")
     if args.out:
         print(f"hpp plan written to {args.out}")
     return 0
@@ -328,6 +332,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--cluster", type=Path, help="bind the plan's pipelines onto this cluster file and price them there")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     _add_memory_flags(e)
+    e.add_argument(OVER_MEMORY_FLAG, action="store_true",
+                   help="print the estimate of a plan predicted not to fit its devices' memory (default: refused, "
+                        "exit 2, naming the stage and the shortfall)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_estimate)
 

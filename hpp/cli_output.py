@@ -183,7 +183,7 @@ def print_estimate(est, plan, out=None) -> None:
       f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {est.peak_memory_bytes / unit:.1f} "
       f"{uname}\n")
     if not est.fits_memory:
-        w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
+        w("WARNING: some device exceeds its memory capacity (memory above its capacity in the table)\n")
     for msg in est.warnings:
         w(f"note: {msg}\n")
 

@@ -65,6 +65,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="first steps left out of the timing median (not LR warm-up: see --lr-warmup-steps; "
                         "default 1)")
     p.add_argument("--world-size", type=int, help="refuse unless the plan has exactly this many devices")
+    p.add_argument("--allow-over-memory", action="store_true",
+                   help="run a plan that the cost model predicts not to fit its devices' memory (default: refused, "
+                        "exit 2, naming the stage and the shortfall; the report's notes say when this was given)")
     p.add_argument("--seed", type=int, help="initialisation and data seed (default 0; on --resume the checkpoint's)")
     p.add_argument("--group-timeout", type=float, default=120.0, help="process-group timeout [s]")
     p.add_argument("--run-timeout", type=float, default=1800.0,
@@ -246,7 +249,8 @@ def _run(args: argparse.Namespace, run_plan) -> dict:
                     rdzv_endpoint=args.rdzv_endpoint, node_map=args.node_map,
                     emulate_node_type=args.emulate_node_type, save=args.save, save_every=args.save_every,
                     resume=args.resume, lr_total_steps=args.lr_total_steps, log_dir=args.log_dir,
-                    dry_run=args.dry_run, host_calibration=args.host_calibration).to_dict()
+                    dry_run=args.dry_run, host_calibration=args.host_calibration,
+                    allow_over_memory=args.allow_over_memory).to_dict()
 
 
 def _profile_parser() -> argparse.ArgumentParser:

@@ -69,7 +69,7 @@ from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
-from hpp.runtime.run_checks import check_host_memory, check_png_path
+from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
 from hpp.runtime.worker import WorkerConfig, config_to_json, write_atomic
 
@@ -111,7 +111,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
              emulate_node_type: str | None = None, save: str | Path | None = None, save_every: int = 0,
              resume: str | Path | None = None, lr_total_steps: int | None = None,
              log_dir: str | Path | None = None, dry_run: str | Path | None = None,
-             host_calibration: bool = True) -> RunReport:
+             host_calibration: bool = True, allow_over_memory: bool = False) -> RunReport:
     """Execute the plan in ``plan_path`` for ``steps`` optimizer steps and report measured vs predicted.
 
     Parameters
@@ -157,6 +157,9 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         CPU: predict at this host's speed (:func:`hpp.runtime.host_speed.calibrate_host_speed`, a probe of
         under 2 s on this host before the run and one after it, :func:`~hpp.runtime.host_speed.bracket`);
         False: the profile's times as measured.
+    allow_over_memory : bool
+        Run a plan that the cost model predicts not to fit its devices' memory (``--allow-over-memory``; the
+        report's notes say so). Default: refused (:func:`hpp.runtime.run_checks.check_device_memory`).
 
     Raises
     ------
@@ -179,12 +182,13 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     share = host_share(plan, cluster, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                        node_map=node_map, emulate_node_type=emulate_node_type, device=device, launcher=launcher)
     check_host_capacity(len(share.ranks), device=device, per_core=MAX_RANKS_PER_CORE)
+    over_memory = check_device_memory(plan, cluster, profile, source=str(plan_path), allow=allow_over_memory)
     check_host_memory(plan, cluster, profile, share.ranks, device=device)      # before building the model
     check_png_path(timeline)
     rt = resolve_run_model(plan, profile, model, source=str(plan_path))
     spec = rt.spec
     model_name = model_source(plan, profile, model)             # what every rank loads
-    notes: list[str] = []
+    notes: list[str] = [over_memory] if over_memory else []
     meta = check_resume(resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=optimizer) \
         if resume is not None else None
     start = int(meta["step"]) if meta is not None else 0
