@@ -242,6 +242,25 @@ def cmd_scenarios(args) -> int:
     return 0
 
 
+def cmd_profiles(args) -> int:
+    from hpp.profiles.coverage import coverage_lines, coverage_to_dict, profile_coverage
+    from hpp.profiles.profile_format import load_profile
+
+    profiles = [load_profile(f) for f in args.files] if args.files else \
+        [load_bundled_profile(m) for m in bundled_models()]
+    cover = [profile_coverage(p) for p in profiles]
+    if args.json:
+        print(json.dumps({"profiles": [coverage_to_dict(c) for c in cover]}, indent=1))
+        return 0
+    for c in cover:
+        print("\n".join(coverage_lines(c)))
+    from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
+    print(f"A GPU type a profile does not list (any type outside the bundled "
+          f"{', '.join(sorted(BUNDLED_DEVICE_TYPES))}, e.g. V100-32, is in none of them) has no measurement in it: "
+          f"profile the model on that GPU (hpp profile --device cuda --out P.json) and plan with --profile P.json.")
+    return 0
+
+
 def _int_list(text: str) -> list[int]:
     """'1,2,4' -> [1, 2, 4] (argparse type; its error names the flag and the value)."""
     try:
@@ -342,6 +361,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--cluster", metavar="NAME", help="print scenario NAME's cluster as a cluster JSON file")
     s.set_defaults(func=cmd_scenarios)
+
+    pr = sub.add_parser("profiles", help="what each bundled profile (or each FILE) covers: GPU types, TP degrees, "
+                                         "micro-batch sizes, dtype, sequence length")
+    pr.add_argument("files", nargs="*", type=Path, metavar="FILE", help="profile files (default: the bundled ones)")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_profiles)
 
     # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
     sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
