@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_header, read_json
+from hpp.fileio import check_header, check_keys, read_json
 
 __all__ = ["Stage", "Pipeline", "Plan", "RECOMPUTE_MODES", "SCHEDULES", "PLAN_FORMAT", "PLAN_VERSION",
            "plan_from_dict", "plan_to_dict", "read_plan_json", "write_plan_json", "default_schedule",
@@ -44,6 +44,13 @@ PLAN_FORMAT = "hpp-plan"
 PLAN_VERSION = 1
 RECOMPUTE_MODES = ("none", "full", "selective")
 SCHEDULES = ("1F1B", "GPipe")
+
+# The keys of the JSON form (see the module docstring); any other key is refused, naming the closest one.
+_TOP_KEYS = ("format", "version", "model", "num_layers", "global_batch_size", "sequence_length", "profile", "cluster",
+             "pipelines", "predicted")
+_PIPELINE_KEYS = ("micro_batch_size", "num_micro_batches", "num_samples", "schedule", "stages")
+_STAGE_KEYS = ("layers", "device_type", "tp_degree", "device_ids", "recompute")
+_PROFILE_REF_KEYS = ("name", "path", "embedded")
 
 
 def _is_int(v: Any, minimum: int) -> bool:
@@ -296,6 +303,8 @@ def _req(d: Mapping[str, Any], key: str, *, source: str, where: str, fix: str) -
 
 
 def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
+    if isinstance(d, Mapping):
+        check_keys(d, _STAGE_KEYS, source=source, where=where)
     layers = _req(d, "layers", source=source, where=where, fix="give the stage's layer range as [start, stop)")
     if (not isinstance(layers, list) or len(layers) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
@@ -310,23 +319,44 @@ def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
         return Stage(layers[0], layers[1], str(dtype), d.get("tp_degree", 1), tuple(ids), d.get("recompute", "none"))
 
 
+def _check_refs(d: Mapping[str, Any], *, source: str) -> None:
+    """The ``profile`` and ``cluster`` objects: one of ``name``/``path``/``embedded`` for the profile; an embedded
+    cluster (its own keys are checked when it is read) or ``{"path"}``."""
+    for key in ("profile", "cluster"):
+        if key in d and not isinstance(d[key], Mapping):
+            raise HppInputError(f"{key} is {type(d[key]).__name__}, not an object", source=source, field=key,
+                                fix=f"give {key} as a JSON object (see hpp/plan.py)")
+    prof = d.get("profile") or {}
+    check_keys(prof, _PROFILE_REF_KEYS, source=source, where="profile.")
+    if len(prof) > 1:
+        raise HppInputError(f"the profile is given {len(prof)} ways ({', '.join(prof)})", source=source,
+                            field="profile", fix="give one of name, path or embedded")
+    clu = d.get("cluster") or {}
+    if "nodes" not in clu:
+        check_keys(clu, ("path",), source=source, where="cluster.")
+
+
 def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
     """Parse the JSON object of a plan (structure only; invariants: :func:`hpp.validate.validate_plan`).
 
     Raises
     ------
     HppInputError
-        Wrong format or version, missing or mistyped fields, inconsistent
-        ``num_micro_batches`` (naming the file and the field).
+        Wrong format or version, an unknown key (naming the closest known one), missing or mistyped fields,
+        inconsistent ``num_micro_batches`` (naming the file and the field).
     """
     check_header(d, fmt=PLAN_FORMAT, version=PLAN_VERSION, what="a plan", source=source,
                  format_fix="give a plan that hpp plan --out wrote (Sailor or Metis plans: hpp estimate --format sailor|metis)", shape_fix="see hpp/plan.py")
+    check_keys(d, _TOP_KEYS, source=source, where="")
+    _check_refs(d, source=source)
     pipes_raw = _req(d, "pipelines", source=source, where="", fix="list the pipelines")
     if not isinstance(pipes_raw, list) or not pipes_raw:
         raise HppInputError("no pipelines", source=source, field="pipelines", fix="give at least one pipeline")
     pipelines = []
     for p, pd in enumerate(pipes_raw):
         where = f"pipelines[{p}]."
+        if isinstance(pd, Mapping):
+            check_keys(pd, _PIPELINE_KEYS, source=source, where=where)
         b = _need_int(_req(pd, "micro_batch_size", source=source, where=where, fix="give the micro-batch size"),
                       f"{where}micro_batch_size", 1, source)
         if "num_samples" in pd:

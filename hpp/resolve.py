@@ -23,7 +23,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict
 from hpp.validate import validate_plan
 
-__all__ = ["resolve_profile", "resolve_cluster", "resolve_plan", "load_plan", "profile_ref_for"]
+__all__ = ["resolve_profile", "resolve_cluster", "resolve_plan", "load_plan", "profile_ref_for", "check_model_name"]
 
 
 def resolve_profile(ref: Mapping[str, Any], *, base: Path, source: str) -> ModelProfile:
@@ -69,6 +69,23 @@ def profile_ref_for(profile: ModelProfile) -> dict[str, Any]:
     return {"embedded": profile_to_dict(profile)}
 
 
+def check_model_name(plan: Plan, profile: ModelProfile, *, source: str) -> None:
+    """Refuse a plan whose ``model`` is not the model of the profile it names (a typo would otherwise pass, priced
+    with that profile, and fail only when ``hpp run`` loads the model). Names are compared without case (the
+    runtime's ``llama-3-8`` is the profile's ``LLAMA-3-8``); a plan that names no model is not checked.
+
+    Raises
+    ------
+    HppInputError
+        Naming both names and the bundled models.
+    """
+    if not plan.model or plan.model.strip().casefold() == profile.model.strip().casefold():
+        return
+    raise HppInputError(f"model {plan.model!r} is not the model of the plan's profile ({profile.model!r}); the known "
+                        f"models are {', '.join(sorted({profile.model, *bundled_models()}))}", source=source,
+                        field="model", fix=f"set model to {profile.model!r}, or name the profile of {plan.model!r}")
+
+
 def resolve_plan(plan: Plan, *, base: Path, source: str, cluster: Cluster | None = None,
                  profile: ModelProfile | None = None, require_profile: bool = True
                  ) -> tuple[Plan, Cluster, ModelProfile | None]:
@@ -85,6 +102,7 @@ def resolve_plan(plan: Plan, *, base: Path, source: str, cluster: Cluster | None
         cluster = resolve_cluster(plan.cluster_ref, base=base, source=source)
     if profile is None and (require_profile or plan.profile_ref):
         profile = resolve_profile(plan.profile_ref, base=base, source=source)
+        check_model_name(plan, profile, source=source)
     validate_plan(plan, cluster, profile, source=source)
     return plan, cluster, profile
 
