@@ -40,7 +40,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
 from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
 from hpp.runtime.checkpoint_store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
-                                          read_checkpoint_meta)
+                                          read_checkpoint_meta, stored_entries)
 from hpp.runtime.model_api import RuntimeModel, check_tp_degree
 from hpp.runtime.training import TrainingConfig
 from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model
@@ -297,13 +297,23 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
     model_name, num_layers : the runtime model's (``ModelSpec.name``, layer count).
     optimizer : ``"adamw"`` or ``"sgd"`` (None: not checked).
 
+    Also read, before any rank starts: every file against the sizes and SHA-256 saved with it
+    (:func:`hpp.runtime.checkpoint_reader.check_files`; a checkpoint saved without that list is not checked),
+    and DCP's ``.metadata`` with only DCP's metadata classes admitted
+    (:func:`~hpp.runtime.checkpoint_reader.read_dcp_metadata`).
+
     Raises
     ------
     HppInputError
         Missing or incomplete checkpoint (naming the last complete one), another model
-        (name or layer count), or another optimizer.
+        (name or layer count), another optimizer, a damaged file (naming it), or DCP metadata that names
+        anything but DCP's metadata classes.
     """
+    from hpp.runtime.checkpoint_reader import check_files   # lazy: torch DCP, 2-3.5 s
     meta = read_checkpoint_meta(path)
+    if meta.get("files"):
+        check_files(meta["path"], meta["files"])
+    stored_entries(Path(meta["path"]))
     if (str(meta.get("model", "")).strip().lower() != model_name.strip().lower()
             or meta.get("num_layers") != num_layers):
         raise other_model_error(meta, meta["path"], model_name, num_layers)
