@@ -43,7 +43,7 @@ from hpp.runtime.checkpoint_store import (COMPLETE_MARKER, META_FILE, complete_c
                                           read_checkpoint_meta, stored_entries)
 from hpp.runtime.model_api import RuntimeModel, check_tp_degree
 from hpp.runtime.training import TrainingConfig
-from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model
+from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model, portable_model_spec
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
            "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
@@ -96,9 +96,10 @@ def _names_match(plan_model: str, model_arg: str | None, spec_name: str) -> bool
 
 
 def model_source(plan: Plan, profile: ModelProfile | None, model: str | None) -> str:
-    """What to load the run's model from (see :func:`resolve_run_model`)."""
+    """What to load the run's model from (see :func:`resolve_run_model`); a ``path/file.py:FUNCTION`` given here
+    is made absolute (:func:`hpp.runtime.zoo.portable_model_spec`: the ranks load it, whatever their folder)."""
     if model:
-        return model
+        return portable_model_spec(model)
     if canonical_model_name(plan.model) is None and profile is not None and profile.meta.get("runtime_model"):
         return str(profile.meta["runtime_model"])
     return plan.model
