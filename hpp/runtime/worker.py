@@ -47,7 +47,7 @@ from hpp.runtime.binding import RankBinding, worker_binding
 from hpp.runtime.checkpoint import load_checkpoint, save_checkpoint
 from hpp.runtime.data import make_batch_source
 from hpp.runtime.emulation import Instrument
-from hpp.runtime.gradsync import GradSync
+from hpp.runtime.gradsync import GradSync, broadcast_initial_parameters
 from hpp.runtime.gradsync_units import sync_units
 from hpp.runtime.host_steal import read_cpu_ticks, tick_delta
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
@@ -230,6 +230,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         except HppInputError as exc:
             refused = exc
         _agree(refused, device)
+        if not cfg.resume:                              # equal replicas from the first step (a resume loads them)
+            broadcast_initial_parameters(units, groups, rank=rank)
         sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=cfg.bucket_bytes,
                         overlap=cfg.overlap, naive=cfg.naive_allreduce)
         named = list(module.layer_parameters())
