@@ -324,7 +324,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             continue
         seed_est = estimate_plan(seed, cluster, profile, config=config, estimate_missing=False)
         if seed_est.fits_memory and seed_est.iteration_time_s < est.iteration_time_s * (1 - 1e-12):
-            plan, est = seed, seed_est
+            # the returned plan names its profile as the search's plans do (a seed built elsewhere may name it
+            # otherwise: a baseline by model name, --previous by a path relative to the previous plan's folder)
+            plan, est = replace(seed, profile_ref=dict(profile_ref or {"name": profile.model})), seed_est
             stats["seeded_from"] = name
             res = certify(res, seed_est.iteration_time_s, source=f"baseline:{name}", counts={})
     if res.source.startswith("baseline:") and res.objective_s < res.bound_s:
