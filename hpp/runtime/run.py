@@ -71,7 +71,7 @@ from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, chec
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
-from hpp.runtime.worker import WorkerConfig, config_to_json, write_atomic
+from hpp.runtime.worker import WorkerConfig, config_to_json, hosts_disagree_error, write_atomic
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",
            "check_host_capacity", "default_time_scale", "MAX_RANKS_PER_CORE"]
@@ -298,6 +298,9 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                 if removed:
                     logger.warning("removed unfinished checkpoint(s) %s from %s", ", ".join(removed), save_dir)
         if not res.ok:
+            disagree = next((m for m in map(hosts_disagree_error, res.errors) if m), None)
+            if disagree is not None:                  # bad input only the hosts together could see: exit 2
+                raise HppInputError(disagree)
             raise RunFailedError(failure_line(res, share, plan, cluster, steps_seen=len(monitor.metrics),
                                               log_dir=log_dir))
         if verify:

@@ -26,6 +26,7 @@ Steps are numbered globally (``steps.jsonl``'s ``step``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -63,7 +64,7 @@ from hpp.runtime.worker_steps import (collective_record, event_records, full_par
 from hpp.runtime.zoo import load_runtime_model
 
 __all__ = ["WorkerConfig", "run_worker", "worker_main", "write_atomic", "config_to_json", "resolve_model",
-           "training_config"]
+           "training_config", "AGREED_FLAGS", "HOSTS_DISAGREE", "check_hosts_agree", "hosts_disagree_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,67 @@ def _agree(refused: HppInputError | None, device: torch.device) -> None:
                             fix="see the first rank's error")
 
 
+#: What every host of a multi-host run must be given alike: a :class:`WorkerConfig` field (``training.<key>``: a
+#: key of its ``training`` dict) -> the flag of ``hpp run`` that sets it. A host with another ``--save`` would
+#: write half a checkpoint, another ``--steps`` would leave its peers waiting, another ``--dtype`` or ``--seed``
+#: would train another model: the ranks compare them first (:func:`check_hosts_agree`).
+AGREED_FLAGS: dict[str, str] = {
+    "plan": "PLAN.json (its content)", "model_name": "--model", "steps": "--steps", "seed": "--seed",
+    "dtype": "--dtype", "data": "--data", "save_dir": "--save", "save_every": "--save-every", "resume": "--resume",
+    "save_params": "--verify", "naive_allreduce": "--naive-allreduce", "device": "--device",
+    "training.optimizer": "--optimizer", "training.lr": "--lr", "training.weight_decay": "--weight-decay",
+    "training.lr_schedule": "--lr-schedule", "training.warmup_steps": "--lr-warmup-steps",
+    "training.min_lr_ratio": "the LR schedule's min_lr_ratio", "training.total_steps": "--lr-total-steps",
+    "training.clip_grad_norm": "--clip-grad-norm", "training.dtype": "--dtype (--verify: float64)"}
+
+#: How the error of hosts started with different flags begins (the launcher recognises it in a rank's error).
+HOSTS_DISAGREE = "the hosts of this run were started with different flags"
+
+
+def _agreed_values(cfg: WorkerConfig) -> dict[str, Any]:
+    """This host's value of every :data:`AGREED_FLAGS` entry (the plan as a digest of its JSON)."""
+    out: dict[str, Any] = {}
+    for key in AGREED_FLAGS:
+        if key == "plan":
+            out[key] = hashlib.sha256(json.dumps(cfg.plan, sort_keys=True).encode()).hexdigest()[:12]
+        elif key.startswith("training."):
+            out[key] = (cfg.training or {}).get(key.split(".", 1)[1])
+        else:
+            out[key] = getattr(cfg, key)
+    return out
+
+
+def check_hosts_agree(cfg: WorkerConfig, *, node_rank: int) -> None:
+    """Refuse, on every rank of every host, a run whose hosts were given different :data:`AGREED_FLAGS` (collective
+    over the world: every rank's values are gathered, so every rank raises the same error and none goes on).
+
+    Raises
+    ------
+    HppInputError
+        Starting with :data:`HOSTS_DISAGREE`: the first differing flag with each host's value, and how many more.
+    """
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (node_rank, _agreed_values(cfg)))
+    hosts = dict(sorted(gathered))                                # node rank -> its values (one per host)
+    differ = [k for k in AGREED_FLAGS if len({json.dumps(v[k], sort_keys=True) for v in hosts.values()}) > 1]
+    if not differ:
+        return
+    key = differ[0]
+    shown = "; ".join(f"node rank {n}: {'not given' if v[key] is None or v[key] is False else repr(v[key])}"
+                      for n, v in hosts.items())
+    more = f" (and {len(differ) - 1} more: {', '.join(AGREED_FLAGS[k] for k in differ[1:])})" if len(differ) > 1 else ""
+    raise HppInputError(f"{HOSTS_DISAGREE}: {AGREED_FLAGS[key]} differs ({shown}){more}", field=AGREED_FLAGS[key],
+                        fix="start hpp run on every host with the same plan and the same --steps, --save, --resume, "
+                            "--verify, --dtype, --seed, --model, --data and training flags")
+
+
+def hosts_disagree_error(error_text: str | None) -> str | None:
+    """The :func:`check_hosts_agree` error in a rank's ``rank<r>.error`` text (:func:`worker_main`), else None."""
+    if not error_text or HOSTS_DISAGREE not in error_text:
+        return None
+    return HOSTS_DISAGREE + error_text.split(HOSTS_DISAGREE, 1)[1].rsplit(" (a peer may have died", 1)[0].strip()
+
+
 def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
     """Run rank ``rank`` of the plan for ``cfg.steps`` steps; return (and write) its result.
 
@@ -214,6 +276,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s),
                             device_id=device if device.type == "cuda" else None)
     try:
+        if cfg.nnodes > 1:                              # before anything a host's flags would make differ
+            check_hosts_agree(cfg, node_rank=int(os.environ.get("GROUP_RANK", 0)))
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
