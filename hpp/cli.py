@@ -30,6 +30,7 @@ from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP, cluster_to_dict
 from hpp.resolve import profile_ref_for
 from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
 from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory, validate_plan
+from hpp.wording import count
 
 # The search (hpp.planner, hpp.replan, hpp.baselines, hpp.formulation's candidates, cost model and solver
 # settings) imports numpy, SciPy and OR-Tools: about 1.4 s, against 0.16 s for `hpp --help` without them
@@ -57,7 +58,9 @@ def _seed_from_previous(inp, seeds: dict, say) -> float:
     seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
     if seed is not None:
         seeds[SEED_NAME] = seed
-    say(f"--previous: {len(seed.pipelines) if seed else 0} of its {len(inp.previous.pipelines)} pipelines survive "
+    survive = len(seed.pipelines) if seed else 0
+    say(f"--previous: {survive} of its {count(len(inp.previous.pipelines), 'pipeline')} "
+        f"{'survives' if survive == 1 else 'survive'} "
         f"as a seed ({time.perf_counter() - t:.2f} s)")
     return time.perf_counter() - t
 
@@ -101,7 +104,7 @@ def cmd_plan(args) -> int:
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
     say = progress or (lambda _msg: None)
-    say(f"planning {profile.model} on {name}: {cluster.num_devices} devices, global batch {gbs}")
+    say(f"planning {profile.model} on {name}: {count(cluster.num_devices, 'device')}, global batch {gbs}")
     for line in said:
         say(f"using {line}")
     for line in notes:
@@ -157,7 +160,7 @@ def cmd_plan(args) -> int:
                "baselines": base_json, "plan": plan_to_dict(plan)}   # the summary first, the long plan last
         print(json.dumps(out, indent=1))
         return 0
-    print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
+    print(f"HPP plan for {profile.model} on {name}: {count(cluster.num_devices, 'device')} "
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
     print_estimate(res.estimate, plan)
     how = f" ({comp.note})" if comp.note else ""
@@ -165,11 +168,13 @@ def cmd_plan(args) -> int:
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {status_text(comp)}, "
           f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
           f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
-          f"{comp.num_candidates} of {res.stats['num_candidates']} candidates left after the incumbent bound{how}"
+          f"{comp.num_candidates} of {count(res.stats['num_candidates'], 'candidate')} left after the incumbent "
+          f"bound{how}"
           f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
     if inp.excluded or inp.previous is not None:
-        print(f"re-plan: {inp.full_cluster.num_devices} -> {cluster.num_devices} devices in {seed_s + res.wall_s:.2f} s"
+        print(f"re-plan: {inp.full_cluster.num_devices} -> {count(cluster.num_devices, 'device')} in "
+              f"{seed_s + res.wall_s:.2f} s"
               f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
     for k, b in baselines.items():
         if b.feasible:

@@ -35,6 +35,7 @@ from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.composition.solve import SolveResult, certify, solve
+from hpp.wording import count
 
 __all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes",
            "SOLVERS"]
@@ -307,7 +308,7 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     if stats.get("types_left_out"):
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
             f"{', '.join(stats['types_left_out'])}")
-    say(f"{len(problem.candidates)} candidate pipelines from {stats['shapes']} shapes "
+    say(f"{count(len(problem.candidates), 'candidate pipeline')} from {count(stats['shapes'], 'shape')} "
         f"({stats['candidates_s']:.2f} s)")
     res = solve(problem, settings, progress=progress)
     stats["solve_s"] = res.wall_s

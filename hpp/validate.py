@@ -24,6 +24,7 @@ from hpp.errors import HppInputError
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
+from hpp.wording import count
 
 if TYPE_CHECKING:                       # the cost model imports numpy; only its record's type is needed here
     from hpp.formulation.cost_model import PlanEstimate
@@ -56,7 +57,8 @@ def validate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile | None = N
             nodes = set()
             for d in st.device_ids:
                 if not 0 <= d < cluster.num_devices:
-                    raise HppInputError(f"device {d} does not exist (the cluster has {cluster.num_devices} devices)",
+                    raise HppInputError(f"device {d} does not exist (the cluster has "
+                                        f"{count(cluster.num_devices, 'device')})",
                                         source=source, field=f"{f}.device_ids",
                                         fix=f"use ids in [0, {cluster.num_devices})")
                 dev = cluster.devices[d]

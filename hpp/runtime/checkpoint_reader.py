@@ -180,8 +180,10 @@ def file_manifest(folder: str | os.PathLike, names: Iterable[str], *, workers: i
     host).
 
     >>> import tempfile
-    >>> d = tempfile.mkdtemp(); _ = (Path(d) / "a").write_bytes(b"abc")
-    >>> file_manifest(d, ["a"])["a"]["sha256"][:12], file_manifest(d, ["a"])["a"]["bytes"]
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = (Path(d) / "a").write_bytes(b"abc")
+    ...     got = file_manifest(d, ["a"])["a"]
+    >>> got["sha256"][:12], got["bytes"]
     ('ba7816bf8f01', 3)
     """
     root = Path(folder)

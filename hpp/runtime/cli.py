@@ -18,6 +18,7 @@ from typing import Sequence
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.runtime.processes import RunInterrupted, interrupt_signals
+from hpp.wording import count
 
 __all__ = ["run_main", "profile_main", "main", "few_steps_note"]
 
@@ -132,7 +133,8 @@ def _human_run(rep: dict) -> str:
     part = (f"; host {hosts['node_rank']} of {hosts['nnodes']}: this host's ranks' share of the global loss"
             if (hosts.get("nnodes") or 1) > 1 else "")
     joined = "; those this host's ranks joined" if part else ""
-    lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
+    lines = [f"hpp run {rep['plan']}: model {rep['model']}, {count(rep['world_size'], 'rank')}, "
+             f"{count(rep['steps'], 'step')} "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
              f"{tr.get('optimizer')} lr {tr.get('lr')})",
              f"  iteration time   measured {m['iteration_time_s']:.4f} s (median after warm-up)   predicted {pred}",
@@ -142,7 +144,8 @@ def _human_run(rep: dict) -> str:
              + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
                 if pr.get("throughput_samples_per_s") is not None else ""),
              f"  loss             {_fmt(m.get('loss'), '.4f')} (last step{part})   MFU {_fmt(m.get('mfu'), '.2%')}",
-             f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks"
+             f"  grad all-reduce  {c['count']} per step, {count(c['bytes'], 'byte')} ({c['mode']}, "
+             f"{count(c['num_blocks'], 'block')}"
              f"{joined})",
              f"  rank pipe stage  tp device          layers   rec   #mb  {'peak_RSS_MB' if on_cpu else 'peak_mem_MB'}"
              f"  pred_mem_MB  compute_s  padding_s"]
@@ -168,9 +171,9 @@ def _human_run(rep: dict) -> str:
 
 
 def _verify_line(v: dict) -> str:
-    tail = f"; {len(v['missing'])} parameter(s) saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
-    return (f"verify: max |difference| {v['max_abs_difference']:.3g} over {v['num_parameters']} parameters "
-            f"({v['num_copies']} copies on the ranks; tolerance {v['tolerance']:g}): "
+    tail = f"; {count(len(v['missing']), 'parameter')} saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
+    return (f"verify: max |difference| {v['max_abs_difference']:.3g} over {count(v['num_parameters'], 'parameter')} "
+            f"({count(v['num_copies'], 'copy', 'copies')} on the ranks; tolerance {v['tolerance']:g}): "
             f"{'ok' if v['passed'] else 'FAILED'}{tail}")
 
 

@@ -63,6 +63,7 @@ from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, peak_flops_per_s, plan_peak_flops_per_s
 from hpp.runtime.model_api import RuntimeModel
+from hpp.runtime.processes import remove_stale_run_dirs, run_dir_prefix
 from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
@@ -72,6 +73,7 @@ from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, chec
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
 from hpp.runtime.worker import WorkerConfig, config_to_json, hosts_disagree_error, write_atomic
+from hpp.wording import count, noun
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",
            "check_host_capacity", "default_time_scale", "MAX_RANKS_PER_CORE"]
@@ -177,7 +179,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     plan, cluster, profile = load_run_inputs(plan_path)
     rank_roles(plan)                                  # layouts the runtime cannot execute are refused here
     if world_size is not None and world_size != plan.num_devices:
-        raise HppInputError(f"the plan has {plan.num_devices} devices but the world size is {world_size}",
+        raise HppInputError(f"the plan has {count(plan.num_devices, 'device')} but the world size is {world_size}",
                             source=str(plan_path), field="pipelines", fix=f"launch {plan.num_devices} ranks")
     share = host_share(plan, cluster, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                        node_map=node_map, emulate_node_type=emulate_node_type, device=device, launcher=launcher)
@@ -238,7 +240,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         notes.append(f"the plan says sequence length {plan.sequence_length}; the runtime's {spec.name} uses "
                      f"{spec.seq_len}")
     if warmup_steps >= steps:
-        notes.append(f"{steps} step(s) <= warm-up {warmup_steps}: the median includes warm-up steps")
+        notes.append(f"{count(steps, 'step')} <= warm-up {warmup_steps}: the median includes warm-up steps")
     if not share.whole:
         notes.append(f"host {share.node_rank} of {share.nnodes} (plan node {share.nodes[0]}) runs ranks "
                      f"{list(share.ranks)}: times, loss, memory{' and verify' if verify else ''} cover these ranks")
@@ -274,7 +276,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     verified = None
     speed_before = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else None
     logs = Path(log_dir) if log_dir is not None else None
-    with tempfile.TemporaryDirectory(prefix="hpp-run-", dir=out_dir) as tmp:
+    remove_stale_run_dirs(out_dir)                    # those of launchers killed outright (kill -9)
+    with tempfile.TemporaryDirectory(prefix=run_dir_prefix(), dir=out_dir) as tmp:
         monitor = StepMonitor(Path(tmp), ranks=share.ranks, first_step=start, steps=steps,
                                    global_batch_size=plan.global_batch_size, seq_len=spec.seq_len,
                                    peak_flops_per_s=peak, jsonl=jsonl, quiet=not progress)
@@ -296,7 +299,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
             if save_dir is not None and 0 in share.ranks and (res is None or not res.ok):
                 removed = clean_partial_checkpoints(save_dir)
                 if removed:
-                    logger.warning("removed unfinished checkpoint(s) %s from %s", ", ".join(removed), save_dir)
+                    logger.warning("removed %s %s from %s", noun(len(removed), "unfinished checkpoint"),
+                                   ", ".join(removed), save_dir)
         if not res.ok:
             disagree = next((m for m in map(hosts_disagree_error, res.errors) if m), None)
             if disagree is not None:                  # bad input only the hosts together could see: exit 2

@@ -44,6 +44,7 @@ from hpp.runtime.checkpoint_store import (COMPLETE_MARKER, META_FILE, complete_c
 from hpp.runtime.model_api import RuntimeModel, check_tp_degree
 from hpp.runtime.training import TrainingConfig
 from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model, portable_model_spec
+from hpp.wording import count
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
            "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
@@ -78,13 +79,15 @@ def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None =
     if device == "cuda":
         n = torch.cuda.device_count()
         if world_size > n:
-            raise HppInputError(f"the plan needs {world_size} devices but this host has {n} CUDA device(s)",
+            raise HppInputError(f"the plan needs {count(world_size, 'device')} but this host has "
+                                f"{count(n, 'CUDA device')}",
                                 field="pipelines", fix="run on a host with enough GPUs or plan for fewer devices")
         return
     cores = cpu_count or os.cpu_count() or 1
     limit = per_core * cores
     if world_size > limit:
-        raise HppInputError(f"the plan needs {world_size} devices but this host can run at most {limit} CPU ranks "
+        raise HppInputError(f"the plan needs {count(world_size, 'device')} but this host can run at most "
+                            f"{count(limit, 'CPU rank')} "
                             f"({per_core} per core x {cores} cores)", field="pipelines",
                             fix="plan for fewer devices or run on a larger host")
 
