@@ -22,7 +22,7 @@ JSON form (``format: "hpp-plan"``, version 1)::
 ``schedule`` is ``"1F1B"``, or ``"GPipe"`` where a pipeline has fewer
 micro-batches than stages (torch's Schedule1F1B refuses that case).
 ``recompute`` is ``"none"``, ``"full"`` or ``"selective"`` (activation
-recomputation of the stage's layers).
+recomputation of the stage's layers). Any other key is refused (the references' keys: :mod:`hpp.resolve`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,10 @@ PLAN_VERSION = 1
 RECOMPUTE_MODES = ("none", "full", "selective")
 SCHEDULES = ("1F1B", "GPipe")
 
-# The keys of the JSON form (see the module docstring); any other key is refused, naming the closest one.
 _TOP_KEYS = ("format", "version", "model", "num_layers", "global_batch_size", "sequence_length", "profile", "cluster",
              "pipelines", "predicted")
 _PIPELINE_KEYS = ("micro_batch_size", "num_micro_batches", "num_samples", "schedule", "stages")
 _STAGE_KEYS = ("layers", "device_type", "tp_degree", "device_ids", "recompute")
-_PROFILE_REF_KEYS = ("name", "path", "embedded")
 
 
 def _is_int(v: Any, minimum: int) -> bool:
@@ -303,9 +301,8 @@ def _req(d: Mapping[str, Any], key: str, *, source: str, where: str, fix: str) -
 
 
 def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
-    if isinstance(d, Mapping):
-        check_keys(d, _STAGE_KEYS, source=source, where=where)
     layers = _req(d, "layers", source=source, where=where, fix="give the stage's layer range as [start, stop)")
+    check_keys(d, _STAGE_KEYS, source=source, where=where)
     if (not isinstance(layers, list) or len(layers) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
         raise HppInputError(f"layers={layers!r}", source=source, field=f"{where}layers",
@@ -317,23 +314,6 @@ def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
                             fix="give a list of integer device ids")
     with _within(where, source):      # the rest: Stage's own checks
         return Stage(layers[0], layers[1], str(dtype), d.get("tp_degree", 1), tuple(ids), d.get("recompute", "none"))
-
-
-def _check_refs(d: Mapping[str, Any], *, source: str) -> None:
-    """The ``profile`` and ``cluster`` objects: one of ``name``/``path``/``embedded`` for the profile; an embedded
-    cluster (its own keys are checked when it is read) or ``{"path"}``."""
-    for key in ("profile", "cluster"):
-        if key in d and not isinstance(d[key], Mapping):
-            raise HppInputError(f"{key} is {type(d[key]).__name__}, not an object", source=source, field=key,
-                                fix=f"give {key} as a JSON object (see hpp/plan.py)")
-    prof = d.get("profile") or {}
-    check_keys(prof, _PROFILE_REF_KEYS, source=source, where="profile.")
-    if len(prof) > 1:
-        raise HppInputError(f"the profile is given {len(prof)} ways ({', '.join(prof)})", source=source,
-                            field="profile", fix="give one of name, path or embedded")
-    clu = d.get("cluster") or {}
-    if "nodes" not in clu:
-        check_keys(clu, ("path",), source=source, where="cluster.")
 
 
 def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
@@ -348,17 +328,17 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
     check_header(d, fmt=PLAN_FORMAT, version=PLAN_VERSION, what="a plan", source=source,
                  format_fix="give a plan that hpp plan --out wrote (Sailor or Metis plans: hpp estimate --format sailor|metis)", shape_fix="see hpp/plan.py")
     check_keys(d, _TOP_KEYS, source=source, where="")
-    _check_refs(d, source=source)
+    if bad := next((k for k in ("profile", "cluster", "predicted") if not isinstance(d.get(k, {}), Mapping)), None):
+        raise HppInputError(f"{bad} is not an object", source=source, field=bad, fix="see hpp/plan.py")
     pipes_raw = _req(d, "pipelines", source=source, where="", fix="list the pipelines")
     if not isinstance(pipes_raw, list) or not pipes_raw:
         raise HppInputError("no pipelines", source=source, field="pipelines", fix="give at least one pipeline")
     pipelines = []
     for p, pd in enumerate(pipes_raw):
         where = f"pipelines[{p}]."
-        if isinstance(pd, Mapping):
-            check_keys(pd, _PIPELINE_KEYS, source=source, where=where)
         b = _need_int(_req(pd, "micro_batch_size", source=source, where=where, fix="give the micro-batch size"),
                       f"{where}micro_batch_size", 1, source)
+        check_keys(pd, _PIPELINE_KEYS, source=source, where=where)
         if "num_samples" in pd:
             n = _need_int(pd["num_samples"], f"{where}num_samples", 0, source)
         else:
@@ -405,12 +385,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def read_plan_json(path: str | Path) -> dict[str, Any]:
-    """Read a JSON file into a dict, with a clear error for a missing file or bad JSON.
-
-    Raises
-    ------
-    HppInputError
-    """
+    """The JSON object of a plan file (:class:`HppInputError`: a missing file, bad JSON or a repeated key)."""
     return read_json(path, what="plan file")
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import check_keys
 from hpp.plan import Plan, plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
@@ -32,8 +33,12 @@ def resolve_profile(ref: Mapping[str, Any], *, base: Path, source: str) -> Model
     Raises
     ------
     HppInputError
-        Unknown bundled name, missing file, or an invalid profile.
+        An unknown key, more than one of them, an unknown bundled name, a missing file, or an invalid profile.
     """
+    check_keys(ref, ("name", "path", "embedded"), source=source, where="profile.")
+    if len(ref) > 1:
+        raise HppInputError(f"the profile is given {len(ref)} ways ({', '.join(ref)})", source=source,
+                            field="profile", fix="give one of name, path or embedded")
     if "embedded" in ref:
         return profile_from_dict(ref["embedded"], source=f"{source}: profile.embedded")
     if "path" in ref:
@@ -55,9 +60,11 @@ def resolve_cluster(ref: Mapping[str, Any], *, base: Path, source: str) -> Clust
     HppInputError
     """
     if "path" in ref and "nodes" not in ref:
+        check_keys(ref, ("path",), source=source, where="cluster.")
         return load_cluster(base / str(ref["path"]))
     if "nodes" in ref:
         return cluster_from_dict(ref, source=f"{source}: cluster")
+    check_keys(ref, ("path",), source=source, where="cluster.")         # a typo of path is named
     raise HppInputError("the plan names no cluster", source=source, field="cluster",
                         fix='embed the cluster object or give {"path": FILE}')
 

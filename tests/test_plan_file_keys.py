@@ -38,17 +38,24 @@ def _edit(doc, fn):
     (lambda d: d.update(profile={"nmae": "gpt-tiny"}), "profile.nmae", "name"),
     (lambda d: d.update(cluster={"pth": "c.json"}), "cluster.pth", "path"),
 ])
-def test_an_unknown_key_is_refused_naming_the_closest(doc, edit, field, near):
+def test_an_unknown_key_is_refused_naming_the_closest(doc, tmp_path, edit, field, near):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(_edit(doc, edit)))
     with pytest.raises(HppInputError) as info:
-        plan_from_dict(_edit(doc, edit), source="p.json")
+        load_plan(f)
     msg = str(info.value)
-    assert f"p.json: field '{field}': unknown key" in msg and f"did you mean {near!r}?" in msg
-    plan_from_dict(doc, source="p.json")                                  # control: the plan as written
+    assert f"{f}: field '{field}': unknown key" in msg and f"did you mean {near!r}?" in msg
+    f.write_text(json.dumps(doc))
+    load_plan(f)                                                           # control: the plan as written
 
 
-def test_a_profile_given_two_ways_is_refused(doc):
+def test_a_profile_given_two_ways_and_a_reference_not_an_object_are_refused(doc, tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(_edit(doc, lambda d: d.update(profile={"name": "gpt-tiny", "path": "x.json"}))))
     with pytest.raises(HppInputError, match=r"field 'profile': the profile is given 2 ways"):
-        plan_from_dict(_edit(doc, lambda d: d.update(profile={"name": "gpt-tiny", "path": "x.json"})), source="p")
+        load_plan(f)
+    with pytest.raises(HppInputError, match=r"field 'profile': profile is not an object"):
+        plan_from_dict(_edit(doc, lambda d: d.update(profile="gpt-tiny")), source="p.json")
 
 
 def test_a_model_name_typo_fails_estimate_with_the_known_names(doc, tmp_path, capsys):

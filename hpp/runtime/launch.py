@@ -42,8 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from hpp.fileio import write_atomic
 from hpp.runtime.processes import INTERRUPT_GRACE_S, die_with_parent, free_port, kill_tree, libc_prctl
-from hpp.runtime.worker import WorkerConfig, config_to_json, worker_main, write_atomic
+from hpp.runtime.worker import WorkerConfig, config_to_json, worker_main
 from hpp.wording import count
 
 __all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "host_label", "POLL_INTERVAL_S"]

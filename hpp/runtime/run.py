@@ -53,6 +53,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hpp.errors import HppInputError
+from hpp.fileio import write_atomic
 from hpp.plan import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
@@ -72,7 +73,8 @@ from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, chec
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
-from hpp.runtime.worker import WorkerConfig, config_to_json, hosts_disagree_error, write_atomic
+from hpp.runtime.host_agreement import hosts_disagree_error
+from hpp.runtime.worker import WorkerConfig, config_to_json
 from hpp.wording import count, noun
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",

@@ -3,30 +3,27 @@
 Entry points: :func:`run_worker` (a library call, used by the fork launcher of the tests) and ``python -m
 hpp.runtime.worker CONFIG.json OUT_DIR`` (what ``torchrun`` starts; rank and world size from its environment).
 
-A rank builds its stage from the model (``model_name`` through
-:func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards it
-over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), runs its lane's
-pipeline schedule (``return_outputs=False``, shape-only placeholders), syncs
-gradients block-wise (:mod:`hpp.runtime.gradsync`), clips and steps
-(:mod:`hpp.runtime.training`).
+A rank first compares the flags every host must share (:mod:`hpp.runtime.host_agreement`), builds its stage from
+the model (``model_name`` through :func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards
+it over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), takes every replicated parameter from its
+lowest-rank holder (:func:`hpp.runtime.gradsync.broadcast_initial_parameters`), runs its lane's pipeline schedule
+(``return_outputs=False``, shape-only placeholders), syncs gradients block-wise (:mod:`hpp.runtime.gradsync`),
+clips and steps (:mod:`hpp.runtime.training`).
 
-Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full,
-unsharded parameters if asked) through a temporary file and a rename, or
-``rank<r>.error`` with the reason when it fails, so a reader never sees a
-half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
+Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full, unsharded parameters if asked)
+through a temporary file and a rename, or ``rank<r>.error`` with the reason when it fails, so a reader never sees
+a half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
 
-Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts
-(``nnodes > 1``, static rendezvous) local rank ``j`` of node rank ``R`` runs as
-:func:`hpp.runtime.binding.worker_binding`'s rank, not torchrun's ``RANK``; a CUDA rank
-uses the local GPU its plan device has. Checkpoints (:mod:`hpp.runtime.checkpoint`):
-``resume`` loads one after the optimizer is built and the steps continue from its step
-(the data position); ``save_dir`` gets one every ``save_every`` steps and after the last.
-Steps are numbered globally (``steps.jsonl``'s ``step``).
+Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts (``nnodes > 1``, static
+rendezvous) local rank ``j`` of node rank ``R`` runs as :func:`hpp.runtime.binding.worker_binding`'s rank, not
+torchrun's ``RANK``; a CUDA rank uses the local GPU its plan device has. Checkpoints
+(:mod:`hpp.runtime.checkpoint`): ``resume`` loads one after the optimizer is built and the steps continue from its
+step (the data position); ``save_dir`` gets one every ``save_every`` steps and after the last. Steps are numbered
+globally (``steps.jsonl``'s ``step``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,12 +40,14 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
+from hpp.fileio import write_atomic
 from hpp.plan import plan_from_dict
 from hpp.runtime.binding import RankBinding, worker_binding
 from hpp.runtime.checkpoint import load_checkpoint, save_checkpoint
 from hpp.runtime.data import make_batch_source
 from hpp.runtime.emulation import Instrument
 from hpp.runtime.gradsync import GradSync, broadcast_initial_parameters
+from hpp.runtime.host_agreement import check_hosts_agree
 from hpp.runtime.gradsync_units import sync_units
 from hpp.runtime.host_steal import read_cpu_ticks, tick_delta
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
@@ -63,8 +62,7 @@ from hpp.runtime.worker_steps import (collective_record, event_records, full_par
                                       peak_memory_bytes, phase_record, run_schedule_step, stage_flops_per_step)
 from hpp.runtime.zoo import load_runtime_model
 
-__all__ = ["WorkerConfig", "run_worker", "worker_main", "write_atomic", "config_to_json", "resolve_model",
-           "training_config", "AGREED_FLAGS", "HOSTS_DISAGREE", "check_hosts_agree", "hosts_disagree_error"]
+__all__ = ["WorkerConfig", "run_worker", "worker_main", "config_to_json", "resolve_model", "training_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,13 +158,6 @@ def training_config(cfg: WorkerConfig) -> TrainingConfig:
                           total_steps=max(1, cfg.steps), dtype=cfg.dtype)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through ``path.tmp`` and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _agree(refused: HppInputError | None, device: torch.device) -> None:
     """Raise on every rank if any rank refused the plan (its peers would otherwise wait for it until timeout)."""
     flag = torch.tensor([0 if refused is None else 1], device=device)
@@ -176,67 +167,6 @@ def _agree(refused: HppInputError | None, device: torch.device) -> None:
     if int(flag.item()):
         raise HppInputError("another rank refused the plan's tensor parallelism (see its error)", field="tp_plan",
                             fix="see the first rank's error")
-
-
-#: What every host of a multi-host run must be given alike: a :class:`WorkerConfig` field (``training.<key>``: a
-#: key of its ``training`` dict) -> the flag of ``hpp run`` that sets it. A host with another ``--save`` would
-#: write half a checkpoint, another ``--steps`` would leave its peers waiting, another ``--dtype`` or ``--seed``
-#: would train another model: the ranks compare them first (:func:`check_hosts_agree`).
-AGREED_FLAGS: dict[str, str] = {
-    "plan": "PLAN.json (its content)", "model_name": "--model", "steps": "--steps", "seed": "--seed",
-    "dtype": "--dtype", "data": "--data", "save_dir": "--save", "save_every": "--save-every", "resume": "--resume",
-    "save_params": "--verify", "naive_allreduce": "--naive-allreduce", "device": "--device",
-    "training.optimizer": "--optimizer", "training.lr": "--lr", "training.weight_decay": "--weight-decay",
-    "training.lr_schedule": "--lr-schedule", "training.warmup_steps": "--lr-warmup-steps",
-    "training.min_lr_ratio": "the LR schedule's min_lr_ratio", "training.total_steps": "--lr-total-steps",
-    "training.clip_grad_norm": "--clip-grad-norm", "training.dtype": "--dtype (--verify: float64)"}
-
-#: How the error of hosts started with different flags begins (the launcher recognises it in a rank's error).
-HOSTS_DISAGREE = "the hosts of this run were started with different flags"
-
-
-def _agreed_values(cfg: WorkerConfig) -> dict[str, Any]:
-    """This host's value of every :data:`AGREED_FLAGS` entry (the plan as a digest of its JSON)."""
-    out: dict[str, Any] = {}
-    for key in AGREED_FLAGS:
-        if key == "plan":
-            out[key] = hashlib.sha256(json.dumps(cfg.plan, sort_keys=True).encode()).hexdigest()[:12]
-        elif key.startswith("training."):
-            out[key] = (cfg.training or {}).get(key.split(".", 1)[1])
-        else:
-            out[key] = getattr(cfg, key)
-    return out
-
-
-def check_hosts_agree(cfg: WorkerConfig, *, node_rank: int) -> None:
-    """Refuse, on every rank of every host, a run whose hosts were given different :data:`AGREED_FLAGS` (collective
-    over the world: every rank's values are gathered, so every rank raises the same error and none goes on).
-
-    Raises
-    ------
-    HppInputError
-        Starting with :data:`HOSTS_DISAGREE`: the first differing flag with each host's value, and how many more.
-    """
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (node_rank, _agreed_values(cfg)))
-    hosts = dict(sorted(gathered))                                # node rank -> its values (one per host)
-    differ = [k for k in AGREED_FLAGS if len({json.dumps(v[k], sort_keys=True) for v in hosts.values()}) > 1]
-    if not differ:
-        return
-    key = differ[0]
-    shown = "; ".join(f"node rank {n}: {'not given' if v[key] is None or v[key] is False else repr(v[key])}"
-                      for n, v in hosts.items())
-    more = f" (and {len(differ) - 1} more: {', '.join(AGREED_FLAGS[k] for k in differ[1:])})" if len(differ) > 1 else ""
-    raise HppInputError(f"{HOSTS_DISAGREE}: {AGREED_FLAGS[key]} differs ({shown}){more}", field=AGREED_FLAGS[key],
-                        fix="start hpp run on every host with the same plan and the same --steps, --save, --resume, "
-                            "--verify, --dtype, --seed, --model, --data and training flags")
-
-
-def hosts_disagree_error(error_text: str | None) -> str | None:
-    """The :func:`check_hosts_agree` error in a rank's ``rank<r>.error`` text (:func:`worker_main`), else None."""
-    if not error_text or HOSTS_DISAGREE not in error_text:
-        return None
-    return HOSTS_DISAGREE + error_text.split(HOSTS_DISAGREE, 1)[1].rsplit(" (a peer may have died", 1)[0].strip()
 
 
 def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) -> dict[str, Any]:
@@ -276,8 +206,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s),
                             device_id=device if device.type == "cuda" else None)
     try:
-        if cfg.nnodes > 1:                              # before anything a host's flags would make differ
-            check_hosts_agree(cfg, node_rank=int(os.environ.get("GROUP_RANK", 0)))
+        check_hosts_agree(cfg, node_rank=int(os.environ.get("GROUP_RANK", 0)))
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
@@ -294,7 +223,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         except HppInputError as exc:
             refused = exc
         _agree(refused, device)
-        if not cfg.resume:                              # equal replicas from the first step (a resume loads them)
+        if not cfg.resume:                              # a resume loads equal replicas
             broadcast_initial_parameters(units, groups, rank=rank)
         sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=cfg.bucket_bytes,
                         overlap=cfg.overlap, naive=cfg.naive_allreduce)
