@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failed.append(f"{step[0]} (exit {code})")
                 rc = max(rc, code)
     if failed:        # a failed step's files are old or missing: a README written from them would mix days or lie
-        print(f"run_all: README.md not rewritten: {', '.join(failed)} failed (its error is above)", file=sys.stderr)
+        print(f"run_all: README.md not rewritten: {', '.join(failed)} failed (its error is above); --only STEPS runs "
+              f"the others and reads the rest's files as they are", file=sys.stderr)
         return rc
     if not args.no_readme:
         text = README.read_text()
