@@ -6,7 +6,8 @@ Runs, in order: scenarios.py (speedups on the bundled scenarios; --quick: up to 
 scenarios_quick.csv, which the README does not read), search_overhead.py
 (--quick: the small sweep, written to search_overhead_quick.csv, which the README does not read; the
 full sweep is `python experiments/search_overhead.py`, 20-30 min, and its CSV is reused when present),
-cost_model_validation.py, network_scenarios.py (one link vs per-pair links), runtime_validation.py.
+cost_model_validation.py, network_scenarios.py (one link vs per-pair links), runtime_validation.py (--quick:
+written to runtime_validation_quick.*, which the README does not read).
 Not rerun here, only read: the memory tables (memory_validation.csv and memory_validation_bf16.csv, which
 `python experiments/memory_validation.py [--dtype bfloat16]` writes, about 6 minutes each on two idle
 cores) and the gap-progress table (gap_progress.csv, `python experiments/gap_progress.py`, about 12 minutes).
@@ -52,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = [("scenarios", quick), ("search_overhead", quick if args.quick else ["--out", str(so_csv)])
             if args.quick or not so_csv.exists() else None,
             ("cost_model_validation", []), ("network_scenarios", ["--repeats", "1" if args.quick else "3"]),
-            ("runtime_validation", quick)]
+            ("runtime_validation", quick + ["--out", str(HERE / "results" / "runtime_validation_quick.csv")]
+             if args.quick else [])]
     failed: list[str] = []
     rc = 0
     for step in plan:

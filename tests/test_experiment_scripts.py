@@ -40,3 +40,12 @@ def test_run_all_does_not_rewrite_the_readme_after_a_failed_step(monkeypatch, tm
     monkeypatch.setattr(mod, "results_markdown", lambda folder: "new table")
     assert mod.main([]) == 0
     assert readme.read_text() == f"intro\n{mod.START}\nnew table\n{mod.END}\ntail\n"
+
+
+def test_run_all_quick_leaves_the_readmes_runtime_validation_files_alone(monkeypatch, tmp_path):
+    mod = _load("run_all", monkeypatch)
+    calls = {}
+    monkeypatch.setattr(mod, "_run", lambda script, argv: calls.setdefault(script, argv) and 0)
+    assert mod.main(["--quick", "--no-readme"]) == 0
+    assert calls["runtime_validation"][:1] == ["--quick"]
+    assert calls["runtime_validation"][-1].endswith("runtime_validation_quick.csv")     # not the README's CSV
