@@ -16,6 +16,7 @@ Usage: ``python experiments/cost_model_validation.py [--runs DIR] [--out DIR]``
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 import csv
 import json
@@ -57,7 +58,7 @@ class Row:
     predicted_pipeline_s: float
     predicted_grad_sync_s: float
     predicted_optimizer_s: float
-    measured_grad_sync_s: float
+    measured_grad_sync_s: float         # nan where the loader flags the run's red_grads (SailorMeasurement)
 
 
 def _pct(pred: float, real: float) -> float:
@@ -90,7 +91,8 @@ def validation_rows(runs: Path) -> list[Row]:
                             plan.global_batch_size, meas.iteration_time_s, est.iteration_time_s,
                             _pct(est.iteration_time_s, meas.iteration_time_s), meas.peak_memory_bytes,
                             est.peak_memory_bytes, _pct(est.peak_memory_bytes, meas.peak_memory_bytes),
-                            est.pipeline_time_s, est.grad_sync_s, est.optimizer_s, meas.grad_sync_s))
+                            est.pipeline_time_s, est.grad_sync_s, est.optimizer_s,
+                            meas.grad_sync_s if meas.grad_sync_usable else math.nan))
     return rows
 
 

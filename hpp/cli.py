@@ -19,8 +19,8 @@ from dataclasses import replace
 from hpp.cli_bundled import add_bundled_commands
 from hpp.cli_inputs import (DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs,
                             solver_settings)
-from hpp.cli_output import (estimate_header, estimate_json, idle_devices_note, named_solver_note, num, plan_source,
-                            optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
+from hpp.cli_output import (estimate_header, estimate_json, idle_alternative, idle_devices_note, named_solver_note, num,
+                            plan_source, optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
@@ -139,7 +139,9 @@ def cmd_plan(args) -> int:
         write_plan_json(plan, args.out)
     comp = res.composition
     source, source_line = plan_source(res.stats, comp)
-    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()))
+    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()),
+                             predicted_s=res.estimate.iteration_time_s,
+                             alternative=idle_alternative(res, cluster, gbs))
     notes += [n for n in (idle, named_solver_note(args.solver, comp, args.cpsat_params)) if n]
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
@@ -147,6 +149,7 @@ def cmd_plan(args) -> int:
               "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
               "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
+              "idle_alternative": idle_alternative(res, cluster, gbs),
               "replan": _replan_json(inp, res, seed_s),
               "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
     base_json = {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
@@ -258,6 +261,8 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=DefaultsRawFormatter, epilog=_PLAN_EPILOG + CLUSTER_FORMAT_HELP)
     p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`; default opt350-a100x8-v100x8)")
     p.add_argument("--cluster", type=Path, help="cluster JSON file instead of --scenario (format below)")
+    p.add_argument("--default-links", action="store_true",
+                   help="plan on Sailor's measured fits (one public cloud) for links the cluster file leaves out")
     p.add_argument("--profile", type=Path,
                    help="native profile JSON file (with --cluster, or replacing a --scenario's model)")
     p.add_argument("--model", help=f"bundled model profile (with --cluster, or replacing a --scenario's model): "
@@ -316,6 +321,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop/)")
     e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
     e.add_argument("--cluster", type=Path, help="bind the plan's pipelines onto this cluster file and price them there")
+    e.add_argument("--default-links", action="store_true",
+                   help="take Sailor's measured fits for links the --cluster file leaves out")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     _add_memory_flags(e)
     e.add_argument(OVER_MEMORY_FLAG, action="store_true",

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from hpp.wording import count
 
 __all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num",
-           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note", "named_solver_note"]
+           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_alternative", "idle_devices_note", "named_solver_note"]
 
 
 def num(x: Any) -> Any:
@@ -210,11 +210,27 @@ def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
     return src, f"plan returned: the search's, {what}"
 
 
-def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset()) -> str | None:
+def idle_alternative(res, cluster, gbs: int) -> dict | None:
+    """:func:`hpp.planner.plan_using_idle_devices` of the search's answer when it leaves devices idle (memoised on
+    the result's stats; None for a returned seed, or a batch smaller than the devices)."""
+    from hpp.planner import plan_using_idle_devices      # lazy: numpy/OR-Tools, as hpp.cli's
+    got = res.stats.get("idle_alternative", False)
+    if got is False:
+        idle = len(set(res.plan.device_ids)) < cluster.num_devices <= gbs
+        got = plan_using_idle_devices(res.problem, res.search.counts) if idle and res.search.counts and \
+            res.problem is not None else None
+        res.stats["idle_alternative"] = got
+    return got
+
+
+def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset(),
+                      predicted_s: float | None = None, alternative: dict | None = None) -> str | None:
     """A note when the plan leaves devices idle: how many, of which types, and why (None if all are used).
 
     ``left_out``: device types the search could not use at all (no usable TP degree or micro-batch
-    size; said in an earlier note).
+    size; said in an earlier note). ``alternative``: the best plan found that uses them
+    (:func:`hpp.planner.plan_using_idle_devices`), said with how much slower it was predicted than
+    ``predicted_s``.
     """
     used = set(plan.device_ids)
     idle: dict[str, int] = {}
@@ -236,6 +252,12 @@ def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset
         else:
             why.append("using them was not predicted faster (a slow or memory-short device, or the gradient sync "
                        "among more replicas, would cost more than it adds)")
+            if alternative and predicted_s:
+                t = alternative["iteration_time_s"]
+                why.append(f"the best plan found that uses them ({count(alternative['devices_used'], 'device')}) was "
+                           f"predicted {(t - predicted_s) / predicted_s:+.1%} ({t:.4f} s vs {predicted_s:.4f} s)")
+            elif predicted_s:
+                why.append("no candidate pipeline could add a copy on them")
     return f"{n} of {count(cluster.num_devices, 'device')} {'is' if n == 1 else 'are'} idle ({types}): {'; '.join(why)}"
 
 
