@@ -12,6 +12,8 @@ import sys
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from hpp.wording import count
+
 __all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num",
            "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_alternative", "idle_devices_note", "named_solver_note"]
 
@@ -77,8 +79,8 @@ def estimate_header(path, plan, cluster, src: str | None, *, cluster_file=None) 
     else:
         extra = (f" of the converted cluster's {cluster.num_devices} (each stage replica on its own node, as {src} "
                  f"runs it)" if src and cluster.num_devices > plan.num_devices else "")
-    return (f"plan {path}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
-            f"{plan.num_devices} devices{extra}, global batch {plan.global_batch_size}")
+    return (f"plan {path}{f' ({src} plan)' if src else ''}: {plan.model}, {count(plan.num_pipelines, 'pipeline')} on "
+            f"{count(plan.num_devices, 'device')}{extra}, global batch {plan.global_batch_size}")
 
 
 def block_forms(blocks) -> str:
@@ -173,17 +175,17 @@ def print_estimate(est, plan, out=None) -> None:
         for j, row in enumerate(rows_of[key]):
             w(f"{names[key] if j == 0 else '':>{width}} {row}\n")
         n, each = len(members), (" each" if len(members) > 1 else "")
-        w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {key[1]} samples{each}, "
+        w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {count(key[1], 'sample')}{each}, "
           f"{key[2]} s{each}\n")
     kinds = f"{len(groups)} distinct kind{'' if len(groups) == 1 else 's'}"
-    w(f"{len(plan.pipelines)} pipelines in {kinds}; blocks: {len(est.blocks)}{block_forms(est.blocks)}; gradient sync "
+    w(f"{count(len(plan.pipelines), 'pipeline')} in {kinds}; blocks: {len(est.blocks)}{block_forms(est.blocks)}; gradient sync "
       f"block-wise {est.grad_sync_block_s:.3f} s (per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
     w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
       f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "
       f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {est.peak_memory_bytes / unit:.1f} "
       f"{uname}\n")
     if not est.fits_memory:
-        w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
+        w("WARNING: some device exceeds its memory capacity (memory above its capacity in the table)\n")
     for msg in est.warnings:
         w(f"note: {msg}\n")
 
@@ -244,18 +246,19 @@ def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset
         why.append(f"{', '.join(sorted(set(idle) & left_out))} left out (see above)")
     if set(idle) - left_out:
         if gbs < cluster.num_devices:
-            why.append(f"the global batch of {gbs} samples allows at most {gbs} pipelines (each needs a sample), and "
+            why.append(f"the global batch of {count(gbs, 'sample')} allows at most {count(gbs, 'pipeline')} (each needs a "
+                       f"sample), and "
                        f"more or longer pipelines were not predicted faster; raise --gbs to use more devices")
         else:
             why.append("using them was not predicted faster (a slow or memory-short device, or the gradient sync "
                        "among more replicas, would cost more than it adds)")
             if alternative and predicted_s:
                 t = alternative["iteration_time_s"]
-                why.append(f"the best plan found that uses them ({alternative['devices_used']} devices) was "
+                why.append(f"the best plan found that uses them ({count(alternative['devices_used'], 'device')}) was "
                            f"predicted {(t - predicted_s) / predicted_s:+.1%} ({t:.4f} s vs {predicted_s:.4f} s)")
             elif predicted_s:
                 why.append("no candidate pipeline could add a copy on them")
-    return f"{n} of {cluster.num_devices} devices are idle ({types}): {'; '.join(why)}"
+    return f"{n} of {count(cluster.num_devices, 'device')} {'is' if n == 1 else 'are'} idle ({types}): {'; '.join(why)}"
 
 
 def named_solver_note(named: str | None, comp, cpsat_params: str | None = None) -> str | None:

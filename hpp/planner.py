@@ -35,6 +35,7 @@ from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.composition.solve import SolveResult, certify, solve
+from hpp.wording import count
 
 __all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes",
            "SOLVERS"]
@@ -310,7 +311,7 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     if stats.get("types_left_out"):
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
             f"{', '.join(stats['types_left_out'])}")
-    say(f"{len(problem.candidates)} candidate pipelines from {stats['shapes']} shapes "
+    say(f"{count(len(problem.candidates), 'candidate pipeline')} from {count(stats['shapes'], 'shape')} "
         f"({stats['candidates_s']:.2f} s)")
     res = solve(problem, settings, progress=progress)
     stats["solve_s"] = res.wall_s
@@ -327,7 +328,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             continue
         seed_est = estimate_plan(seed, cluster, profile, config=config, estimate_missing=False)
         if seed_est.fits_memory and seed_est.iteration_time_s < est.iteration_time_s * (1 - 1e-12):
-            plan, est = seed, seed_est
+            # the returned plan names its profile as the search's plans do (a seed built elsewhere may name it
+            # otherwise: a baseline by model name, --previous by a path relative to the previous plan's folder)
+            plan, est = replace(seed, profile_ref=dict(profile_ref or {"name": profile.model})), seed_est
             stats["seeded_from"] = name
             res = certify(res, seed_est.iteration_time_s, source=f"baseline:{name}", counts={})
     if res.source.startswith("baseline:") and res.objective_s < res.bound_s:

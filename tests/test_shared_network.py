@@ -259,3 +259,50 @@ def test_idle_devices_note_says_how_much_slower_the_best_plan_using_them_was(tmp
     problem, _ = make_problem(cl, prof, 256)
     full = {c: 1 for c, cand in enumerate(problem.candidates) if cand.devices == {"GH-96": 4, "V100-16": 4}}
     assert full and plan_using_idle_devices(problem, {next(iter(full)): 1}) is None
+
+
+# --------------------------------------------------------------------------- properties: sharing never speeds up
+
+from hypothesis import given, settings, strategies as st
+
+
+@st.composite
+def shared_clusters(draw):
+    nodes = draw(st.integers(2, 4))
+    per = draw(st.integers(1, 4))
+    one = draw(st.floats(1e8, 1e10))
+    counts = sorted(draw(st.lists(st.integers(2, 8), min_size=0, max_size=3, unique=True)))
+    # peaks only, each flow's share not growing with the count (the bundled fits break that at some sizes,
+    # where a block run beside others can then cost less than alone; never less than with one-flow links)
+    shares = sorted(draw(st.lists(st.floats(0.2, 1.0), min_size=len(counts), max_size=len(counts))), reverse=True)
+    agg = tuple(AggregateFit(k, f * k * one) for k, f in zip(counts, shares))
+    fit = draw(st.none() | st.tuples(st.floats(-0.05, 0.0), st.floats(0.0, 1.0), st.floats(0.1, 5.0)))
+    nic = draw(st.none() | st.floats(1e8, 4e10))
+    link = Link(one, draw(st.floats(0.0, 1e-4)), fit, agg)
+    cl = Cluster("c", dict(BUNDLED_DEVICE_TYPES),
+                 tuple(Node("A100-40", per, INTRA, nic_bytes_per_s=nic if (nic and i == 0) else float("inf"))
+                       for i in range(nodes)), link)
+    return cl
+
+
+@settings(max_examples=40, deadline=None)
+@given(cl=shared_clusters(), data=st.data())
+def test_shared_prices_are_never_below_the_unshared_ones(cl, data):
+    """Each block's all-reduce with shared links costs at least its price with one-flow links (what keeps every
+    bound of the unshared prices a valid bound), and at least the bound of its busiest node's network."""
+    devs = [d.device_id for d in cl.devices]
+    h = data.draw(st.integers(2, len(devs)))
+    picked = data.draw(st.permutations(devs))[:h]
+    width = data.draw(st.integers(1, 2))
+    groups = [tuple(picked[i:i + width]) for i in range(0, len(picked), width)]
+    if len(groups) < 2:
+        return
+    nbytes = data.draw(st.floats(1e6, 1e9))
+    rest = [(d,) for d in devs if d not in picked]
+    blocks = [(nbytes, groups)] + ([(nbytes / 2, rest)] if len(rest) >= 2 else [])     # a device-disjoint block
+    shared, flows = concurrent_allreduces(blocks, cl)
+    for (w, g), cost in zip(blocks, shared):
+        alone = allreduce_s(w, g, cl)                       # this block alone, its own rings sharing the nodes
+        assert cost.seconds >= alone.seconds * (1 - 1e-12)
+        assert alone.seconds >= allreduce_s(w, g, cl.unshared()).seconds * (1 - 1e-12)
+    assert all(k >= 1 for k in flows.values())

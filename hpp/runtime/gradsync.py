@@ -48,7 +48,7 @@ from hpp.runtime.gradsync_units import Entry, SyncUnit
 from hpp.runtime.stage import StageModule
 from hpp.runtime.tensor_parallel import local_tensor
 
-__all__ = ["CollectiveStats", "Bucket", "GradSync"]
+__all__ = ["CollectiveStats", "Bucket", "GradSync", "broadcast_initial_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -285,3 +285,48 @@ class GradSync:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def broadcast_initial_parameters(units: list[SyncUnit], groups: dict[tuple[int, ...], dist.ProcessGroup], *,
+                                 rank: int) -> int:
+    """Make every copy of every parameter slice this rank syncs equal to the copy of the lowest rank that holds it,
+    before the first step (DDP broadcasts the initial parameters from rank 0 alike).
+
+    The same slices and rank sets as the gradients' (:func:`hpp.runtime.gradsync_units.sync_units`): each set's
+    lowest rank contributes its values, the others zeros, and one SUM all-reduce per rank set and dtype leaves the
+    lowest rank's values everywhere (exactly: x + 0 = x). Units in their global order (:class:`GradSync`'s), so
+    ranks that share several groups never wait on each other crosswise. A model that draws its weights from
+    ``(seed, index)`` alone, as the protocol asks, is left as it was; one that does not (numpy's or Python's RNG)
+    would otherwise start its replicas from different weights, and they would never agree.
+
+    Returns
+    -------
+    int
+        Parameter elements this rank took part in syncing.
+    """
+    done = 0
+    with torch.no_grad():
+        for u in sorted(units, key=lambda u: u.order):
+            sets = u.groups.rank_sets()
+            by_key: dict[tuple[int, str], list[Entry]] = {}
+            for _layer, e, s in u.entries:
+                by_key.setdefault((s, str(e.param.dtype)), []).append(e)
+            for (s, _dtype), entries in sorted(by_key.items()):
+                ranks = sets[s]
+                slices = [_param_slice(e) for e in entries]
+                flat = torch.cat([x.reshape(-1) for x in slices])
+                if rank != min(ranks):
+                    flat.zero_()
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=groups.get(ranks))
+                offset = 0
+                for x in slices:
+                    x.copy_(flat[offset:offset + x.numel()].view(x.shape))
+                    offset += x.numel()
+                done += flat.numel()
+    return done
+
+
+def _param_slice(e: Entry) -> torch.Tensor:
+    """The local values of ``e``'s slice of its parameter (a view: writing it writes the parameter)."""
+    p = local_tensor(e.param)
+    return p if e.dim is None else p.narrow(e.dim, e.start, e.length)

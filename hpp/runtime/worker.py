@@ -3,25 +3,23 @@
 Entry points: :func:`run_worker` (a library call, used by the fork launcher of the tests) and ``python -m
 hpp.runtime.worker CONFIG.json OUT_DIR`` (what ``torchrun`` starts; rank and world size from its environment).
 
-A rank builds its stage from the model (``model_name`` through
-:func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards it
-over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), runs its lane's
-pipeline schedule (``return_outputs=False``, shape-only placeholders), syncs
-gradients block-wise (:mod:`hpp.runtime.gradsync`), clips and steps
-(:mod:`hpp.runtime.training`).
+A rank first compares the flags every host must share (:mod:`hpp.runtime.host_agreement`), builds its stage from
+the model (``model_name`` through :func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards
+it over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), takes every replicated parameter from its
+lowest-rank holder (:func:`hpp.runtime.gradsync.broadcast_initial_parameters`), runs its lane's pipeline schedule
+(``return_outputs=False``, shape-only placeholders), syncs gradients block-wise (:mod:`hpp.runtime.gradsync`),
+clips and steps (:mod:`hpp.runtime.training`).
 
-Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full,
-unsharded parameters if asked) through a temporary file and a rename, or
-``rank<r>.error`` with the reason when it fails, so a reader never sees a
-half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
+Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full, unsharded parameters if asked)
+through a temporary file and a rename, or ``rank<r>.error`` with the reason when it fails, so a reader never sees
+a half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
 
-Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts
-(``nnodes > 1``, static rendezvous) local rank ``j`` of node rank ``R`` runs as
-:func:`hpp.runtime.binding.worker_binding`'s rank, not torchrun's ``RANK``; a CUDA rank
-uses the local GPU its plan device has. Checkpoints (:mod:`hpp.runtime.checkpoint`):
-``resume`` loads one after the optimizer is built and the steps continue from its step
-(the data position); ``save_dir`` gets one every ``save_every`` steps and after the last.
-Steps are numbered globally (``steps.jsonl``'s ``step``).
+Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts (``nnodes > 1``, static
+rendezvous) local rank ``j`` of node rank ``R`` runs as :func:`hpp.runtime.binding.worker_binding`'s rank, not
+torchrun's ``RANK``; a CUDA rank uses the local GPU its plan device has. Checkpoints
+(:mod:`hpp.runtime.checkpoint`): ``resume`` loads one after the optimizer is built and the steps continue from its
+step (the data position); ``save_dir`` gets one every ``save_every`` steps and after the last. Steps are numbered
+globally (``steps.jsonl``'s ``step``).
 """
 
 from __future__ import annotations
@@ -42,12 +40,14 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
+from hpp.fileio import write_atomic
 from hpp.plan import plan_from_dict
 from hpp.runtime.binding import RankBinding, worker_binding
 from hpp.runtime.checkpoint import load_checkpoint, save_checkpoint
 from hpp.runtime.data import make_batch_source
 from hpp.runtime.emulation import Instrument
-from hpp.runtime.gradsync import GradSync
+from hpp.runtime.gradsync import GradSync, broadcast_initial_parameters
+from hpp.runtime.host_agreement import check_hosts_agree
 from hpp.runtime.gradsync_units import sync_units
 from hpp.runtime.host_steal import read_cpu_ticks, tick_delta
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
@@ -63,8 +63,7 @@ from hpp.runtime.worker_steps import (collective_record, event_records, full_par
                                       peak_memory_bytes, phase_record, run_schedule_step, stage_flops_per_step)
 from hpp.runtime.zoo import load_runtime_model
 
-__all__ = ["WorkerConfig", "run_worker", "worker_main", "write_atomic", "config_to_json", "resolve_model",
-           "training_config"]
+__all__ = ["WorkerConfig", "run_worker", "worker_main", "config_to_json", "resolve_model", "training_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,13 +166,6 @@ def training_config(cfg: WorkerConfig) -> TrainingConfig:
                           total_steps=max(1, cfg.steps), dtype=cfg.dtype)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through ``path.tmp`` and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _agree(refused: HppInputError | None, device: torch.device) -> None:
     """Raise on every rank if any rank refused the plan (its peers would otherwise wait for it until timeout)."""
     flag = torch.tensor([0 if refused is None else 1], device=device)
@@ -222,6 +214,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s),
                             device_id=device if device.type == "cuda" else None)
     try:
+        check_hosts_agree(cfg, node_rank=int(os.environ.get("GROUP_RANK", 0)))
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
@@ -238,6 +231,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         except HppInputError as exc:
             refused = exc
         _agree(refused, device)
+        if not cfg.resume:                              # a resume loads equal replicas
+            broadcast_initial_parameters(units, groups, rank=rank)
         sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=cfg.bucket_bytes,
                         overlap=cfg.overlap, naive=cfg.naive_allreduce)
         named = list(module.layer_parameters())
