@@ -16,6 +16,7 @@ Usage: ``python experiments/cost_model_validation.py [--runs DIR] [--out DIR]``
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 import csv
 import json
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from hpp.cliparse import run_command
+from hpp.errors import HppInputError
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.interop import load_any_plan, sailor_measurement
 from hpp.plan import read_plan_json
@@ -55,7 +58,7 @@ class Row:
     predicted_pipeline_s: float
     predicted_grad_sync_s: float
     predicted_optimizer_s: float
-    measured_grad_sync_s: float
+    measured_grad_sync_s: float         # nan where the loader flags the run's red_grads (SailorMeasurement)
 
 
 def _pct(pred: float, real: float) -> float:
@@ -63,10 +66,22 @@ def _pct(pred: float, real: float) -> float:
 
 
 def validation_rows(runs: Path) -> list[Row]:
-    """Every run of ``runs`` priced by every version in :data:`MODELS`."""
+    """Every run of ``runs`` priced by every version in :data:`MODELS`.
+
+    Raises
+    ------
+    HppInputError
+        ``runs`` holds no run (the public data is not beside the checkout): the message says what is needed.
+    """
+    files = sorted(runs.glob("*.json")) if runs.is_dir() else []
+    if not files:
+        raise HppInputError(f"no Sailor validation runs (*.json) in {runs}: this script needs the public Sailor "
+                            f"artifact's validation-calibration folder (eth-easl/sailor cf2c8e3), by default "
+                            f"../shared/profiles/public/sailor/validation-calibration beside the checkout",
+                            field="--runs", fix="put the artifact there or give --runs DIR")
     profile = load_bundled_profile("OPT-350")
     rows = []
-    for path in sorted(runs.glob("*.json")):
+    for path in files:
         meas = sailor_measurement(read_plan_json(path), source=str(path))
         plan, cluster, _ = load_any_plan(path, fmt="sailor", profile=profile)
         for name, config in MODELS.items():
@@ -76,7 +91,8 @@ def validation_rows(runs: Path) -> list[Row]:
                             plan.global_batch_size, meas.iteration_time_s, est.iteration_time_s,
                             _pct(est.iteration_time_s, meas.iteration_time_s), meas.peak_memory_bytes,
                             est.peak_memory_bytes, _pct(est.peak_memory_bytes, meas.peak_memory_bytes),
-                            est.pipeline_time_s, est.grad_sync_s, est.optimizer_s, meas.grad_sync_s))
+                            est.pipeline_time_s, est.grad_sync_s, est.optimizer_s,
+                            meas.grad_sync_s if meas.grad_sync_usable else math.nan))
     return rows
 
 
@@ -107,12 +123,17 @@ def _plot(rows: list[Row], mape: dict, path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0, or 2 with one line when the runs are not there (:func:`validation_rows`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=RUNS, help="Sailor's validation-calibration folder")
     ap.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
     ap.add_argument("--quick", action="store_true", help="accepted for the run-all driver (this script is fast)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    return run_command("cost_model_validation", lambda: _validate(args))
+
+
+def _validate(args: argparse.Namespace) -> int:
     rows = validation_rows(args.runs)
     mape = {name: {"time": sum(abs(r.time_error_pct) for r in rows if r.model == name) / (len(rows) / len(MODELS)),
                    "memory": sum(abs(r.memory_error_pct) for r in rows if r.model == name)

@@ -6,11 +6,13 @@ Runs, in order: scenarios.py (speedups on the bundled scenarios; --quick: up to 
 scenarios_quick.csv, which the README does not read), search_overhead.py
 (--quick: the small sweep, written to search_overhead_quick.csv, which the README does not read; the
 full sweep is `python experiments/search_overhead.py`, 20-30 min, and its CSV is reused when present),
-cost_model_validation.py, network_scenarios.py (one link vs per-pair links), runtime_validation.py.
+cost_model_validation.py, network_scenarios.py (one link vs per-pair links), runtime_validation.py (--quick:
+written to runtime_validation_quick.*, which the README does not read).
 Not rerun here, only read: the memory tables (memory_validation.csv and memory_validation_bf16.csv, which
 `python experiments/memory_validation.py [--dtype bfloat16]` writes, about 6 minutes each on two idle
 cores) and the gap-progress table (gap_progress.csv, `python experiments/gap_progress.py`, about 12 minutes).
-Bounded to about 15 minutes on 2 cores (about 4 with --quick).
+Bounded to about 15 minutes on 2 cores (about 4 with --quick). When a step fails (a non-zero exit) the others
+still run, but the README is not rewritten, and the exit code is the failed step's.
 """
 
 from __future__ import annotations
@@ -51,11 +53,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = [("scenarios", quick), ("search_overhead", quick if args.quick else ["--out", str(so_csv)])
             if args.quick or not so_csv.exists() else None,
             ("cost_model_validation", []), ("network_scenarios", ["--repeats", "1" if args.quick else "3"]),
-            ("runtime_validation", quick)]
+            ("runtime_validation", quick + ["--out", str(HERE / "results" / "runtime_validation_quick.csv")]
+             if args.quick else [])]
+    failed: list[str] = []
     rc = 0
     for step in plan:
         if step and (args.only is None or step[0] in args.only):
-            rc |= _run(*step)
+            code = _run(*step)
+            if code:
+                failed.append(f"{step[0]} (exit {code})")
+                rc = max(rc, code)
+    if failed:        # a failed step's files are old or missing: a README written from them would mix days or lie
+        print(f"run_all: README.md not rewritten: {', '.join(failed)} failed (its error is above); --only STEPS runs "
+              f"the others and reads the rest's files as they are", file=sys.stderr)
+        return rc
     if not args.no_readme:
         text = README.read_text()
         if START in text and END in text:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from hpp.bench.evaluation import plot_speedups, scenario_rows, write_rows
+from hpp.bench.evaluation import plot_speedups, scenario_line, scenario_rows, write_rows
 from hpp.scenarios import SCENARIOS
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -34,9 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_rows(rows, args.out)
     plot_speedups(rows, args.out.with_suffix(".png"))
     for r in rows:
-        print(f"{r.scenario:<24} HPP {r.hpp_s:9.3f} s  uniform {r.uniform_s:9.3f} s ({r.speedup_vs_uniform:.2f}x)  "
-              f"single-shape {r.single_shape_s:9.3f} s ({r.speedup_vs_single_shape:.2f}x)  search {r.hpp_search_s:.2f} s "
-              f"gap {r.gap:.1%}  recompute stages {r.recompute_stages}  without recompute {r.no_recompute_s:.3f} s")
+        print(scenario_line(r))
     return 0
 
 

@@ -16,20 +16,21 @@ from typing import Any, Sequence
 
 from dataclasses import replace
 
+from hpp.cli_bundled import add_bundled_commands
 from hpp.cli_inputs import (DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs,
                             solver_settings)
-from hpp.cli_output import (estimate_header, estimate_json, idle_devices_note, named_solver_note, num, plan_source,
-                            optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
+from hpp.cli_output import (estimate_header, estimate_json, idle_alternative, idle_devices_note, named_solver_note, num,
+                            plan_source, optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.plan import plan_to_dict, write_plan_json
-from hpp.profiles.bundled import bundled_models, load_bundled_profile
+from hpp.profiles.bundled import bundled_models
 from hpp.profiles.cluster_notes import cluster_notes
-from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP, cluster_to_dict
+from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP
 from hpp.resolve import profile_ref_for
-from hpp.scenarios import DEFAULT_SCENARIO, SCENARIOS, get_scenario
-from hpp.validate import validate_plan
+from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory, validate_plan
+from hpp.wording import count
 
 # The search (hpp.planner, hpp.replan, hpp.baselines, hpp.formulation's candidates, cost model and solver
 # settings) imports numpy, SciPy and OR-Tools: about 1.4 s, against 0.16 s for `hpp --help` without them
@@ -57,7 +58,9 @@ def _seed_from_previous(inp, seeds: dict, say) -> float:
     seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
     if seed is not None:
         seeds[SEED_NAME] = seed
-    say(f"--previous: {len(seed.pipelines) if seed else 0} of its {len(inp.previous.pipelines)} pipelines survive "
+    survive = len(seed.pipelines) if seed else 0
+    say(f"--previous: {survive} of its {count(len(inp.previous.pipelines), 'pipeline')} "
+        f"{'survives' if survive == 1 else 'survive'} "
         f"as a seed ({time.perf_counter() - t:.2f} s)")
     return time.perf_counter() - t
 
@@ -100,7 +103,7 @@ def cmd_plan(args) -> int:
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
     say = progress or (lambda _msg: None)
-    say(f"planning {profile.model} on {name}: {cluster.num_devices} devices, global batch {gbs}")
+    say(f"planning {profile.model} on {name}: {count(cluster.num_devices, 'device')}, global batch {gbs}")
     for line in said:
         say(f"using {line}")
     for line in notes:
@@ -130,7 +133,9 @@ def cmd_plan(args) -> int:
         write_plan_json(plan, args.out)
     comp = res.composition
     source, source_line = plan_source(res.stats, comp)
-    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()))
+    idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()),
+                             predicted_s=res.estimate.iteration_time_s,
+                             alternative=idle_alternative(res, cluster, gbs))
     notes += [n for n in (idle, named_solver_note(args.solver, comp, args.cpsat_params)) if n]
     search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
               "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
@@ -138,6 +143,7 @@ def cmd_plan(args) -> int:
               "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
               "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
+              "idle_alternative": idle_alternative(res, cluster, gbs),
               "replan": _replan_json(inp, res, seed_s),
               "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
     base_json = {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
@@ -151,7 +157,7 @@ def cmd_plan(args) -> int:
                "baselines": base_json, "plan": plan_to_dict(plan)}   # the summary first, the long plan last
         print(json.dumps(out, indent=1))
         return 0
-    print(f"HPP plan for {profile.model} on {name}: {cluster.num_devices} devices "
+    print(f"HPP plan for {profile.model} on {name}: {count(cluster.num_devices, 'device')} "
           f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
     print_estimate(res.estimate, plan)
     how = f" ({comp.note})" if comp.note else ""
@@ -159,11 +165,13 @@ def cmd_plan(args) -> int:
     print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {status_text(comp)}, "
           f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
           f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
-          f"{comp.num_candidates} of {res.stats['num_candidates']} candidates left after the incumbent bound{how}"
+          f"{comp.num_candidates} of {count(res.stats['num_candidates'], 'candidate')} left after the incumbent "
+          f"bound{how}"
           f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
     if inp.excluded or inp.previous is not None:
-        print(f"re-plan: {inp.full_cluster.num_devices} -> {cluster.num_devices} devices in {seed_s + res.wall_s:.2f} s"
+        print(f"re-plan: {inp.full_cluster.num_devices} -> {count(cluster.num_devices, 'device')} in "
+              f"{seed_s + res.wall_s:.2f} s"
               f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
     for k, b in baselines.items():
         if b.feasible:
@@ -198,37 +206,22 @@ def cmd_estimate(args) -> int:
     check_writable(args.out)
     plan, cluster, profile = estimate_inputs(args)
     est = estimate_plan(plan, cluster, profile, config=_cost_config(args))
+    over = check_fits_memory(est, plan, source=str(args.plan), allow=args.allow_over_memory)
     if args.out:
         write_plan_json(plan, args.out)
     if args.json:
         print(json.dumps({"plan": str(args.plan), "format": plan.predicted.get("imported_from", "hpp"),
-                          "model": plan.model, "predicted": estimate_json(est)}, indent=1))
+                          "model": plan.model, "allowed_over_memory": over is not None, "notes": [over] if over else [],
+                          "predicted": estimate_json(est)}, indent=1))
         return 0
     src = plan.predicted.get("imported_from")
     print(estimate_header(args.plan, plan, cluster, src, cluster_file=args.cluster))
     print_estimate(est, plan)
     print_memory_breakdown(est)
+    if over:
+        print(f"note: {over}")
     if args.out:
         print(f"hpp plan written to {args.out}")
-    return 0
-
-
-def cmd_scenarios(args) -> int:
-    if args.cluster:   # the scenario's cluster as a cluster file, to edit or to plan with your own profile
-        print(json.dumps(cluster_to_dict(get_scenario(args.cluster).cluster()), indent=1))
-        return 0
-
-    rows = []
-    for s in SCENARIOS.values():
-        gpus = " + ".join(f"{n} {t}" for t, n in s.gpus)
-        rows.append({"name": s.name, "model": s.model, "global_batch_size": s.global_batch_size, "cluster": gpus,
-                     "default": s.name == DEFAULT_SCENARIO})
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    for r in rows:
-        print(f"{r['name']:<24} {r['model']:<12} gbs {r['global_batch_size']:<5} {r['cluster']}"
-              f"{'   (default)' if r['default'] else ''}")
     return 0
 
 
@@ -261,6 +254,8 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=DefaultsRawFormatter, epilog=_PLAN_EPILOG + CLUSTER_FORMAT_HELP)
     p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`; default opt350-a100x8-v100x8)")
     p.add_argument("--cluster", type=Path, help="cluster JSON file instead of --scenario (format below)")
+    p.add_argument("--default-links", action="store_true",
+                   help="plan on Sailor's measured fits (one public cloud) for links the cluster file leaves out")
     p.add_argument("--profile", type=Path,
                    help="native profile JSON file (with --cluster, or replacing a --scenario's model)")
     p.add_argument("--model", help=f"bundled model profile (with --cluster, or replacing a --scenario's model): "
@@ -322,15 +317,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="plan format (default: detected; Sailor and Metis plans are converted, see hpp/interop/)")
     e.add_argument("--gbs", type=int, help="global batch size [samples] for a Sailor/Metis plan that gives none")
     e.add_argument("--cluster", type=Path, help="bind the plan's pipelines onto this cluster file and price them there")
+    e.add_argument("--default-links", action="store_true",
+                   help="take Sailor's measured fits for links the --cluster file leaves out")
     e.add_argument("--out", type=Path, help="write the (converted) hpp plan here")
     _add_memory_flags(e)
+    e.add_argument(OVER_MEMORY_FLAG, action="store_true",
+                   help="print the estimate of a plan predicted not to fit its devices' memory (default: refused, "
+                        "exit 2, naming the stage and the shortfall)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_estimate)
 
-    s = sub.add_parser("scenarios", help="list the bundled scenarios")
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--cluster", metavar="NAME", help="print scenario NAME's cluster as a cluster JSON file")
-    s.set_defaults(func=cmd_scenarios)
+    add_bundled_commands(sub)
 
     # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
     sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")

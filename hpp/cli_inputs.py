@@ -110,6 +110,26 @@ def check_plan_args(args) -> None:
                             fix="--profile FILE for your own profile, --model NAME for a bundled one")
 
 
+def load_user_cluster(path: Path, *, default_links: bool):
+    """The cluster file ``path``; one that leaves out links its nodes use is refused unless ``default_links``
+    (then Sailor's measured fits of one public cloud fill them in, and ``hpp plan`` notes which).
+
+    Raises
+    ------
+    HppInputError
+        A bad file (:func:`~hpp.profiles.cluster_format.load_cluster`), or links left out without ``default_links``.
+    """
+    cluster = load_cluster(path)
+    missing = cluster.network.defaulted if cluster.network is not None else ()
+    if missing and not default_links:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise HppInputError(f"no link given for {shown}: hpp would plan on Sailor's measured fits of one public "
+                            "cloud (us-central1-a), not your network", source=str(path), field="links",
+                            fix="give them under links (`hpp profile-network` measures them), or pass "
+                                "--default-links to plan on those fits")
+    return cluster
+
+
 def _profile(args):
     """The profile --model / --profile name (None when neither is given)."""
     if args.profile:
@@ -135,7 +155,7 @@ def _base_inputs(args) -> PlanInputs:
                                 fix=f"add --model NAME (bundled: {', '.join(bundled_models())}) or --profile FILE")
         said = [] if args.gbs is not None else [f"global batch {DEFAULT_GBS} samples (the default; --gbs N)"]
         gbs = args.gbs if args.gbs is not None else DEFAULT_GBS
-        cluster = load_cluster(args.cluster)
+        cluster = load_user_cluster(args.cluster, default_links=args.default_links)
         return PlanInputs(cluster, profile, gbs, cluster.name, said)      # its "name", else the file's stem
     if profile is not None and not args.scenario:
         raise HppInputError("--model/--profile needs the cluster to plan on", field="--cluster",
@@ -256,7 +276,7 @@ def estimate_inputs(args) -> tuple[Any, Any, Any]:
     profile = load_bundled_profile(args.model) if args.model else None
     plan, cluster, profile = load_any_plan(args.plan, fmt=args.format, profile=profile, gbs=args.gbs)
     if args.cluster is not None:
-        cluster = load_cluster(args.cluster)
+        cluster = load_user_cluster(args.cluster, default_links=args.default_links)
         try:
             plan = rebind_plan(plan, cluster, cluster_ref=cluster_to_dict(cluster))
         except HppInputError as exc:

@@ -12,8 +12,10 @@ import sys
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from hpp.wording import count
+
 __all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num",
-           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_devices_note", "named_solver_note"]
+           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_alternative", "idle_devices_note", "named_solver_note"]
 
 
 def num(x: Any) -> Any:
@@ -77,8 +79,8 @@ def estimate_header(path, plan, cluster, src: str | None, *, cluster_file=None) 
     else:
         extra = (f" of the converted cluster's {cluster.num_devices} (each stage replica on its own node, as {src} "
                  f"runs it)" if src and cluster.num_devices > plan.num_devices else "")
-    return (f"plan {path}{f' ({src} plan)' if src else ''}: {plan.model}, {plan.num_pipelines} pipelines on "
-            f"{plan.num_devices} devices{extra}, global batch {plan.global_batch_size}")
+    return (f"plan {path}{f' ({src} plan)' if src else ''}: {plan.model}, {count(plan.num_pipelines, 'pipeline')} on "
+            f"{count(plan.num_devices, 'device')}{extra}, global batch {plan.global_batch_size}")
 
 
 def block_forms(blocks) -> str:
@@ -173,17 +175,17 @@ def print_estimate(est, plan, out=None) -> None:
         for j, row in enumerate(rows_of[key]):
             w(f"{names[key] if j == 0 else '':>{width}} {row}\n")
         n, each = len(members), (" each" if len(members) > 1 else "")
-        w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {key[1]} samples{each}, "
+        w(f"{'':>{width}} {'1 pipeline' if n == 1 else f'{n} identical pipelines'}: {count(key[1], 'sample')}{each}, "
           f"{key[2]} s{each}\n")
     kinds = f"{len(groups)} distinct kind{'' if len(groups) == 1 else 's'}"
-    w(f"{len(plan.pipelines)} pipelines in {kinds}; blocks: {len(est.blocks)}{block_forms(est.blocks)}; gradient sync "
+    w(f"{count(len(plan.pipelines), 'pipeline')} in {kinds}; blocks: {len(est.blocks)}{block_forms(est.blocks)}; gradient sync "
       f"block-wise {est.grad_sync_block_s:.3f} s (per-layer all-reduce would take {est.grad_sync_layer_s:.3f} s)\n")
     w(f"predicted iteration time {est.iteration_time_s:.3f} s = pipelines {est.pipeline_time_s:.3f} + sync "
       f"{est.grad_sync_s:.3f} + optimizer {est.optimizer_s:.3f}; throughput {est.throughput_samples_per_s:.1f} "
       f"samples/s ({est.throughput_tokens_per_s:,.0f} tokens/s); peak memory {est.peak_memory_bytes / unit:.1f} "
       f"{uname}\n")
     if not est.fits_memory:
-        w("WARNING: some device exceeds its memory capacity (negative headroom above)\n")
+        w("WARNING: some device exceeds its memory capacity (memory above its capacity in the table)\n")
     for msg in est.warnings:
         w(f"note: {msg}\n")
 
@@ -208,11 +210,27 @@ def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
     return src, f"plan returned: the search's, {what}"
 
 
-def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset()) -> str | None:
+def idle_alternative(res, cluster, gbs: int) -> dict | None:
+    """:func:`hpp.planner.plan_using_idle_devices` of the search's answer when it leaves devices idle (memoised on
+    the result's stats; None for a returned seed, or a batch smaller than the devices)."""
+    from hpp.planner import plan_using_idle_devices      # lazy: numpy/OR-Tools, as hpp.cli's
+    got = res.stats.get("idle_alternative", False)
+    if got is False:
+        idle = len(set(res.plan.device_ids)) < cluster.num_devices <= gbs
+        got = plan_using_idle_devices(res.problem, res.search.counts) if idle and res.search.counts and \
+            res.problem is not None else None
+        res.stats["idle_alternative"] = got
+    return got
+
+
+def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset(),
+                      predicted_s: float | None = None, alternative: dict | None = None) -> str | None:
     """A note when the plan leaves devices idle: how many, of which types, and why (None if all are used).
 
     ``left_out``: device types the search could not use at all (no usable TP degree or micro-batch
-    size; said in an earlier note).
+    size; said in an earlier note). ``alternative``: the best plan found that uses them
+    (:func:`hpp.planner.plan_using_idle_devices`), said with how much slower it was predicted than
+    ``predicted_s``.
     """
     used = set(plan.device_ids)
     idle: dict[str, int] = {}
@@ -228,12 +246,19 @@ def idle_devices_note(plan, cluster, gbs: int, *, left_out: set[str] = frozenset
         why.append(f"{', '.join(sorted(set(idle) & left_out))} left out (see above)")
     if set(idle) - left_out:
         if gbs < cluster.num_devices:
-            why.append(f"the global batch of {gbs} samples allows at most {gbs} pipelines (each needs a sample), and "
+            why.append(f"the global batch of {count(gbs, 'sample')} allows at most {count(gbs, 'pipeline')} (each needs a "
+                       f"sample), and "
                        f"more or longer pipelines were not predicted faster; raise --gbs to use more devices")
         else:
             why.append("using them was not predicted faster (a slow or memory-short device, or the gradient sync "
                        "among more replicas, would cost more than it adds)")
-    return f"{n} of {cluster.num_devices} devices are idle ({types}): {'; '.join(why)}"
+            if alternative and predicted_s:
+                t = alternative["iteration_time_s"]
+                why.append(f"the best plan found that uses them ({count(alternative['devices_used'], 'device')}) was "
+                           f"predicted {(t - predicted_s) / predicted_s:+.1%} ({t:.4f} s vs {predicted_s:.4f} s)")
+            elif predicted_s:
+                why.append("no candidate pipeline could add a copy on them")
+    return f"{n} of {count(cluster.num_devices, 'device')} {'is' if n == 1 else 'are'} idle ({types}): {'; '.join(why)}"
 
 
 def named_solver_note(named: str | None, comp, cpsat_params: str | None = None) -> str | None:

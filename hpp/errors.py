@@ -44,11 +44,19 @@ class HppInputError(ValueError):
         tail = f" Fix: {self.fix}" if self.fix else ""
         return f"{where}{self.message}.{tail}" if not self.message.endswith(".") else f"{where}{self.message}{tail}"
 
+    def __reduce__(self) -> tuple:
+        """Pickle with the fields (an error raised in one rank crosses to another: DCP gathers them)."""
+        return (_rebuild, (type(self), self.message, self.source, self.field, self.fix))
+
     def with_source(self, source: str) -> "HppInputError":
         """Return a copy of this error that names ``source`` (e.g. a file path) if it named none."""
         if self.source:
             return self
         return type(self)(self.message, source=source, field=self.field, fix=self.fix)
+
+
+def _rebuild(cls: type, message: str, source: str | None, field: str | None, fix: str | None) -> HppInputError:
+    return cls(message, source=source, field=field, fix=fix)
 
 
 class InfeasibleError(HppInputError):

@@ -17,8 +17,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 
-__all__ = ["read_json", "check_header", "check_keys", "write_rows_csv", "write_dataclass_csv", "read_dataclass_csv",
-           "folder_writable"]
+__all__ = ["read_json", "check_header", "check_keys", "write_atomic", "write_rows_csv", "write_dataclass_csv",
+           "read_dataclass_csv", "folder_writable"]
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -93,6 +93,14 @@ def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, form
     if d.get("version") != version:
         raise HppInputError(f"version {d.get('version')!r} is not supported", source=source, field="version",
                             fix=f"use version {version}")
+
+
+def write_atomic(path: str | PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through ``path.tmp`` and a rename (a reader never sees it half-written)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def write_rows_csv(rows: Iterable[Mapping[str, Any]], path: str | PathLike, *, columns: Sequence[str]) -> None:

@@ -22,7 +22,7 @@ JSON form (``format: "hpp-plan"``, version 1)::
 ``schedule`` is ``"1F1B"``, or ``"GPipe"`` where a pipeline has fewer
 micro-batches than stages (torch's Schedule1F1B refuses that case).
 ``recompute`` is ``"none"``, ``"full"`` or ``"selective"`` (activation
-recomputation of the stage's layers).
+recomputation of the stage's layers). Any other key is refused (the references' keys: :mod:`hpp.resolve`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_header, read_json
+from hpp.fileio import check_header, check_keys, read_json
 
 __all__ = ["Stage", "Pipeline", "Plan", "RECOMPUTE_MODES", "SCHEDULES", "PLAN_FORMAT", "PLAN_VERSION",
            "plan_from_dict", "plan_to_dict", "read_plan_json", "write_plan_json", "default_schedule",
@@ -44,6 +44,11 @@ PLAN_FORMAT = "hpp-plan"
 PLAN_VERSION = 1
 RECOMPUTE_MODES = ("none", "full", "selective")
 SCHEDULES = ("1F1B", "GPipe")
+
+_TOP_KEYS = ("format", "version", "model", "num_layers", "global_batch_size", "sequence_length", "profile", "cluster",
+             "pipelines", "predicted")
+_PIPELINE_KEYS = ("micro_batch_size", "num_micro_batches", "num_samples", "schedule", "stages")
+_STAGE_KEYS = ("layers", "device_type", "tp_degree", "device_ids", "recompute")
 
 
 def _is_int(v: Any, minimum: int) -> bool:
@@ -297,6 +302,7 @@ def _req(d: Mapping[str, Any], key: str, *, source: str, where: str, fix: str) -
 
 def _stage_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> Stage:
     layers = _req(d, "layers", source=source, where=where, fix="give the stage's layer range as [start, stop)")
+    check_keys(d, _STAGE_KEYS, source=source, where=where)
     if (not isinstance(layers, list) or len(layers) != 2
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)):
         raise HppInputError(f"layers={layers!r}", source=source, field=f"{where}layers",
@@ -316,11 +322,14 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
     Raises
     ------
     HppInputError
-        Wrong format or version, missing or mistyped fields, inconsistent
-        ``num_micro_batches`` (naming the file and the field).
+        Wrong format or version, an unknown key (naming the closest known one), missing or mistyped fields,
+        inconsistent ``num_micro_batches`` (naming the file and the field).
     """
     check_header(d, fmt=PLAN_FORMAT, version=PLAN_VERSION, what="a plan", source=source,
                  format_fix="give a plan that hpp plan --out wrote (Sailor or Metis plans: hpp estimate --format sailor|metis)", shape_fix="see hpp/plan.py")
+    check_keys(d, _TOP_KEYS, source=source, where="")
+    if bad := next((k for k in ("profile", "cluster", "predicted") if not isinstance(d.get(k, {}), Mapping)), None):
+        raise HppInputError(f"{bad} is not an object", source=source, field=bad, fix="see hpp/plan.py")
     pipes_raw = _req(d, "pipelines", source=source, where="", fix="list the pipelines")
     if not isinstance(pipes_raw, list) or not pipes_raw:
         raise HppInputError("no pipelines", source=source, field="pipelines", fix="give at least one pipeline")
@@ -329,6 +338,7 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
         where = f"pipelines[{p}]."
         b = _need_int(_req(pd, "micro_batch_size", source=source, where=where, fix="give the micro-batch size"),
                       f"{where}micro_batch_size", 1, source)
+        check_keys(pd, _PIPELINE_KEYS, source=source, where=where)
         if "num_samples" in pd:
             n = _need_int(pd["num_samples"], f"{where}num_samples", 0, source)
         else:
@@ -375,12 +385,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def read_plan_json(path: str | Path) -> dict[str, Any]:
-    """Read a JSON file into a dict, with a clear error for a missing file or bad JSON.
-
-    Raises
-    ------
-    HppInputError
-    """
+    """The JSON object of a plan file (:class:`HppInputError`: a missing file, bad JSON or a repeated key)."""
     return read_json(path, what="plan file")
 
 

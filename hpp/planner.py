@@ -35,6 +35,7 @@ from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions
 from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.composition.solve import SolveResult, certify, solve
+from hpp.wording import count
 
 __all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes",
            "SOLVERS"]
@@ -106,6 +107,9 @@ class PlannerResult:
     search: SolveResult
     wall_s: float
     stats: Mapping[str, Any] = field(default_factory=dict)
+    #: the composition problem the search solved (candidates and the cost-model estimator), for follow-up
+    #: questions such as :func:`plan_using_idle_devices`
+    problem: "CompositionProblem | None" = field(default=None, repr=False, compare=False)
 
     @property
     def composition(self) -> SolveResult:
@@ -167,7 +171,7 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
         raise InfeasibleError(memory_shortfall_message(cluster, profile, cache, space), field="cluster",
                               fix="add devices with more memory, allow recomputation, raise --max-stages or --max-tp,"
                                   " or use smaller micro-batches")
-    problem = CompositionProblem(cands, cluster, global_batch_size, link)
+    problem = CompositionProblem(cands, cluster, global_batch_size, link, hierarchical=config.hierarchical_allreduce)
     problem.bound = CompositionProblem(lb_cands, cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster))
     problem.estimator = _estimator(cluster, profile, global_batch_size, cands, config,
                                    profile_ref or {"name": profile.model})
@@ -311,7 +315,7 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
             f"{', '.join(stats['types_left_out'])}")
     heur = stats.get("heuristic_candidates", len(problem.candidates))
-    say(f"{len(problem.candidates)} candidate pipelines from {stats['shapes']} shapes "
+    say(f"{count(len(problem.candidates), 'candidate pipeline')} from {count(stats['shapes'], 'shape')} "
         f"({stats['candidates_s']:.2f} s)" + (f"; the heuristics walk the {heur} no other dominates"
                                               if heur < len(problem.candidates) else ""))
     deadline = t0 + settings.max_time_in_seconds if settings.max_time_in_seconds is not None else None
@@ -330,7 +334,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
             continue
         seed_est = estimate_plan(seed, cluster, profile, config=config, estimate_missing=False)
         if seed_est.fits_memory and seed_est.iteration_time_s < est.iteration_time_s * (1 - 1e-12):
-            plan, est = seed, seed_est
+            # the returned plan names its profile as the search's plans do (a seed built elsewhere may name it
+            # otherwise: a baseline by model name, --previous by a path relative to the previous plan's folder)
+            plan, est = replace(seed, profile_ref=dict(profile_ref or {"name": profile.model})), seed_est
             stats["seeded_from"] = name
             res = certify(res, seed_est.iteration_time_s, source=f"baseline:{name}", counts={})
     if res.source.startswith("baseline:") and res.objective_s < res.bound_s:
@@ -344,4 +350,64 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     if res.objective_s < res.bound_s * (1 - 1e-9) - 1e-9:
         log.error("objective %.9g s below the bound %.9g s", res.objective_s, res.bound_s)
     wall = time.perf_counter() - t0
-    return PlannerResult(plan, est, res, wall, stats)
+    return PlannerResult(plan, est, res, wall, stats, problem)
+
+
+#: Candidates tried per idle device type by :func:`plan_using_idle_devices` (the best by solo objective).
+IDLE_TRIES = 4
+
+
+def plan_using_idle_devices(problem: CompositionProblem, counts: Mapping[int, int]) -> dict[str, Any] | None:
+    """The best plan found that also uses the devices ``counts`` leaves idle, and its predicted time.
+
+    Two greedy fills, each type with free devices in turn (most free first): of the :data:`IDLE_TRIES` candidates
+    using that type that fit one more copy, with the best solo objective, add as many copies as fit and keep the one
+    the cost model prices least. One fill starts from ``counts`` (the returned plan, extended); the other from
+    nothing, with candidates of that one type only (each type's own pipelines side by side). What ``hpp plan``
+    reports beside an idle-device note: by how much using them was predicted slower.
+
+    Returns
+    -------
+    dict or None
+        ``{"iteration_time_s", "devices_used"}`` of the plan using the most devices (the faster on a tie); None when
+        neither fill uses more devices than ``counts``.
+    """
+    from hpp.formulation.composition.heuristics import solo_objective_s    # the composition's own ranking
+
+    inv = problem.inventory
+
+    def used(cs: Mapping[int, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c, x in cs.items():
+            for t, n in problem.candidates[c].devices.items():
+                out[t] = out.get(t, 0) + x * n
+        return out
+
+    def fill(cs: dict[int, int], *, one_type: bool) -> tuple[float, dict[int, int]] | None:
+        best = None
+        for t in sorted(inv, key=lambda t: used(cs).get(t, 0) - inv[t]):
+            if inv[t] - used(cs).get(t, 0) <= 0:
+                continue
+            tries = sorted((c for c, cand in enumerate(problem.candidates)
+                            if t in cand.devices and (not one_type or len(cand.devices) == 1)
+                            and problem.max_copies(c) and problem.fits({**cs, c: cs.get(c, 0) + 1})),
+                           key=lambda c: (solo_objective_s(problem, c), c))[:IDLE_TRIES]
+            options = []
+            for c in tries:
+                k = 0
+                while problem.fits({**cs, c: cs.get(c, 0) + k + 1}):
+                    k += 1
+                trial = {**cs, c: cs.get(c, 0) + k}
+                options.append((problem.estimator(trial)[1].iteration_time_s, c, trial))
+            if options:
+                best = min(options, key=lambda o: (o[0], o[1]))
+                cs = best[2]
+        return None if best is None else (best[0], cs)
+
+    now = sum(used(counts).values())
+    found = [f for f in (fill({c: x for c, x in counts.items() if x > 0}, one_type=False), fill({}, one_type=True))
+             if f is not None and sum(used(f[1]).values()) > now]
+    if not found:
+        return None
+    t, cs = min(found, key=lambda f: (-sum(used(f[1]).values()), f[0]))
+    return {"iteration_time_s": t, "devices_used": sum(used(cs).values())}

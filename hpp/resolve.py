@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import check_keys
 from hpp.plan import Plan, plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
@@ -23,7 +24,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict
 from hpp.validate import validate_plan
 
-__all__ = ["resolve_profile", "resolve_cluster", "resolve_plan", "load_plan", "profile_ref_for"]
+__all__ = ["resolve_profile", "resolve_cluster", "resolve_plan", "load_plan", "profile_ref_for", "check_model_name"]
 
 
 def resolve_profile(ref: Mapping[str, Any], *, base: Path, source: str) -> ModelProfile:
@@ -32,8 +33,12 @@ def resolve_profile(ref: Mapping[str, Any], *, base: Path, source: str) -> Model
     Raises
     ------
     HppInputError
-        Unknown bundled name, missing file, or an invalid profile.
+        An unknown key, more than one of them, an unknown bundled name, a missing file, or an invalid profile.
     """
+    check_keys(ref, ("name", "path", "embedded"), source=source, where="profile.")
+    if len(ref) > 1:
+        raise HppInputError(f"the profile is given {len(ref)} ways ({', '.join(ref)})", source=source,
+                            field="profile", fix="give one of name, path or embedded")
     if "embedded" in ref:
         return profile_from_dict(ref["embedded"], source=f"{source}: profile.embedded")
     if "path" in ref:
@@ -55,9 +60,11 @@ def resolve_cluster(ref: Mapping[str, Any], *, base: Path, source: str) -> Clust
     HppInputError
     """
     if "path" in ref and "nodes" not in ref:
+        check_keys(ref, ("path",), source=source, where="cluster.")
         return load_cluster(base / str(ref["path"]))
     if "nodes" in ref:
         return cluster_from_dict(ref, source=f"{source}: cluster")
+    check_keys(ref, ("path",), source=source, where="cluster.")         # a typo of path is named
     raise HppInputError("the plan names no cluster", source=source, field="cluster",
                         fix='embed the cluster object or give {"path": FILE}')
 
@@ -67,6 +74,23 @@ def profile_ref_for(profile: ModelProfile) -> dict[str, Any]:
     if profile.model in bundled_models() and load_bundled_profile(profile.model) is profile:
         return {"name": profile.model}
     return {"embedded": profile_to_dict(profile)}
+
+
+def check_model_name(plan: Plan, profile: ModelProfile, *, source: str) -> None:
+    """Refuse a plan whose ``model`` is not the model of the profile it names (a typo would otherwise pass, priced
+    with that profile, and fail only when ``hpp run`` loads the model). Names are compared without case (the
+    runtime's ``llama-3-8`` is the profile's ``LLAMA-3-8``); a plan that names no model is not checked.
+
+    Raises
+    ------
+    HppInputError
+        Naming both names and the bundled models.
+    """
+    if not plan.model or plan.model.strip().casefold() == profile.model.strip().casefold():
+        return
+    raise HppInputError(f"model {plan.model!r} is not the model of the plan's profile ({profile.model!r}); the known "
+                        f"models are {', '.join(sorted({profile.model, *bundled_models()}))}", source=source,
+                        field="model", fix=f"set model to {profile.model!r}, or name the profile of {plan.model!r}")
 
 
 def resolve_plan(plan: Plan, *, base: Path, source: str, cluster: Cluster | None = None,
@@ -85,6 +109,7 @@ def resolve_plan(plan: Plan, *, base: Path, source: str, cluster: Cluster | None
         cluster = resolve_cluster(plan.cluster_ref, base=base, source=source)
     if profile is None and (require_profile or plan.profile_ref):
         profile = resolve_profile(plan.profile_ref, base=base, source=source)
+        check_model_name(plan, profile, source=source)
     validate_plan(plan, cluster, profile, source=source)
     return plan, cluster, profile
 

@@ -10,18 +10,30 @@ device type; a stage's devices sit on one node (so its TP degree fits the node);
 profile has the plan's layer count, knows the stage's device type and TP degree and
 supports its recomputation mode.
 
-Memory is not checked here: :func:`hpp.formulation.cost_model.estimate_plan` reports
-it per device (``fits_memory``), so that an over-full plan can still be inspected.
+Memory needs the cost model: :func:`hpp.formulation.cost_model.estimate_plan` predicts it per
+device (``fits_memory``) and :func:`check_fits_memory` refuses a plan predicted not to fit, unless
+the user allows it (``--allow-over-memory`` of ``hpp estimate`` and ``hpp run``: an over-full plan can
+then still be inspected or tried).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from hpp.errors import HppInputError
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
+from hpp.wording import count
 
-__all__ = ["validate_plan", "check_samples_sum"]
+if TYPE_CHECKING:                       # the cost model imports numpy; only its record's type is needed here
+    from hpp.formulation.cost_model import PlanEstimate
+
+__all__ = ["validate_plan", "check_samples_sum", "OVER_MEMORY_FLAG", "memory_shortfalls", "over_memory_text",
+           "check_fits_memory"]
+
+#: The flag of ``hpp estimate`` and ``hpp run`` that goes on with a plan predicted not to fit its devices' memory.
+OVER_MEMORY_FLAG = "--allow-over-memory"
 
 
 def validate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile | None = None, *,
@@ -45,7 +57,8 @@ def validate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile | None = N
             nodes = set()
             for d in st.device_ids:
                 if not 0 <= d < cluster.num_devices:
-                    raise HppInputError(f"device {d} does not exist (the cluster has {cluster.num_devices} devices)",
+                    raise HppInputError(f"device {d} does not exist (the cluster has "
+                                        f"{count(cluster.num_devices, 'device')})",
                                         source=source, field=f"{f}.device_ids",
                                         fix=f"use ids in [0, {cluster.num_devices})")
                 dev = cluster.devices[d]
@@ -89,3 +102,83 @@ def check_samples_sum(plan: Plan, *, source: str | None = None) -> None:
         raise HppInputError(f"the pipelines' samples add up to {total}, not the global batch size "
                             f"{plan.global_batch_size}", source=source, field="pipelines[*].num_samples",
                             fix="make the samples sum to global_batch_size")
+
+
+def memory_shortfalls(est: "PlanEstimate") -> list[tuple[int, int, int]]:
+    """(pipeline, stage, shortfall [bytes]) of every stage whose predicted peak exceeds its usable memory
+    (``StageEstimate.memory_bytes > capacity_bytes``), the largest shortfall first.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> st = lambda need, cap: NS(memory_bytes=need, capacity_bytes=cap)
+    >>> est = NS(pipelines=[NS(stages=[st(5, 10), st(12, 10)]), NS(stages=[st(14, 10)])])
+    >>> memory_shortfalls(est)
+    [(1, 0, 4), (0, 1, 2)]
+    """
+    out = [(i, j, s.memory_bytes - s.capacity_bytes) for i, p in enumerate(est.pipelines)
+           for j, s in enumerate(p.stages) if s.memory_bytes > s.capacity_bytes]
+    return sorted(out, key=lambda t: (-t[2], t[0], t[1]))
+
+
+def _size(num_bytes: float, like: float) -> str:
+    """``num_bytes`` in GiB, or in MiB where ``like`` (the capacity) is under 1 GiB (emulated CPU devices)."""
+    unit, name = (2**30, "GiB") if like >= 2**30 else (2**20, "MiB")
+    return f"{num_bytes / unit:.2f} {name}"
+
+
+def over_memory_text(est: "PlanEstimate", plan: Plan) -> tuple[str, str] | None:
+    """(field, sentence) of the stage with the largest predicted memory shortfall: the field is
+    ``pipelines[P].stages[S]``, the sentence names its layers, device type and ids, its need, usable memory and
+    shortfall, and how many stages are over in all; None when every stage fits.
+
+    Usable memory is the device's capacity less ``--memory-headroom`` and the framework reserve
+    (:class:`hpp.formulation.cost_model.StageEstimate`'s ``capacity_bytes``).
+    """
+    over = memory_shortfalls(est)
+    if not over:
+        return None
+    p, s, short = over[0]
+    se, st = est.pipelines[p].stages[s], plan.pipelines[p].stages[s]
+    more = f" ({len(over)} stages are over their memory in all)" if len(over) > 1 else ""
+    ids = ",".join(str(d) for d in st.device_ids)
+    return (f"pipelines[{p}].stages[{s}]",
+            f"layers [{st.layer_start},{st.layer_stop}) on {st.device_type} device{'s' if len(st.device_ids) > 1 else ''}"
+            f" {ids} are predicted to need {_size(se.memory_bytes, se.capacity_bytes)} per device but have "
+            f"{_size(se.capacity_bytes, se.capacity_bytes)} usable: {_size(short, se.capacity_bytes)} short{more}")
+
+
+def check_fits_memory(est: "PlanEstimate", plan: Plan, *, source: str | None = None,
+                      allow: bool = False) -> str | None:
+    """Refuse a plan that the cost model predicts not to fit its devices' memory, unless ``allow``.
+
+    Parameters
+    ----------
+    est : PlanEstimate
+        ``plan``'s estimate (:func:`hpp.formulation.cost_model.estimate_plan`).
+    source : str, optional
+        The plan's file, named in the error.
+    allow : bool
+        The user's ``--allow-over-memory``: go on with an over-full plan.
+
+    Returns
+    -------
+    str or None
+        With ``allow`` and a plan that does not fit: the note to print (the shortfall, and that the user
+        allowed it); None when it fits.
+
+    Raises
+    ------
+    HppInputError
+        ``allow`` is False and some stage is predicted to exceed its usable memory: one line naming the stage,
+        its devices and the shortfall (:func:`over_memory_text`), and the flag that goes on anyway.
+    """
+    over = over_memory_text(est, plan)
+    if over is None:
+        return None
+    field, text = over
+    if not allow:
+        raise HppInputError(f"the plan does not fit its devices' memory: {text}", source=source, field=field,
+                            fix=f"plan again for these devices (hpp plan), or give {OVER_MEMORY_FLAG} to go on with "
+                                f"a plan predicted not to fit")
+    return f"the plan is predicted not to fit its devices' memory (allowed by {OVER_MEMORY_FLAG}): {field}: {text}"

@@ -47,8 +47,9 @@ def test_a_sailor_plan_is_priced_on_the_given_cluster(tmp_path, capsys):
         [(st.layer_start, st.layer_stop, st.tp_degree) for p in plan.pipelines for st in p.stages]
     assert mine["predicted"]["iteration_time_s"] == pytest.approx(estimate_plan(bound, cluster, prof).iteration_time_s,
                                                                   rel=1e-12)
-    # the control: the converter's cluster (a node per stage replica, one zone's links) prices the sync otherwise
-    assert abs(mine["predicted"]["iteration_time_s"] - theirs["predicted"]["iteration_time_s"]) > 0.1
+    # the control: the converter's cluster (a node per stage replica, one zone's links) prices the sync otherwise:
+    # there both A100 stages share one node (NVLink, 0.012 s), on the converter's cluster they do not (0.50 s)
+    assert mine["predicted"]["grad_sync_s"] < 0.05 < 0.3 < theirs["predicted"]["grad_sync_s"]
     assert main(["estimate", str(SAILOR), "--format", "sailor", "--model", "OPT-350", "--cluster", str(cfile)]) == 0
     assert f"2 pipelines on 4 devices of {cfile}'s 16 (bound by --cluster)" in capsys.readouterr().out
 

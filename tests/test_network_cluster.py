@@ -1,6 +1,7 @@
 """Issue 19: cluster format version 2 (links per pair of node groups): parsing, defaults, bad input."""
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -13,6 +14,8 @@ from hpp.profiles.network import default_inter_node_link, default_intra_node_lin
 from hpp.scenarios import get_scenario
 
 TYPES = {t: {"memory_bytes": 10**12, "gpus_per_node": 2} for t in ("X", "Y")}
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _v2(nodes, links=None, **top):
@@ -154,11 +157,45 @@ def test_links_no_node_can_use_are_noted(tmp_path, capsys):
                                                                       {"between": ["X", "Y"], "link": 1}],
                                "zones": [{"between": ["a", "b"], "link": 1}]}, zones=["a", "b"]))
     assert cluster_notes(c) == ["links.inter_node: X-Y name a device type no node has: not used",
-                                "links.zones: no node has a zone, so the zone links are not used"]
+                                "links.zones: no node has a zone, so the zone links are not used",
+                                "inter-node links X-X give no figures for several flows at once (aggregate, "
+                                "nic_bytes_per_s): flows leaving a node are priced as if they did not share its "
+                                "network (`hpp profile-network` measures it)"]
     assert cluster_notes(get_scenario("opt350-a100x8-v100x8").cluster()) == []
     path = tmp_path / "file-stem.json"
     path.write_text(json.dumps({"version": 2, "name": "my-two-types", "nodes": [
         {"device_type": "A100-40", "num_devices": 4}, {"device_type": "V100-16", "num_devices": 4}]}))
     assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--no-baselines", "--workers", "1",
-                 "--quiet"]) == 0
+                 "--quiet", "--default-links"]) == 0
     assert "HPP plan for OPT-350 on my-two-types: 8 devices" in capsys.readouterr().out
+
+
+def test_links_left_out_of_a_cluster_file_need_default_links_and_are_noted(tmp_path, capsys):
+    """A cluster file without the links its nodes use would plan on one public cloud's measurements: refused in one
+    line naming them, unless --default-links, which the progress lines then state."""
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps({"version": 2, "nodes": [{"device_type": "A100-40", "num_devices": 4},
+                                                        {"device_type": "V100-16", "num_devices": 4}],
+                                "links": {"intra_node": {"V100-16": 1.5e11}}}))
+    args = ["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "64", "--no-baselines", "--workers", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert f"{path}" in err and "field 'links'" in err
+    assert "no link given for inter_node A100-40-V100-16, intra_node A100-40" in err and "--default-links" in err
+    assert main(["estimate", str(ROOT / "experiments" / "plans" / "opt350-2pipelines-a100-v100.json"),
+                 "--cluster", str(path)]) == 2
+    assert "--default-links" in capsys.readouterr().err
+    assert main([*args, "--default-links"]) == 0
+    err = capsys.readouterr().err
+    assert ("note: links not in the file: inter_node A100-40-V100-16, intra_node A100-40 are Sailor's measured fits "
+            "of one public cloud (us-central1-a; --default-links accepted them)") in err
+    # a file that gives every link it uses needs no flag; its plain-number links share nothing, which is said
+    path.write_text(json.dumps({"version": 2, "nodes": [{"device_type": "A100-40", "num_devices": 4},
+                                                        {"device_type": "V100-16", "num_devices": 4}],
+                                "links": {"intra_node": {"A100-40": 2e11, "V100-16": 1.5e11},
+                                          "inter_node": [{"between": ["A100-40", "V100-16"], "link": 2e9}]}}))
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "links not in the file" not in err
+    assert "note: inter-node links A100-40-V100-16 give no figures for several flows at once" in err

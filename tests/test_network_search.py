@@ -146,7 +146,7 @@ def test_links_no_pair_of_nodes_uses_do_not_change_the_plan(tmp_path, capsys):
     for cross in (1e7, 1e12, None):         # slow, fast, absent (it was refused after the candidates were built)
         path = tmp_path / f"c-{cross}.json"
         path.write_text(json.dumps(_zoned(cross)))
-        assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines",
+        assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines", "--default-links",
                      "--workers", "1", "--quiet", "--json"]) == 0
         res = json.loads(capsys.readouterr().out)
         got.append((json.dumps(res["plan"]["pipelines"]), res["search"]["objective_s"], res["search"]["bound_s"]))
@@ -154,7 +154,7 @@ def test_links_no_pair_of_nodes_uses_do_not_change_the_plan(tmp_path, capsys):
     # control: the zone link itself is used, so changing it changes the figures
     path = tmp_path / "slow-zone.json"
     path.write_text(json.dumps(_zoned(1e7, zone_link=1e7)))
-    assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines",
+    assert main(["plan", "--cluster", str(path), "--model", "OPT-350", "--gbs", "256", "--no-baselines", "--default-links",
                  "--workers", "1", "--quiet", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert (res["search"]["objective_s"], res["search"]["bound_s"]) != got[0][1:]

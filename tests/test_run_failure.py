@@ -37,7 +37,7 @@ def test_lost_connections_name_the_host_that_went_away(tmp_path):
     # the control: on the host whose rank 2 was killed (SIGKILL, no error of its own), rank 0's lost connection is
     # not the story: the killed rank is named, as before
     killed = _res([RESET.format(r=0, peers="[1, 2]"), None], failures=((2, -9),))
-    assert failure_line(killed, HOST0, plan, cluster).startswith("rank(s) [2] failed (rank 2: exit -9, killed by SIGKILL)")
+    assert failure_line(killed, HOST0, plan, cluster).startswith("rank 2 failed (rank 2: exit -9, killed by SIGKILL)")
 
 
 def test_control_an_error_of_its_own_is_told_as_before_with_the_log_hint(tmp_path):
@@ -46,7 +46,7 @@ def test_control_an_error_of_its_own_is_told_as_before_with_the_log_hint(tmp_pat
     res = _res([RESET.format(r=0, peers="[1, 2]"), own])
     line = failure_line(res, HOST0, plan, cluster)
     assert line == res.failure_message() + " (--log-dir DIR keeps each rank's output)"
-    assert line.startswith("rank(s) [2] failed (rank 2: exit 1) on host vm (node rank 0); 2 rank(s) aborted")
+    assert line.startswith("rank 2 failed (rank 2: exit 1) on host vm (node rank 0); 2 ranks aborted")
     assert failure_line(res, HOST0, plan, cluster, log_dir="logs") == res.failure_message()
     one = HostShare(1, 0, None, None, (0, 1, 2, 3), (0, 1))          # one host: connection errors are its own
     assert "stopped:" not in failure_line(_res([RESET.format(r=0, peers="[1, 2]"), None]), one, plan, cluster)
@@ -57,6 +57,6 @@ def test_a_multi_host_timeout_before_any_step_asks_about_the_rendezvous(tmp_path
     res = _res([None, None], codes=(None, None), timed_out=True, failures=())
     assert failure_line(res, HOST0, plan, cluster) == (
         "the run timed out after 150 s (--run-timeout) and every rank on host vm (node rank 0) was killed; 0 of 2 "
-        "rank(s) had finished; no step had started: did every host start hpp run with its own --node-rank, "
+        "ranks had finished; no step had started: did every host start hpp run with its own --node-rank, "
         "--nnodes 2 and the same --rdzv-endpoint 127.0.0.1:29500?")
     assert "no step had started" not in failure_line(res, HOST0, plan, cluster, steps_seen=3)

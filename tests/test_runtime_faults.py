@@ -35,7 +35,7 @@ def test_dead_rank_makes_the_others_exit_and_is_named(tmp_path):
     assert max((tmp_path / f"rank{r}.error").stat().st_mtime for r in (0, 1, 3)) - died_at < 15
     assert res.exit_codes[2] == 17 and all(res.exit_codes[r] == 1 for r in (0, 1, 3)), res.exit_codes
     assert res.failed_ranks() == [2]
-    assert res.failure_message().startswith("rank(s) [2] failed (rank 2: exit 17)")
+    assert res.failure_message().startswith("rank 2 failed (rank 2: exit 17)")
     assert all("aborted" in res.errors[r] and "shares groups with ranks" in res.errors[r] for r in (0, 1, 3))
     assert not list(tmp_path.glob("rank*.json")) and not list(tmp_path.glob("*.tmp"))
 
@@ -50,7 +50,7 @@ def test_a_rank_the_agent_stopped_is_not_named_as_the_cause(tmp_path):
 
     assert res(((1, -15), (3, -9))).failed_ranks() == [3]
     msg = res(((1, -15), (3, -9))).failure_message()
-    assert msg.startswith("rank(s) [3] failed (rank 3: exit -9, killed by SIGKILL) on host h"), msg
+    assert msg.startswith("rank 3 failed (rank 3: exit -9, killed by SIGKILL) on host h"), msg
     assert res(((1, -15),)).failed_ranks() == [1]
     assert res(((3, -9), (1, -15)), errors=("aborted", None)).failed_ranks() == [3]   # rank 1 reported
     assert res(()).failed_ranks() == [1, 3]

@@ -216,3 +216,20 @@ def test_bad_host_input_is_one_line_exit_2(tmp_path, capsys, flags, expected):
     err = _refused(capsys, [plan, "--steps", "1", "--model", MODEL, *flags])
     assert expected in err, err
     assert os.listdir(tmp_path) == ["plan.json"]
+
+
+def test_hosts_started_with_different_flags_all_fail_naming_the_flag(tmp_path):
+    """``--save DIR`` given to node rank 0 only: the ranks compare the flags that must agree at the rendezvous;
+    every host prints one line naming the flag, exit 2, and no checkpoint is written (before: node rank 1 exited 0
+    and node rank 0 failed, blaming a lost connection)."""
+    plan = two_node_plan(tmp_path / "plan.json")
+    t0 = time.monotonic()
+    res = finish(start_hosts(plan, per_host=lambda r: ("--save", str(tmp_path / "ck")) if r == 0 else ()))
+    assert time.monotonic() - t0 < LAUNCH_TIMEOUT_S
+    for node_rank, (code, _out, err) in enumerate(res):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (node_rank, code, err[-2000:])
+        assert lines[0].startswith("hpp run: error: the hosts of this run were started with different flags: "
+                                   f"--save differs (node rank 0: '{tmp_path / 'ck'}'; node rank 1: not given). "
+                                   "Fix: start hpp run on every host with the same plan"), lines[0]
+    assert not list((tmp_path / "ck").glob("step-*"))

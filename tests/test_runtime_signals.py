@@ -170,13 +170,13 @@ def test_a_killed_rank_ends_both_hosts_and_is_named(tmp_path):
     host = socket.gethostname()
     assert (c0, c1) == (1, 1), (e0[-1500:], e1[-1500:])
     line1 = e1.strip().splitlines()[-1]
-    assert line1.startswith(f"hpp run: error: run failed: rank(s) [3] failed (rank 3: exit -9, killed by SIGKILL) "
+    assert line1.startswith(f"hpp run: error: run failed: rank 3 failed (rank 3: exit -9, killed by SIGKILL) "
                             f"on host {host} (node rank 1)"), line1
     line0 = e0.strip().splitlines()[-1]       # host 0's ranks only lost host 1's (if torchrun's teardown stopped them
     # before they could report, its own failure line, as before)
     assert line0.startswith("hpp run: error: run failed: the ranks of node rank 1 stopped: this host's ranks [0, 2] "
                             "lost their connection to them (") or \
-        (line0.startswith("hpp run: error: run failed: rank(s) [") and f"on host {host} (node rank 0)" in line0), line0
+        (line0.startswith("hpp run: error: run failed: rank") and f"on host {host} (node rank 0)" in line0), line0
     assert "Traceback" not in line0 + line1
     assert _wait_gone(trees[0] + trees[1], 5.0) == []
 

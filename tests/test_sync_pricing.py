@@ -100,3 +100,21 @@ def test_vectorised_bandwidth_is_the_link_fit_bit_for_bit():
         for h in (2, 3, 8):
             want = [ring_allreduce_s(float(v), h, link) for v in w]
             assert ring_allreduce_np(w, np.float64(h), link).tolist() == want
+
+
+def test_the_search_follows_the_cost_models_hierarchical_switch():
+    """With hierarchical all-reduce off in the cost model the search prices flat rings too (it priced the
+    hierarchical form regardless, so switching it off changed no plan)."""
+    from hpp.formulation.cost_model import CostModelConfig
+    from hpp.formulation.collectives import ring_allreduce_s
+    from hpp.planner import make_problem
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.scenarios import make_cluster
+    cl, prof = make_cluster("c", {"A100-40": 8, "V100-16": 8}), load_bundled_profile("OPT-350")
+    on, _ = make_problem(cl, prof, 256)
+    off, _ = make_problem(cl, prof, 256, config=CostModelConfig(hierarchical_allreduce=False))
+    assert on.hierarchical and not off.hierarchical
+    w, links = 4e8, off.type_links["A100-40"]
+    flat = ring_allreduce_s(w, 4, links.shared(links.inter, links.flows(2, hierarchical=False)))
+    assert off.type_ring_s("A100-40", 2, w, 4) == pytest.approx(flat, rel=1e-12)
+    assert on.type_ring_s("A100-40", 2, w, 4) < 0.8 * flat            # the hierarchical form where it is cheaper

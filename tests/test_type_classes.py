@@ -97,7 +97,7 @@ def test_cli_type_classes_flag_reaches_the_solve(capsys):
     # the default scenario (opt350-a100x8-v100x8): hpp plan --type-classes reports the class bound in its JSON
     assert main(["plan", "--no-baselines", "--workers", "1", "--type-classes", "--json", "--quiet"]) == 0
     search = json.loads(capsys.readouterr().out)["search"]
-    assert search["bound_method"] == "type-classes" and search["gap"] < 0.037          # 4.11 % without the flag
+    assert search["bound_method"] == "type-classes" and search["gap"] < 0.038          # 4.24 % without the flag
     # hpp instances solve passes it too (the figures of one library instance, without and with the flag)
     got = {}
     for extra in ([], ["--type-classes"]):

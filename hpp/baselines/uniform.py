@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, runnable_tp_degrees
-from hpp.formulation.collectives import allreduce_s
+from hpp.formulation.collectives import allreduce_s, concurrent_allreduces, edge_link, p2p_flows
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan, stage_compute_s
 from hpp.formulation.stage_balance import StageKind
 from hpp.plan import Pipeline, Plan, make_pipeline
@@ -101,23 +101,28 @@ def _uniform_layout(cluster: Cluster, groups, pp: int, samples: list[int]):
 
     Returns
     -------
-    (representatives, stage_groups, stage_types, replicas, memo)
+    (representatives, stage_groups, stage_types, replicas, memo, crossing_flows)
         representatives: one replica index per class; stage_groups[s] / stage_types[s]: the TP
         groups (device-id tuples, one per kept replica) / device types holding stage s; replicas:
-        kept replica count; memo: an empty dict for :func:`_uniform_sync_s`'s all-reduce times.
+        kept replica count; memo: an empty dict for :func:`_uniform_sync_s`'s all-reduce times;
+        crossing_flows: the point-to-point flows leaving each node at once over all kept replicas
+        (:func:`~hpp.formulation.collectives.p2p_flows`), with which each stage link is priced.
     """
     reps: dict[tuple, int] = {}
     stage_groups: list[list[tuple[int, ...]]] = [[] for _ in range(pp)]
     stage_types: list[set[str]] = [set() for _ in range(pp)]
     kept = sum(1 for n in samples if n > 0)
-    for r in range(kept):
-        row = groups[r * pp:(r + 1) * pp]
+    node = [d.node for d in cluster.devices]
+    rows = [groups[r * pp:(r + 1) * pp] for r in range(kept)]
+    flows = p2p_flows([(node[a[1][-1]], node[b[1][0]]) for row in rows for a, b in zip(row, row[1:])])
+    for r, row in enumerate(rows):
         for s, (t, ids, _) in enumerate(row):
             stage_groups[s].append(ids)
             stage_types[s].add(t)
-        links = tuple(cluster.link(a[1][-1], b[1][0]) for a, b in zip(row, row[1:]))
+        links = tuple(cluster.nodes[node[a[1][-1]]].intra_node if node[a[1][-1]] == node[b[1][0]]
+                      else edge_link(cluster, node[a[1][-1]], node[b[1][0]], flows) for a, b in zip(row, row[1:]))
         reps.setdefault((tuple(t for t, _, _ in row), links, samples[r]), r)
-    return list(reps.values()), stage_groups, stage_types, kept, {}
+    return list(reps.values()), stage_groups, stage_types, kept, {}, flows
 
 
 def _uniform_pipeline(profile: ModelProfile, groups, r: int, pp: int, tp: int, bounds, b: int, n: int,
@@ -132,28 +137,33 @@ def _uniform_sync_s(cluster: Cluster, profile: ModelProfile, layout, bounds, tp:
 
     Every replica has the same stage boundaries, so the blocks are the stages and each device holds
     one: the exposed sync is the slowest stage's all-reduce among all kept replicas' TP groups of that
-    stage, priced by :func:`hpp.formulation.collectives.allreduce_s` on their actual (per-pair) links,
-    exactly as :func:`estimate_plan` prices a block (best ring order, or hierarchical where cheaper).
-    The all-reduces are memoised per (stage, bytes) in the layout's memo (its devices never change).
+    stage, the stages' all-reduces priced together by :func:`hpp.formulation.collectives.concurrent_allreduces`
+    on their actual (per-pair, shared) links, exactly as :func:`estimate_plan` prices the blocks (best ring
+    order, or hierarchical where cheaper). Memoised per (bytes per stage) in the layout's memo (its devices
+    never change).
     """
-    _, stage_groups, stage_types, _, memo = layout
+    _, stage_groups, stage_types, _, memo = layout[:5]
     hier = config.hierarchical_allreduce
-
-    def ar(s: int, nbytes: float) -> float:
-        key = (s, nbytes, hier)
-        if key not in memo:
-            memo[key] = allreduce_s(nbytes, stage_groups[s], cluster, hierarchical=hier).seconds
-        return memo[key]
-
+    spans = list(zip(bounds, bounds[1:]))
+    entries = [[profile.layer_profile(t, tp, b, estimate=False) for t in sorted(stage_types[s])]
+               for s in range(len(spans))]
+    stage_bytes = tuple(max(sum(e.param_bytes[lo:hi]) for e in es) for (lo, hi), es in zip(spans, entries))
+    key = (stage_bytes, hier)
+    if key not in memo:
+        memo[key] = concurrent_allreduces([(w, stage_groups[s]) for s, w in enumerate(stage_bytes)], cluster,
+                                          hierarchical=hier)
+    costs, flows = memo[key]
     sync = opt = 0.0
-    for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-        entries = [profile.layer_profile(t, tp, b, estimate=False) for t in sorted(stage_types[s])]
+    for s, (lo, hi) in enumerate(spans):
+        es = entries[s]
         if config.grad_sync == "block":
-            t = ar(s, max(sum(e.param_bytes[lo:hi]) for e in entries))
+            t = costs[s].seconds
         else:
-            t = sum(ar(s, max(e.param_bytes[l] for e in entries)) for l in range(lo, hi))
+            shared = flows if len(stage_groups[s]) > 1 else None
+            t = sum(allreduce_s(max(e.param_bytes[l] for e in es), stage_groups[s], cluster, hierarchical=hier,
+                                flows=shared).seconds for l in range(lo, hi))
         sync = max(sync, t)
-        opt = max(opt, max(sum(e.optimizer_s[lo:hi]) for e in entries))
+        opt = max(opt, max(sum(e.optimizer_s[lo:hi]) for e in es))
     return sync, opt
 
 
@@ -188,7 +198,7 @@ def _uniform_time_s(cluster: Cluster, profile: ModelProfile, gbs: int, layout, p
     reduced = Plan(model=profile.model, num_layers=profile.num_layers,
                    global_batch_size=sum(p.num_samples for p in pipes), pipelines=tuple(pipes),
                    sequence_length=profile.sequence_length)
-    est = estimate_plan(reduced, cluster, profile, config=config, estimate_missing=False)
+    est = estimate_plan(reduced, cluster, profile, config=config, estimate_missing=False, p2p_flows=layout[5])
     if not est.fits_memory:
         return math.inf
     sync, _ = _uniform_sync_s(cluster, profile, layout, bounds, tp, b, config)

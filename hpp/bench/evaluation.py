@@ -30,7 +30,8 @@ from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario
 
-__all__ = ["ScenarioRow", "scenario_rows", "write_rows", "read_rows", "plot_speedups", "results_markdown"]
+__all__ = ["ScenarioRow", "scenario_rows", "scenario_line", "write_rows", "read_rows", "plot_speedups",
+           "results_markdown"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,31 @@ def scenario_rows(names: Iterable[str], *, time_limit_s: float | None = None, si
             res.composition.gap, res.composition.status, res.plan.num_pipelines,
             sum(s.recompute != "none" for p in res.plan.pipelines for s in p.stages), no_rec, note))
     return rows
+
+
+def _time_and_ratio(time_s: float, ratio: float) -> str:
+    """``12.345 s (1.50x)``; a baseline that found no plan (an infinite time) is ``none found``, never ``inf s``."""
+    if not math.isfinite(time_s):
+        return "none found"
+    return f"{time_s:.3f} s ({ratio:.2f}x)" if math.isfinite(ratio) else f"{time_s:.3f} s"
+
+
+def scenario_line(r: ScenarioRow) -> str:
+    """The one line ``experiments/scenarios.py`` prints per scenario (a baseline without a plan says so).
+
+    >>> r = ScenarioRow("s", "m", 8, 2.0, 2.0, 3.0, math.inf, 1.5, math.nan, 0.1, 0.0, 0.04, "FEASIBLE", 2, 0,
+    ...                 math.nan, "no plan")
+    >>> line = scenario_line(r)
+    >>> [part.strip() for part in line.split("  ") if part.strip()][1:4]
+    ['HPP 2.000 s', 'uniform 3.000 s (1.50x)', 'single-shape none found']
+    >>> line.endswith("without recompute: does not fit")
+    True
+    """
+    no_rec = (f"without recompute {r.no_recompute_s:.3f} s" if math.isfinite(r.no_recompute_s)
+              else "without recompute: does not fit")
+    return (f"{r.scenario:<24} HPP {r.hpp_s:.3f} s  uniform {_time_and_ratio(r.uniform_s, r.speedup_vs_uniform)}  "
+            f"single-shape {_time_and_ratio(r.single_shape_s, r.speedup_vs_single_shape)}  "
+            f"search {r.hpp_search_s:.2f} s  gap {r.gap:.1%}  recompute stages {r.recompute_stages}  {no_rec}")
 
 
 def write_rows(rows: list, path: Path) -> None:

@@ -65,10 +65,11 @@ entry E = profile[(type, t, b_p)] gives per-layer seconds and bytes of ONE devic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from hpp.formulation.collectives import (allreduce_s, p2p_transfer_s, p2p_waits_per_transfer, ring_allreduce_s,
-                                         stage_p2p_wait_s)
+from hpp.formulation.collectives import (allreduce_s, concurrent_allreduces, edge_link, p2p_transfer_s,
+                                         p2p_waits_per_transfer, ring_allreduce_s, stage_p2p_wait_s)
+from hpp.formulation.collectives import p2p_flows as count_p2p_flows
 from hpp.formulation.cost_config import FRAMEWORK_BYTES, OPTIMIZER_STATES, CostModelConfig
 from hpp.formulation.memory_model import (in_flight_micro_batches, stage_activation_bytes, stage_memory_breakdown,
                                           stage_memory_bytes)
@@ -251,7 +252,8 @@ class PipelineEstimate:
 @dataclass(frozen=True, slots=True)
 class BlockEstimate:
     """One gradient block: layers, holder stage per pipeline, bytes per holder device, all-reduce time [s], its
-    form (``none``, ``ring``, ``hierarchical``) and the peak [bytes/s] of the link it is priced on (0: none)."""
+    form (``none``, ``ring``, ``hierarchical``), the peak [bytes/s] one flow gets on the link it is priced on
+    (0: none; a shared link's share) and the most flows leaving one of its ring's nodes at once (1: unshared)."""
 
     layer_start: int
     layer_stop: int
@@ -260,6 +262,7 @@ class BlockEstimate:
     allreduce_s: float
     allreduce_method: str = "none"
     link_bytes_per_s: float = 0.0
+    concurrent_flows: int = 1
 
 
 @dataclass(frozen=True)
@@ -300,15 +303,26 @@ class PlanEstimate:
 # ------------------------------------------------------------------ the estimate
 
 
-def _stage_link(cluster: Cluster, a: Stage, b: Stage) -> Link:
-    return cluster.link(a.device_ids[-1], b.device_ids[0])
+def _stage_nodes(cluster: Cluster, a: Stage, b: Stage) -> tuple[int, int]:
+    """The nodes of the transfer from stage ``a`` to the next stage ``b`` (a's last device, b's first)."""
+    return cluster.devices[a.device_ids[-1]].node, cluster.devices[b.device_ids[0]].node
+
+
+def _stage_link(cluster: Cluster, a: Stage, b: Stage, flows: dict[int, int]) -> Link:
+    """The link of the transfer from stage ``a`` to ``b``: intra-node on one node, else one flow's share
+    (:func:`~hpp.formulation.collectives.edge_link`) with ``flows`` leaving each node at once."""
+    na, nb = _stage_nodes(cluster, a, b)
+    return cluster.nodes[na].intra_node if na == nb else edge_link(cluster, na, nb, flows)
 
 
 def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
-                  config: CostModelConfig = CostModelConfig(), estimate_missing: bool = True) -> PlanEstimate:
+                  config: CostModelConfig = CostModelConfig(), estimate_missing: bool = True,
+                  p2p_flows: Mapping[int, int] | None = None) -> PlanEstimate:
     """Predict one iteration of ``plan`` on ``cluster`` with ``profile``.
 
-    The plan must be structurally valid (:func:`hpp.validate.validate_plan`).
+    The plan must be structurally valid (:func:`hpp.validate.validate_plan`). ``p2p_flows``: the
+    point-to-point flows leaving each node at once (:func:`~hpp.formulation.collectives.p2p_flows`) when
+    ``plan`` holds only some pipelines of a larger plan that runs beside them; None: the plan's own.
 
     Returns
     -------
@@ -330,38 +344,47 @@ def estimate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile, *,
             row.append(e)
         stage_entries.append(row)
 
-    # block-wise and per-layer gradient sync
+    # block-wise and per-layer gradient sync: one ring per TP shard index, on the holders' actual links (best
+    # order or hierarchical), the flows that leave a node at once sharing its network
     blocks = block_decomposition([p.boundaries for p in plan.pipelines])
     device_sync_block: dict[int, float] = {}
     device_sync_layer: dict[int, float] = {}
     block_records = []
+    block_rings = []
     for lo, hi, holders in blocks:
-        holder_stages = [plan.pipelines[p].stages[s] for p, s in enumerate(holders)]
         holder_entries = [stage_entries[p][s] for p, s in enumerate(holders)]
-        nbytes = max(sum(e.param_bytes[lo:hi]) for e in holder_entries)
-        # one ring per TP shard index, on the holders' actual links (best order or hierarchical)
-        groups = [st.device_ids for st in holder_stages]
-        ar = allreduce_s(nbytes, groups, cluster, hierarchical=config.hierarchical_allreduce)
+        block_rings.append((max(sum(e.param_bytes[lo:hi]) for e in holder_entries),
+                            [plan.pipelines[p].stages[s].device_ids for p, s in enumerate(holders)]))
+    rings: dict = {}                    # the blocks' ring shapes: a block's per-layer pieces keep its ring order
+    costs, sync_flows = concurrent_allreduces(block_rings, cluster, hierarchical=config.hierarchical_allreduce,
+                                              memo=rings)
+    for (lo, hi, holders), (nbytes, groups), ar in zip(blocks, block_rings, costs):
+        holder_entries = [stage_entries[p][s] for p, s in enumerate(holders)]
         t_block = ar.seconds
         t_layers = sum(allreduce_s(max(e.param_bytes[l] for e in holder_entries), groups, cluster,
-                                   hierarchical=config.hierarchical_allreduce).seconds for l in range(lo, hi))
-        for st in holder_stages:
-            for d in st.device_ids:
+                                   hierarchical=config.hierarchical_allreduce, memo=rings,
+                                   flows=sync_flows if len(groups) > 1 else None).seconds for l in range(lo, hi))
+        for g in groups:
+            for d in g:
                 device_sync_block[d] = device_sync_block.get(d, 0.0) + t_block
                 device_sync_layer[d] = device_sync_layer.get(d, 0.0) + t_layers
         block_records.append(BlockEstimate(lo, hi, holders, int(nbytes), t_block, ar.method,
-                                           ar.link.max_bytes_per_s if ar.link is not None else 0.0))
+                                           ar.link.peak_bytes_per_s if ar.link is not None else 0.0, ar.flows))
     sync_block = max(device_sync_block.values(), default=0.0)
     sync_layer = max(device_sync_layer.values(), default=0.0)
     device_sync = device_sync_block if config.grad_sync == "block" else device_sync_layer
 
     pipes = []
     max_opt = 0.0
+    # point-to-point: every pipeline's stage boundaries that cross nodes share those nodes' networks
+    crossing_flows = dict(p2p_flows) if p2p_flows is not None else count_p2p_flows(
+        [_stage_nodes(cluster, a, b) for p in plan.pipelines if p.num_micro_batches > 0
+         for a, b in zip(p.stages, p.stages[1:])])
     for p, entries in zip(plan.pipelines, stage_entries):
         m = p.num_micro_batches
         S = p.num_stages
         fb = [stage_compute_s(e, s.layer_start, s.layer_stop, s.recompute) for s, e in zip(p.stages, entries)]
-        links = [_stage_link(cluster, a, b) for a, b in zip(p.stages, p.stages[1:])]
+        links = [_stage_link(cluster, a, b, crossing_flows) for a, b in zip(p.stages, p.stages[1:])]
         p2p = [p2p_transfer_s(e, link, e.output_bytes[a.layer_stop - 1]) for a, link, e in zip(p.stages, links, entries)]
         comp = [f + b + stage_p2p_wait_s(e, s.layer_start, s.layer_stop, link_in=links[i - 1] if i > 0 else None,
                                          link_out=links[i] if i < S - 1 else None, config=config)

@@ -22,6 +22,8 @@ the bundled measurements cover).
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,7 +36,13 @@ from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.network import NETWORK_ZONE
 
-__all__ = ["SailorMeasurement", "plan_from_sailor", "sailor_measurement"]
+__all__ = ["SailorMeasurement", "plan_from_sailor", "sailor_measurement", "SUSPECT_SYNC_SHARE"]
+
+log = logging.getLogger(__name__)
+
+#: A run's ``red_grads`` at or above this share of its ``real`` iteration time is flagged (see
+#: :class:`SailorMeasurement`).
+SUSPECT_SYNC_SHARE = 0.5
 
 
 def _contiguous(layers: Any, lo_expected: int, L: int, *, source: str, field: str) -> tuple[int, int]:
@@ -196,15 +204,27 @@ class SailorMeasurement:
     peak_memory_bytes : int
         ``max_mem``: peak memory of the fullest GPU [bytes].
     grad_sync_s : float
-        ``red_grads``: measured gradient-reduction seconds (includes waiting for the slowest replica).
+        ``red_grads``: measured gradient-reduction seconds (includes waiting for the slowest replica). No public
+        code produces this field; check :attr:`grad_sync_note` before using it.
     num_nodes : int
         ``N``: nodes of the run.
+    grad_sync_note : str
+        Why ``red_grads`` is not a gradient-sync time ("" when nothing is wrong with it): a value of at least
+        :data:`SUSPECT_SYNC_SHARE` of ``real`` would leave the run less than half its iteration for compute,
+        pipeline and optimizer, while the other runs' ``red_grads`` are 0.3-11 % of theirs; the artifact's
+        N4_D4 run holds 1.06094 s against a real of 1.23516 s, a copy of an older iteration time.
     """
 
     iteration_time_s: float
     peak_memory_bytes: int
     grad_sync_s: float
     num_nodes: int
+    grad_sync_note: str = ""
+
+    @property
+    def grad_sync_usable(self) -> bool:
+        """True when ``red_grads`` passed the loader's check (:attr:`grad_sync_note` is empty)."""
+        return not self.grad_sync_note
 
 
 def sailor_measurement(data: Mapping[str, Any], *, source: str = "<sailor run>") -> SailorMeasurement:
@@ -222,6 +242,12 @@ def sailor_measurement(data: Mapping[str, Any], *, source: str = "<sailor run>")
                                 fix="give the measured value (seconds or bytes)")
         return float(v)
 
-    return SailorMeasurement(num("real"), int(num("max_mem")), float(data.get("red_grads", 0.0)),
-                             int(data.get("N", 0)))
+    real = num("real")
+    sync = float(data.get("red_grads", 0.0))
+    note = ""
+    if sync >= SUSPECT_SYNC_SHARE * real:
+        note = (f"red_grads {sync:g} s is {sync / real:.0%} of the measured iteration ({real:g} s): not a "
+                "gradient-sync time (a copy of an iteration time?); not used")
+        log.warning("%s: %s", source, note)
+    return SailorMeasurement(real, int(num("max_mem")), sync, int(data.get("N", 0)), note)
 

@@ -9,6 +9,21 @@ optionally Sailor's measured fit (``network/*.json`` in the public data), where 
 bandwidth for a message of ``x`` bytes is ``(a*L^2 + b*L + c) GB/s`` with
 ``L = log2(x / 1e6)``, capped at the peak.
 
+Shared network. A link's own figures are what ONE flow between two nodes gets. Flows that leave
+(or enter) a node at the same time share that node's network: a link may carry
+:class:`AggregateFit` figures, the total bandwidth of ``k`` concurrent flows between two nodes of
+its pair (Sailor's ``k -> k`` measurements: an A100-40 node gives 2.42 GB/s to one flow, 6.04 GB/s
+to four in all; a GH-96 node, one NIC per GPU, 4 x 22.9; an RTX node 2.86 GB/s to any number), and a
+node may state its NIC capacity (``Node.nic_bytes_per_s``, the total of all its flows).
+:meth:`Link.shared` gives the link one of ``k`` concurrent flows sees:
+
+    bw_k(x) = min(bw_1(x), agg_k(x) / k, nic / k)
+
+with ``agg_k`` the measured aggregate at ``k`` flows, linear in ``k`` between measured counts (``k = 1``
+is the link's own fit) and flat above the largest measured count (a NIC that saturates does not
+speed up with more flows). A link without aggregate figures and without a NIC capacity shares
+nothing (each flow runs at its one-flow bandwidth: the model before shared networks).
+
 Two network descriptions (JSON forms in :mod:`hpp.profiles.cluster_format`):
 
 - version 1: each node's intra-node link and ONE inter-node link for every pair of nodes;
@@ -23,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import combinations_with_replacement
 from typing import Iterable, Mapping
@@ -31,11 +46,58 @@ from typing import Iterable, Mapping
 from hpp.errors import HppInputError
 from hpp.profiles.devices import DeviceType
 
-__all__ = ["Link", "Node", "Device", "NetworkLinks", "Cluster", "DEFAULT_LATENCY_S"]
+__all__ = ["AggregateFit", "Link", "Node", "Device", "NetworkLinks", "Cluster", "DEFAULT_LATENCY_S"]
 
 #: Default per-message latency [s] when a cluster gives none (order of a NCCL/ethernet hop).
 DEFAULT_LATENCY_S = 1e-5
 _BYTES_PER_GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateFit:
+    """The total bandwidth of ``flows`` concurrent flows between two nodes (each node sending ``flows`` of them).
+
+    Attributes
+    ----------
+    flows : int
+        Number of concurrent flows, >= 2 (one flow is the :class:`Link`'s own figures).
+    max_bytes_per_s : float
+        Peak aggregate bandwidth [bytes/s] of the ``flows`` flows together, > 0.
+    fit_gb_per_s : tuple of 3 floats or None
+        Quadratic fit of the aggregate bandwidth [GB/s] in ``L = log2(x / 1e6)`` for messages of ``x`` bytes
+        per flow, as :class:`Link`'s; ``None`` = always the peak.
+
+    Source: Sailor's ``network/multizone_bandwidths_het.json``, entries ``[src][k][dst][k]`` (eth-easl/sailor
+    cf2c8e3), or ``hpp profile-network`` on the user's cluster.
+    """
+
+    flows: int
+    max_bytes_per_s: float
+    fit_gb_per_s: tuple[float, float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.flows, bool) or not isinstance(self.flows, int) or self.flows < 2:
+            raise HppInputError(f"an aggregate figure is for 2 or more concurrent flows, got {self.flows!r}",
+                                field="flows", fix="give flows >= 2 (one flow is the link's own figures)")
+        if not (self.max_bytes_per_s > 0 and math.isfinite(self.max_bytes_per_s)):
+            raise HppInputError(f"aggregate bandwidth must be a positive number of bytes/s, got {self.max_bytes_per_s}",
+                                field="max_bytes_per_s", fix="give a bandwidth > 0 in bytes/s")
+
+    def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
+        """Aggregate bandwidth [bytes/s] of the ``flows`` flows for messages of ``message_bytes`` each (the peak
+        where there is no fit, where it is not positive, or for an empty message)."""
+        return _fitted_bandwidth(self.fit_gb_per_s, self.max_bytes_per_s, message_bytes)
+
+
+def _fitted_bandwidth(fit: tuple[float, float, float] | None, peak: float, message_bytes: float) -> float:
+    """``a L^2 + b L + c`` GB/s at ``L = log2(x / 1e6)``, capped at ``peak``; the peak without a fit, where the
+    fit is not positive, or for an empty message [bytes/s]."""
+    if fit is None or message_bytes <= 0:
+        return peak
+    x = math.log2(max(message_bytes, 1.0) / 1e6)
+    a, b, c = fit
+    bw = (a * x * x + b * x + c) * _BYTES_PER_GB
+    return peak if bw <= 0 else min(bw, peak)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +113,22 @@ class Link:
     fit_gb_per_s : tuple of 3 floats or None
         Sailor's quadratic fit ``(a, b, c)``: bandwidth [GB/s] for a message of ``x``
         bytes is ``a L^2 + b L + c`` with ``L = log2(x / 1e6)``. ``None`` = always the peak.
+    aggregate : tuple of AggregateFit
+        Total bandwidth of 2, 4, ... concurrent flows between two nodes of the link's pair, by increasing
+        ``flows`` (module docstring); empty: flows do not share (or nothing is known of it).
+    share : int
+        The number of concurrent flows this link is priced for (>= 1; :meth:`shared` sets it):
+        :meth:`bandwidth_bytes_per_s` is then one flow's share.
+    nic_share_bytes_per_s : float
+        One flow's share of the nodes' NIC capacity [bytes/s] (``inf``: no NIC capacity given).
     """
 
     max_bytes_per_s: float
     latency_s: float = DEFAULT_LATENCY_S
     fit_gb_per_s: tuple[float, float, float] | None = None
+    aggregate: tuple[AggregateFit, ...] = ()
+    share: int = 1
+    nic_share_bytes_per_s: float = math.inf
 
     def __post_init__(self) -> None:
         if not (self.max_bytes_per_s > 0 and math.isfinite(self.max_bytes_per_s)):
@@ -64,16 +137,94 @@ class Link:
         if not self.latency_s >= 0:
             raise HppInputError(f"latency must be >= 0 s, got {self.latency_s}", field="latency_s",
                                 fix="give latency_s >= 0")
+        counts = [a.flows for a in self.aggregate]
+        if counts != sorted(set(counts)):
+            raise HppInputError(f"aggregate figures for flow counts {counts}", field="aggregate",
+                                fix="give each flow count once, in increasing order")
+        if isinstance(self.share, bool) or not isinstance(self.share, int) or self.share < 1:
+            raise HppInputError(f"share={self.share!r}", field="share", fix="give a number of flows >= 1")
+        if not self.nic_share_bytes_per_s > 0:
+            raise HppInputError(f"nic_share_bytes_per_s={self.nic_share_bytes_per_s}", field="nic_bytes_per_s",
+                                fix="give a NIC capacity > 0 in bytes/s")
+
+    def __repr__(self) -> str:          # the sharing fields only where set (links print in plans and tests)
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k, default in
+                        (("aggregate", ()), ("share", 1), ("nic_share_bytes_per_s", math.inf))
+                        if getattr(self, k) != default)
+        return (f"Link(max_bytes_per_s={self.max_bytes_per_s!r}, latency_s={self.latency_s!r}, "
+                f"fit_gb_per_s={self.fit_gb_per_s!r}{extra})")
+
+    @property
+    def shares_network(self) -> bool:
+        """True if concurrent flows on this link slow each other (aggregate figures or a NIC capacity)."""
+        return bool(self.aggregate) or self.nic_share_bytes_per_s < math.inf or self.share > 1
+
+    def single_flow_bytes_per_s(self, message_bytes: float) -> float:
+        """One flow's bandwidth alone on the link [bytes/s] (the link's own fit, capped at its peak)."""
+        return _fitted_bandwidth(self.fit_gb_per_s, self.max_bytes_per_s, message_bytes)
+
+    def aggregate_bytes_per_s(self, flows: int, message_bytes: float) -> float:
+        """Total bandwidth of ``flows`` concurrent flows [bytes/s] (module docstring: the measured aggregate,
+        linear in the flow count between measured counts, flat above the largest; ``flows`` x one flow's without
+        aggregate figures), before any NIC capacity.
+
+        Examples
+        --------
+        >>> l = Link(2e9, 0.0, aggregate=(AggregateFit(4, 6e9),))
+        >>> [round(l.aggregate_bytes_per_s(k, 1e6) / 1e9, 3) for k in (1, 2, 4, 8)]
+        [2.0, 3.333, 6.0, 6.0]
+        """
+        one = self.single_flow_bytes_per_s(message_bytes)
+        if flows <= 1:
+            return one
+        if not self.aggregate:
+            return flows * one
+        lo_k, lo_bw = 1, one
+        for a in self.aggregate:
+            bw = a.bandwidth_bytes_per_s(message_bytes)
+            if flows <= a.flows:
+                return lo_bw + (bw - lo_bw) * ((flows - lo_k) / (a.flows - lo_k))
+            lo_k, lo_bw = a.flows, bw
+        return lo_bw
+
+    def shared(self, flows: int, *, nic_bytes_per_s: float = math.inf) -> "Link":
+        """This link as one of ``flows`` concurrent flows sees it, with nodes of NIC capacity ``nic_bytes_per_s``.
+
+        Its :meth:`bandwidth_bytes_per_s` is ``min(bw_1(x), agg_flows(x) / flows, nic / flows)``
+        (module docstring): never above one flow's own bandwidth.
+
+        Examples
+        --------
+        >>> l = Link(2.42e9, 0.0, aggregate=(AggregateFit(4, 6.04e9),))
+        >>> round(l.shared(4).bandwidth_bytes_per_s(1e9) / 1e9, 2)
+        1.51
+        >>> round(Link(2e9, 0.0).shared(4, nic_bytes_per_s=4e9).bandwidth_bytes_per_s(1e9) / 1e9, 2)
+        1.0
+        """
+        if flows <= 1 and nic_bytes_per_s == math.inf:
+            return self if self.share == 1 else replace(self, share=1, nic_share_bytes_per_s=math.inf)
+        k = max(1, int(flows))
+        return replace(self, share=k, nic_share_bytes_per_s=nic_bytes_per_s / k)
 
     def bandwidth_bytes_per_s(self, message_bytes: float) -> float:
-        """Effective bandwidth [bytes/s] for one message of ``message_bytes`` bytes (Sailor's network fits,
-        ``network/multizone_bandwidths_het.json``; the peak when no fit is given or the fit is not positive)."""
-        if self.fit_gb_per_s is None or message_bytes <= 0:
-            return self.max_bytes_per_s
-        x = math.log2(max(message_bytes, 1.0) / 1e6)
-        a, b, c = self.fit_gb_per_s
-        bw = (a * x * x + b * x + c) * _BYTES_PER_GB
-        return self.max_bytes_per_s if bw <= 0 else min(bw, self.max_bytes_per_s)
+        """Effective bandwidth [bytes/s] of one message of ``message_bytes`` bytes (Sailor's network fits,
+        ``network/multizone_bandwidths_het.json``; the peak when no fit is given or the fit is not positive),
+        one flow's share when the link is :meth:`shared`."""
+        one = _fitted_bandwidth(self.fit_gb_per_s, self.max_bytes_per_s, message_bytes)
+        if self.share == 1:
+            return min(one, self.nic_share_bytes_per_s)
+        return min(one, self.aggregate_bytes_per_s(self.share, message_bytes) / self.share,
+                   self.nic_share_bytes_per_s)
+
+    @property
+    def peak_bytes_per_s(self) -> float:
+        """The largest bandwidth one flow gets at any message size [bytes/s] (an upper bound of
+        :meth:`bandwidth_bytes_per_s`): the peak, or the flow's share of the aggregate and NIC peaks."""
+        if self.share == 1:
+            return min(self.max_bytes_per_s, self.nic_share_bytes_per_s)
+        agg = [a.max_bytes_per_s for a in self.aggregate]
+        peak_agg = self.aggregate_bytes_per_s(self.share, 0.0) if agg else math.inf
+        return min(self.max_bytes_per_s, peak_agg / self.share, self.nic_share_bytes_per_s)
 
     def transfer_s(self, message_bytes: float) -> float:
         """Time [s] to send one message of ``message_bytes`` bytes: latency + bytes / bandwidth."""
@@ -96,12 +247,21 @@ class Node:
         Link between two devices of this node.
     zone : str or None
         The node's zone (version-2 clusters; ``None``: no zones).
+    nic_bytes_per_s : float
+        The node's network capacity [bytes/s]: the total of all flows that leave it (or enter it) at
+        once; ``inf`` when not given (then only the links' aggregate figures share).
     """
 
     device_type: str
     num_devices: int
     intra_node: Link
     zone: str | None = None
+    nic_bytes_per_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not self.nic_bytes_per_s > 0:
+            raise HppInputError(f"nic_bytes_per_s={self.nic_bytes_per_s}", field="nic_bytes_per_s",
+                                fix="give the node's network capacity in bytes/s, > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +292,15 @@ class NetworkLinks:
         ``inter`` whenever the two nodes' zones differ.
     zones : tuple of str
         The declared zones (empty: none).
+    defaulted : tuple of str
+        The links a cluster file left out that were filled with Sailor's measured fits (one public cloud's), as
+        ``"inter_node A-B"`` / ``"intra_node A"``; empty for a file that gives every link it uses.
     """
 
     inter: Mapping[tuple[str, str], Link]
     zone_links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
     zones: tuple[str, ...] = ()
+    defaulted: tuple[str, ...] = field(default=(), compare=False)      # provenance, not the network
 
     def type_link(self, a: str, b: str) -> Link | None:
         """The (a, b) inter-node link, or None if not given."""
@@ -374,6 +538,21 @@ class Cluster:
                                                          == (ta, za)) > 1]
         got = self._cache[key] = Link(max(l.max_bytes_per_s for l in links), min(l.latency_s for l in links))
         return got
+
+    def unshared(self) -> "Cluster":
+        """This cluster with links that share nothing: every link without its aggregate figures, every node without
+        a NIC capacity (each flow at its one-flow bandwidth, however many leave a node: the model before shared
+        networks, for comparisons)."""
+        def bare(link: Link) -> Link:
+            return replace(link, aggregate=(), share=1, nic_share_bytes_per_s=math.inf)
+
+        net = self.network
+        if net is not None:
+            net = NetworkLinks({k: bare(v) for k, v in net.inter.items()},
+                               {k: bare(v) for k, v in net.zone_links.items()}, net.zones, net.defaulted)
+        return Cluster(self.name, self.device_types,
+                       tuple(replace(n, intra_node=bare(n.intra_node), nic_bytes_per_s=math.inf) for n in self.nodes),
+                       bare(self.inter_node), net)
 
     def single_link(self) -> "Cluster":
         """This cluster as version 1: the same nodes, :attr:`inter_node` between every pair of nodes."""

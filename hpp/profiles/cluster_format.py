@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.fileio import check_keys, read_json
-from hpp.profiles.cluster import DEFAULT_LATENCY_S, Cluster, Link, NetworkLinks, Node, _pair, _slowest
+from hpp.profiles.cluster import DEFAULT_LATENCY_S, AggregateFit, Cluster, Link, NetworkLinks, Node, _pair, _slowest
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict, device_type_to_dict
 from hpp.profiles.network import default_intra_node_link, default_pair_link, has_measurements
 
@@ -49,9 +50,16 @@ cluster file (--cluster FILE; JSON; `hpp scenarios --cluster NAME` prints one to
     size, its intra-node link between all of them; hpp plan notes it). slowdown (>= 1,
     emulated CPU devices only): compute is padded to slowdown x the measured time.
   A link is bytes/s (a number) or {"max_bytes_per_s": peak, "latency_s": s per message,
-    "fit_gb_per_s": [a, b, c]}: Sailor's measured fit, the bandwidth for one message of x
-    bytes is (a*L^2 + b*L + c) GB/s with L = log2(x / 1e6), capped at the peak (without a
-    fit, or where it is not positive: always the peak).
+    "fit_gb_per_s": [a, b, c], "aggregate": [...]}: Sailor's measured fit, the bandwidth for one
+    message of x bytes is (a*L^2 + b*L + c) GB/s with L = log2(x / 1e6), capped at the peak
+    (without a fit, or where it is not positive: always the peak). These are ONE flow's figures.
+    aggregate (optional): [{"flows": 4, "max_bytes_per_s": 6.04e9, "fit_gb_per_s": [a, b, c]}, ...]
+    the total bandwidth of k flows between two nodes at once (k devices of one node to k of the
+    other); flows leaving a node at once share it (linear between counts, flat above the largest).
+    Without it (and without nic_bytes_per_s) flows do not share: hpp plan says so. The bundled
+    types' measured links carry Sailor's k -> k figures; `hpp profile-network` measures yours.
+  nic_bytes_per_s (optional, per node; version 2 also links.nic_bytes_per_s {type: bytes/s}):
+    the node's network capacity, the total of all flows leaving it at once.
   latency_s (optional, default 1e-05): per-message latency of links given as numbers.
   format, version (1 or 2), name, description: optional. Unknown keys are refused.
   version 2: links per pair of node groups instead of one inter-node link:
@@ -70,33 +78,71 @@ cluster file (--cluster FILE; JSON; `hpp scenarios --cluster NAME` prints one to
 _TOP_KEYS = ("format", "version", "name", "description", "device_types", "nodes",
              "inter_node_bandwidth_bytes_per_s", "latency_s")
 _TOP_KEYS_V2 = ("format", "version", "name", "description", "device_types", "zones", "nodes", "links", "latency_s")
-_NODE_KEYS = ("device_type", "num_devices", "intra_node_bandwidth_bytes_per_s")
+_NODE_KEYS = ("device_type", "num_devices", "intra_node_bandwidth_bytes_per_s", "nic_bytes_per_s")
 _NODE_KEYS_V2 = _NODE_KEYS + ("zone",)
-_LINKS_KEYS = ("intra_node", "inter_node", "zones")
+_LINKS_KEYS = ("intra_node", "inter_node", "zones", "nic_bytes_per_s")
 _PAIR_KEYS = ("between", "link")
 _TYPE_KEYS = ("memory_bytes", "gpus_per_node", "slowdown")
-_LINK_KEYS = ("max_bytes_per_s", "latency_s", "fit_gb_per_s")
+_LINK_KEYS = ("max_bytes_per_s", "latency_s", "fit_gb_per_s", "aggregate")
+_AGGREGATE_KEYS = ("flows", "max_bytes_per_s", "fit_gb_per_s")
 #: Keys users write for a node's device count or type that difflib does not map well.
 _NODE_ALIASES = {"gpus": "num_devices", "num_gpus": "num_devices", "gpus_per_node": "num_devices",
                  "count": "num_devices", "devices": "num_devices", "n": "num_devices",
                  "type": "device_type", "gpu": "device_type", "gpu_type": "device_type"}
 
 
+def _fit_from(value: Mapping, *, source: str, field_name: str) -> tuple[float, float, float] | None:
+    fit = value.get("fit_gb_per_s")
+    if fit is not None and (not isinstance(fit, list) or len(fit) != 3
+                            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fit)):
+        raise HppInputError(f"fit_gb_per_s={fit!r}", source=source, field=f"{field_name}.fit_gb_per_s",
+                            fix="give three numbers [a, b, c]: (a*L^2 + b*L + c) GB/s at L = log2(bytes / 1e6)")
+    return None if fit is None else (float(fit[0]), float(fit[1]), float(fit[2]))
+
+
+def _aggregate_from(value: Any, *, source: str, field_name: str) -> tuple[AggregateFit, ...]:
+    """The ``aggregate`` list of a link object: checked entries, by increasing flow count."""
+    if not isinstance(value, list):
+        raise HppInputError(f"aggregate={str(value)[:60]}", source=source, field=field_name,
+                            fix='give a list [{"flows": K, "max_bytes_per_s": BYTES_PER_S}, ...]')
+    out = []
+    for k, e in enumerate(value):
+        where = f"{field_name}[{k}]"
+        if not isinstance(e, Mapping):
+            raise HppInputError(f"expected an object, got {str(e)[:60]}", source=source, field=where,
+                                fix='give {"flows": K, "max_bytes_per_s": BYTES_PER_S, "fit_gb_per_s": [a, b, c]}')
+        check_keys(e, _AGGREGATE_KEYS, source=source, where=f"{where}.")
+        for key in ("flows", "max_bytes_per_s"):
+            if key not in e:
+                raise HppInputError(f"no {key}", source=source, field=f"{where}.{key}",
+                                    fix="give the flow count (>= 2) and their total bandwidth in bytes/s")
+        flows, bw = e["flows"], e["max_bytes_per_s"]
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)):
+            raise HppInputError(f"max_bytes_per_s={bw!r}", source=source, field=f"{where}.max_bytes_per_s",
+                                fix="give the total bandwidth of the flows in bytes/s, > 0")
+        try:
+            out.append(AggregateFit(flows, float(bw), _fit_from(e, source=source, field_name=where)))
+        except HppInputError as exc:
+            raise HppInputError(exc.message, source=source, fix=exc.fix, field=f"{where}.{exc.field}") from None
+    counts = [a.flows for a in out]
+    if len(set(counts)) != len(counts):
+        raise HppInputError(f"flow counts {counts} repeat", source=source, field=field_name,
+                            fix="give each flow count once")
+    return tuple(sorted(out, key=lambda a: a.flows))
+
+
 def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: float) -> Link:
     if isinstance(value, Mapping):
         check_keys(value, _LINK_KEYS, source=source, where=f"{field_name}.")
-        fit = value.get("fit_gb_per_s")
-        if fit is not None and (not isinstance(fit, list) or len(fit) != 3
-                                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in fit)):
-            raise HppInputError(f"fit_gb_per_s={fit!r}", source=source, field=f"{field_name}.fit_gb_per_s",
-                                fix="give three numbers [a, b, c]: (a*L^2 + b*L + c) GB/s at L = log2(bytes / 1e6)")
+        fit = _fit_from(value, source=source, field_name=field_name)
+        aggregate = (_aggregate_from(value["aggregate"], source=source, field_name=f"{field_name}.aggregate")
+                     if "aggregate" in value else ())
     try:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return Link(float(value), default_latency_s)
         if isinstance(value, Mapping):
-            fit = value.get("fit_gb_per_s")
             return Link(float(value["max_bytes_per_s"]), float(value.get("latency_s", default_latency_s)),
-                        tuple(float(x) for x in fit) if fit is not None else None)  # type: ignore[arg-type]
+                        fit, aggregate)
     except HppInputError as exc:            # the Link's own check, named at the key it is about in an object
         raise HppInputError(exc.message, source=source, fix=exc.fix,
                             field=f"{field_name}.{exc.field}" if isinstance(value, Mapping) else field_name) from None
@@ -104,6 +150,13 @@ def _link_from(value: Any, *, source: str, field_name: str, default_latency_s: f
         pass
     raise HppInputError(f"bad link {value!r}", source=source, field=field_name,
                         fix="give bytes/s as a number > 0, or {\"max_bytes_per_s\": ..., \"fit_gb_per_s\": [a, b, c]}")
+
+
+def _nic_from(value: Any, *, source: str, field_name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise HppInputError(f"nic_bytes_per_s={value!r}", source=source, field=field_name,
+                            fix="give the node's network capacity in bytes/s, a number > 0")
+    return float(value)
 
 
 def _count(value: Any) -> bool:
@@ -183,13 +236,25 @@ def cluster_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> Cluste
             inter = _link_from(d["inter_node_bandwidth_bytes_per_s"], source=source,
                                field_name="inter_node_bandwidth_bytes_per_s", default_latency_s=latency)
             nodes = tuple(Node(dt, k, _link_from(intra, source=source, default_latency_s=latency,
-                                                 field_name=f"nodes[{i}].intra_node_bandwidth_bytes_per_s"))
+                                                 field_name=f"nodes[{i}].intra_node_bandwidth_bytes_per_s"),
+                               nic_bytes_per_s=_node_nic(d["nodes"][i], None, i, source=source))
                           for i, (dt, k, intra, _) in enumerate(raw_nodes))
             return Cluster(str(d.get("name", Path(source).stem)), types, nodes, inter)
         nodes, net, slowest = network_from_dict(d, raw_nodes, source=source, latency_s=latency)
         return Cluster(str(d.get("name", Path(source).stem)), types, nodes, slowest, net)
     except HppInputError as exc:
         raise exc.with_source(source) from None
+
+
+def _node_nic(nd: Mapping, by_type: Mapping | None, i: int, *, source: str) -> float:
+    """Node ``i``'s NIC capacity [bytes/s]: its own ``nic_bytes_per_s``, else its type's under
+    ``links.nic_bytes_per_s`` (``by_type``), else inf."""
+    if "nic_bytes_per_s" in nd:
+        return _nic_from(nd["nic_bytes_per_s"], source=source, field_name=f"nodes[{i}].nic_bytes_per_s")
+    t = nd.get("device_type")
+    if by_type and t in by_type:
+        return _nic_from(by_type[t], source=source, field_name=f"links.nic_bytes_per_s.{t}")
+    return math.inf
 
 
 def _node_fields(nd: Any, i: int, types: Mapping[str, DeviceType], version: int, *, source: str
@@ -234,6 +299,10 @@ def _link_to(link: Link) -> Any:
     out: dict[str, Any] = {"max_bytes_per_s": link.max_bytes_per_s, "latency_s": link.latency_s}
     if link.fit_gb_per_s is not None:
         out["fit_gb_per_s"] = list(link.fit_gb_per_s)
+    if link.aggregate:
+        out["aggregate"] = [{"flows": a.flows, "max_bytes_per_s": a.max_bytes_per_s}
+                            | ({"fit_gb_per_s": list(a.fit_gb_per_s)} if a.fit_gb_per_s is not None else {})
+                            for a in link.aggregate]
     return out
 
 
@@ -251,6 +320,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
                               "intra_node_bandwidth_bytes_per_s": _link_to(n.intra_node)}
         if n.zone is not None:
             nd["zone"] = n.zone
+        if n.nic_bytes_per_s != math.inf:
+            nd["nic_bytes_per_s"] = n.nic_bytes_per_s
         nodes.append(nd)
     if c.network is None:
         return out | {"nodes": nodes, "inter_node_bandwidth_bytes_per_s": _link_to(c.inter_node)}
@@ -351,15 +422,25 @@ def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, 
             out[key2] = link(e["link"], f"{where}.link")
         return out
 
+    nic_by_type = links.get("nic_bytes_per_s", {})
+    if not isinstance(nic_by_type, Mapping):
+        raise HppInputError("links.nic_bytes_per_s must be an object {device type: bytes/s}", source=source,
+                            field="links.nic_bytes_per_s", fix='e.g. {"A100-40": 2.5e10}')
+    for t in nic_by_type:
+        if t not in known:
+            raise HppInputError(f"unknown device type {t!r}", source=source, field=f"links.nic_bytes_per_s.{t}",
+                                fix=f"use one of {present}")
     inter = pairs("inter_node", known, "device type")
     zone_links = pairs("zones", set(zones), "zone")
     measured = [t for t in present if has_measurements(t)]
+    defaulted = []
     for i, a in enumerate(measured):
         for b in measured[i:]:
             if (a, b) not in inter:
                 got = default_pair_link(a, b, latency_s=latency_s)
                 if got is not None:
                     inter[(a, b)] = got
+                    defaulted.append(f"inter_node {a}-{b}")
     nodes = []
     for i, (t, k, own, zone) in enumerate(raw_nodes):
         if own is not None:
@@ -368,13 +449,19 @@ def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, 
             intra = link(intra_by_type[t], f"links.intra_node.{t}")
         elif has_measurements(t):
             intra = default_intra_node_link(t, k, latency_s=latency_s)
+            if f"intra_node {t}" not in defaulted:
+                defaulted.append(f"intra_node {t}")
         else:
             raise HppInputError(f"no intra-node link for device type {t!r} (no measurement to default to)",
                                 source=source, field=f"links.intra_node.{t}",
                                 fix=f'add "{t}": BYTES_PER_S under links.intra_node')
-        nodes.append(Node(t, k, intra, zone))
+        nodes.append(Node(t, k, intra, zone, _node_nic(d["nodes"][i], nic_by_type, i, source=source)))
     used = [l for (a, b), l in inter.items() if a in present and b in present]
     used += [l for (a, b), l in zone_links.items() if any(n.zone == a for n in nodes) and any(n.zone == b
                                                                                              for n in nodes)]
     slowest = _slowest(used) if used else nodes[0].intra_node
-    return tuple(nodes), NetworkLinks(MappingProxyType(inter), MappingProxyType(zone_links), tuple(zones)), slowest
+    used_pairs = {f"inter_node {a}-{b}" for (a, b) in inter if a in present and b in present and
+                  (a != b or sum(1 for n in nodes if n.device_type == a) > 1)}
+    defaulted = [x for x in defaulted if x.startswith("intra_node") or x in used_pairs]
+    return tuple(nodes), NetworkLinks(MappingProxyType(inter), MappingProxyType(zone_links), tuple(zones),
+                                      tuple(defaulted)), slowest

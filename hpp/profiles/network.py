@@ -20,6 +20,11 @@ Rules (documented choices):
   ordered pairs of the types, using the measured cross-type fit where the file has
   one (e.g. Titan-RTX <-> RTX-3090 is ~0.11 GB/s, far below either type's own
   2.8 GB/s) and otherwise the slower of the two types' own fits.
+- Concurrent flows: each inter-node link carries the measured aggregate figures of ``k -> k`` flows
+  (``[src][k][zone][dst][k]``, k = 2, 4 and for the RTX types 8) as
+  :class:`~hpp.profiles.cluster.AggregateFit` (the slower direction where both are measured), so
+  that flows leaving one node at once share it (:meth:`~hpp.profiles.cluster.Link.shared`): an
+  A100-40 node gives 2.42 GB/s to one flow and 6.04 GB/s to four in all.
 - Aliases: device types absent from the inter-node file use another type's fits
   (:data:`INTER_NODE_ALIASES`): ``A100-80 -> A100-40`` (same host family on GCP;
   Sailor's homogeneous ``multizone_bandwidths.json`` measures A100-80 at ~4.5 GB/s
@@ -39,7 +44,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.fileio import read_json
-from hpp.profiles.cluster import DEFAULT_LATENCY_S, Link, NetworkLinks, Node
+from hpp.profiles.cluster import DEFAULT_LATENCY_S, AggregateFit, Link, NetworkLinks, Node
 
 __all__ = ["default_intra_node_link", "default_inter_node_link", "default_pair_link", "default_network",
            "has_measurements", "network_table_from_sailor",
@@ -139,8 +144,29 @@ def _pick_count(measured: Iterable[int], num_devices: int) -> int:
     return below[-1] if below else ms[0]
 
 
-def _link(fit: _Fit, latency_s: float) -> Link:
-    return Link(max_bytes_per_s=fit[1], latency_s=latency_s, fit_gb_per_s=fit[0])
+def _link(fit: _Fit, latency_s: float, aggregate: tuple[AggregateFit, ...] = ()) -> Link:
+    return Link(max_bytes_per_s=fit[1], latency_s=latency_s, fit_gb_per_s=fit[0], aggregate=aggregate)
+
+
+def _aggregate(a: str, b: str) -> tuple[AggregateFit, ...]:
+    """The measured ``k -> k`` aggregate fits (k >= 2) between a node of inter-file type ``a`` and one of ``b``:
+    per count measured in either direction, the slower direction's (least peak).
+
+    Between two types, an entry that repeats that direction's ``1 -> 1`` fit exactly is a copy, not a
+    measurement (the file fills A100-40 / V100-16 <-> GH-96 at every count with the one-flow figure); a count
+    with no real measurement takes the slower of the two types' own ``k -> k`` figures (each node's network
+    caps its flows: the fallback rule of :func:`default_inter_node_link`)."""
+    _, inter = _bundled_table()
+    out = []
+    for k in sorted({n for src in (a, b) for n in inter[src] if n >= 2}):
+        fits = [inter[src][k][dst] for src, dst in ((a, b), (b, a)) if k in inter[src] and dst in inter[src][k]
+                and (a == b or inter[src].get(1, {}).get(dst) != inter[src][k][dst])]
+        if not fits and a != b:
+            fits = [inter[t][k][t] for t in (a, b) if k in inter[t] and t in inter[t][k]]
+        if fits:
+            fit = min(fits, key=lambda f: f[1])
+            out.append(AggregateFit(k, fit[1], fit[0]))
+    return tuple(out)
 
 
 def _check_count(num_devices: int, field: str) -> None:
@@ -213,9 +239,9 @@ def default_inter_node_link(device_types: Iterable[str], *, num_devices: int = 1
     if not names:
         raise HppInputError("no device types given", field="device_types", fix="give at least one device type")
     types = [_inter_name(t) for t in names]
-    slowest = min((_pair_fit(a, b, num_devices) or _fallback_fit(a, b, num_devices)
-                   for a, b in product(types, types)), key=lambda f: f[1])
-    return _link(slowest, latency_s)
+    fit, a, b = min(((_pair_fit(a, b, num_devices) or _fallback_fit(a, b, num_devices), a, b)
+                     for a, b in product(types, types)), key=lambda f: f[0][1])
+    return _link(fit, latency_s, _aggregate(a, b) if num_devices == 1 else ())
 
 
 def _inter_name(t: str) -> str:
@@ -283,7 +309,9 @@ def default_pair_link(type_a: str, type_b: str, *, fallback: bool = False,
     fit = _pair_fit(a, b, 1)
     if fit is None and fallback:
         fit = _fallback_fit(a, b, 1)
-    return None if fit is None else _link(fit, latency_s)
+        slower = a if _own_fit(a, 1) == fit else b
+        return _link(fit, latency_s, _aggregate(slower, slower))
+    return None if fit is None else _link(fit, latency_s, _aggregate(a, b))
 
 
 def has_measurements(device_type: str) -> bool:

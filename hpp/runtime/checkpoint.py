@@ -166,6 +166,26 @@ def _load_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer | None, sav
 # ----------------------------------------------------------------------------- save
 
 
+def _manifest(saved: Any, folder: Path, distributed: bool) -> dict[str, Any] | None:
+    """The file list of the checkpoint just written to ``folder`` (size and SHA-256 of every tensor file DCP's
+    metadata ``saved`` names, and of ``.metadata``; :func:`hpp.runtime.checkpoint_reader.file_manifest`) on rank 0,
+    None elsewhere. The ranks hash a share of the files each (collective)."""
+    from hpp.runtime.checkpoint_reader import DCP_METADATA_FILE, file_manifest
+    names = sorted({info.relative_path for info in (saved.storage_data or {}).values()})
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    mine = file_manifest(folder, names[rank::world])
+    parts: list[Any] = [None] * world
+    if distributed:
+        dist.all_gather_object(parts, mine)
+    else:
+        parts = [mine]
+    if rank != 0:
+        return None
+    out = {k: v for part in parts for k, v in part.items()}
+    out.update(file_manifest(folder, [DCP_METADATA_FILE]))
+    return out
+
+
 def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
                     scheduler: Any = None, model_name: str, num_layers: int,
                     extra: Mapping[str, Any] | None = None) -> Path:
@@ -211,7 +231,7 @@ def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer
     for name, _p, st in _optim_entries(module, optimizer):
         if name in chosen:
             state.update({f"{OPTIM_PREFIX}{name}.{k}": v for k, v in st.items()})
-    dcp_io("save", state, tmp)
+    files = _manifest(dcp_io("save", state, tmp), tmp, distributed)
     if rank == 0:
         groups = len(optimizer.param_groups) if optimizer is not None else 1
         meta = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model": model_name,
@@ -219,7 +239,7 @@ def save_checkpoint(root: str | Path, *, step: int, module: nn.Module, optimizer
                 "optimizer": type(optimizer).__name__ if optimizer is not None else None,
                 "scheduler": _scheduler_state(scheduler, groups) if scheduler is not None else None,
                 "rng": _rng_state(), "extra": dict(extra or {}),
-                "world_size": dist.get_world_size() if distributed else 1,
+                "world_size": dist.get_world_size() if distributed else 1, "files": files,
                 "torch_version": torch.__version__, "saved_unix_s": time.time()}
         write_synced(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
         old = root / f".old-step-{step}-{os.getpid()}"

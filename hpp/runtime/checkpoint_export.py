@@ -93,9 +93,12 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str | N
     state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
              for k, m in stored_entries(p).items() if k.startswith(MODEL_PREFIX)}
     import torch.distributed.checkpoint as dcp   # here, not on top: 2-3.5 s to import (-X importtime)
+    from hpp.runtime.checkpoint_reader import CheckedFileSystemReader, check_files
+    if meta.get("files"):
+        check_files(p, meta["files"])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(p), no_dist=True)   # one process, even inside a group
+        dcp.load(state, storage_reader=CheckedFileSystemReader(p), no_dist=True)   # one process, even inside a group
     tensors = {k[len(MODEL_PREFIX):]: v.to(dtype).contiguous() for k, v in sorted(state.items())}
     tmp = out.with_name(out.name + ".tmp")
     try:

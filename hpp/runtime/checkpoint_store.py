@@ -135,9 +135,16 @@ def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
 
 
 def stored_entries(path: Path) -> Mapping[str, Any]:
-    """DCP's metadata of each stored key (``TensorStorageMetadata``: size, dtype, chunks) of checkpoint ``path``."""
-    import torch.distributed.checkpoint as dcp   # here, not on top: 2-3.5 s to import (-X importtime)
-    return dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    """DCP's metadata of each stored key (``TensorStorageMetadata``: size, dtype, chunks) of checkpoint ``path``,
+    read with only DCP's metadata classes admitted (:func:`hpp.runtime.checkpoint_reader.read_dcp_metadata`).
+
+    Raises
+    ------
+    HppInputError
+        A damaged ``.metadata`` or one that names anything else (naming the file).
+    """
+    from hpp.runtime.checkpoint_reader import DCP_METADATA_FILE, read_dcp_metadata   # lazy: torch DCP, 2-3.5 s
+    return read_dcp_metadata(Path(path) / DCP_METADATA_FILE).state_dict_metadata
 
 
 def is_distributed() -> bool:
@@ -145,15 +152,24 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def dcp_io(op: str, state: dict[str, Any], path: Path) -> None:
-    """``dcp.save`` / ``dcp.load`` of ``state`` at ``path``; in one process when no process group is up."""
+def dcp_io(op: str, state: dict[str, Any], path: Path) -> Any:
+    """``dcp.save`` / ``dcp.load`` of ``state`` at ``path``; in one process when no process group is up. Loads
+    read through :class:`hpp.runtime.checkpoint_reader.CheckedFileSystemReader` (no code from the checkpoint runs;
+    a damaged file is named). Returns ``dcp.save``'s global ``Metadata`` (every rank's), None for a load."""
     import torch.distributed.checkpoint as dcp   # here, not on top: 2-3.5 s to import (-X importtime)
+    from hpp.runtime.checkpoint_reader import CheckedFileSystemReader
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         if op == "save":
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=not is_distributed())
-        else:
-            dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not is_distributed())
+            return dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=not is_distributed())
+        try:
+            dcp.load(state, storage_reader=CheckedFileSystemReader(path), no_dist=not is_distributed())
+        except dcp.api.CheckpointException as exc:    # DCP wraps every rank's error: surface the reader's one line
+            inner = next((e for e, _trace in exc.failures.values() if isinstance(e, HppInputError)), None)
+            if inner is None:
+                raise
+            raise inner from None
+        return None
 
 
 def write_synced(path: Path, text: str) -> None:

@@ -18,6 +18,7 @@ from typing import Sequence
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.runtime.processes import RunInterrupted, interrupt_signals
+from hpp.wording import count
 
 __all__ = ["run_main", "profile_main", "main", "few_steps_note"]
 
@@ -65,6 +66,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="first steps left out of the timing median (not LR warm-up: see --lr-warmup-steps; "
                         "default 1)")
     p.add_argument("--world-size", type=int, help="refuse unless the plan has exactly this many devices")
+    p.add_argument("--allow-over-memory", action="store_true",
+                   help="run a plan that the cost model predicts not to fit its devices' memory (default: refused, "
+                        "exit 2, naming the stage and the shortfall; the report's notes say when this was given)")
     p.add_argument("--seed", type=int, help="initialisation and data seed (default 0; on --resume the checkpoint's)")
     p.add_argument("--group-timeout", type=float, default=120.0, help="process-group timeout [s]")
     p.add_argument("--run-timeout", type=float, default=1800.0,
@@ -129,7 +133,8 @@ def _human_run(rep: dict) -> str:
     part = (f"; host {hosts['node_rank']} of {hosts['nnodes']}: this host's ranks' share of the global loss"
             if (hosts.get("nnodes") or 1) > 1 else "")
     joined = "; those this host's ranks joined" if part else ""
-    lines = [f"hpp run {rep['plan']}: model {rep['model']}, {rep['world_size']} ranks, {rep['steps']} steps "
+    lines = [f"hpp run {rep['plan']}: model {rep['model']}, {count(rep['world_size'], 'rank')}, "
+             f"{count(rep['steps'], 'step')} "
              f"({rep['launcher']}, emulate-speed {'on' if rep['emulate_speed'] else 'off'}, {rep.get('dtype')}, "
              f"{tr.get('optimizer')} lr {tr.get('lr')})",
              f"  iteration time   measured {m['iteration_time_s']:.4f} s (median after warm-up)   predicted {pred}",
@@ -139,7 +144,8 @@ def _human_run(rep: dict) -> str:
              + (f"   predicted {pr['throughput_samples_per_s']:.2f} samples/s"
                 if pr.get("throughput_samples_per_s") is not None else ""),
              f"  loss             {_fmt(m.get('loss'), '.4f')} (last step{part})   MFU {_fmt(m.get('mfu'), '.2%')}",
-             f"  grad all-reduce  {c['count']} per step, {c['bytes']} bytes ({c['mode']}, {c['num_blocks']} blocks"
+             f"  grad all-reduce  {c['count']} per step, {count(c['bytes'], 'byte')} ({c['mode']}, "
+             f"{count(c['num_blocks'], 'block')}"
              f"{joined})",
              f"  rank pipe stage  tp device          layers   rec   #mb  {'peak_RSS_MB' if on_cpu else 'peak_mem_MB'}"
              f"  pred_mem_MB  compute_s  padding_s"]
@@ -165,10 +171,27 @@ def _human_run(rep: dict) -> str:
 
 
 def _verify_line(v: dict) -> str:
-    tail = f"; {len(v['missing'])} parameter(s) saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
-    return (f"verify: max |difference| {v['max_abs_difference']:.3g} over {v['num_parameters']} parameters "
-            f"({v['num_copies']} copies on the ranks; tolerance {v['tolerance']:g}): "
+    """The ``verify:`` line (the per-step check, which decides) and, under it, the free-running comparison."""
+    tail = f"; {count(len(v['missing']), 'parameter')} saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
+    if v["steps_checked"] < v["steps"]:
+        tail += f"; only {v['steps_checked']} of {count(v['steps'], 'step')} were checked"
+    step_name = lambda k: "the initial parameters" if k == 0 else f"step {k}"  # noqa: E731
+    where = "" if v.get("worst_step") is None else f"; worst: {step_name(v['worst_step'])}"
+    if v.get("first_failed_step") is not None:
+        where += f"; first above the tolerance: {step_name(v['first_failed_step'])}"
+    line = (f"verify: max |difference| {v['max_abs_difference']:.3g} over {count(v['num_parameters'], 'parameter')} "
+            f"({count(v['num_copies'], 'copy', 'copies')} on the ranks; each of {count(v['steps'], 'step')} against "
+            f"one single-device step from the run's state before it{where}; tolerance {v['tolerance']:g}): "
             f"{'ok' if v['passed'] else 'FAILED'}{tail}")
+    free = v.get("free_running_difference")
+    if free is None:
+        return line
+    line += f"\nverify: free-running, the final parameters differ from single-device training by {free:.3g}"
+    if v.get("reordered_difference") is not None:
+        line += (f"; single-device training differs from itself by {v['reordered_difference']:.3g} when each "
+                 "batch's samples are only summed in reverse order (float64 training amplifies rounding over "
+                 "many steps, which is why each step is checked from the run's own state)")
+    return line
 
 
 def run_main(argv: Sequence[str] | None = None) -> int:
@@ -246,7 +269,8 @@ def _run(args: argparse.Namespace, run_plan) -> dict:
                     rdzv_endpoint=args.rdzv_endpoint, node_map=args.node_map,
                     emulate_node_type=args.emulate_node_type, save=args.save, save_every=args.save_every,
                     resume=args.resume, lr_total_steps=args.lr_total_steps, log_dir=args.log_dir,
-                    dry_run=args.dry_run, host_calibration=args.host_calibration).to_dict()
+                    dry_run=args.dry_run, host_calibration=args.host_calibration,
+                    allow_over_memory=args.allow_over_memory).to_dict()
 
 
 def _profile_parser() -> argparse.ArgumentParser:

@@ -31,6 +31,9 @@ must therefore be zeroed in place (``zero_grad(set_to_none=False)``).
 
 A pipeline with zero micro-batches never fires a hook; :meth:`GradSync.finish`
 launches its buckets with the zero gradients it holds.
+
+``begin_step(n, skip=True)`` leaves one step unsynchronised (each rank keeps its own
+gradients): the control that ``--verify`` must catch however late it happens.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from hpp.runtime.gradsync_units import Entry, SyncUnit
 from hpp.runtime.stage import StageModule
 from hpp.runtime.tensor_parallel import local_tensor
 
-__all__ = ["CollectiveStats", "Bucket", "GradSync"]
+__all__ = ["CollectiveStats", "Bucket", "GradSync", "broadcast_initial_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +131,7 @@ class GradSync:
         self.stats = CollectiveStats()
         self._expected = 0
         self._next = 0
+        self._skip = False
         self.buckets: list[Bucket] = []
         keyed: list[tuple[tuple, Bucket]] = []
         for u in units:
@@ -195,9 +199,13 @@ class GradSync:
             offset += loc.numel()
         b.views = True
 
-    def begin_step(self, num_micro_batches: int) -> None:
-        """Reset for a step in which this stage runs ``num_micro_batches`` backward passes."""
+    def begin_step(self, num_micro_batches: int, *, skip: bool = False) -> None:
+        """Reset for a step in which this stage runs ``num_micro_batches`` backward passes.
+
+        ``skip``: the control: no all-reduce this step (every rank must skip the same step).
+        """
         self._expected = num_micro_batches
+        self._skip = skip
         self._next = 0
         self._count = {}
         self.stats = CollectiveStats()
@@ -207,6 +215,8 @@ class GradSync:
                 b.flat = None
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
+        if self._skip:
+            return
         c = self._count.get(id(p), 0) + 1
         self._count[id(p)] = c
         if c == self._expected:
@@ -253,6 +263,8 @@ class GradSync:
 
     def finish(self) -> None:
         """Launch what backward did not, wait for everything, write the sums back where they are copies."""
+        if self._skip:
+            return
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next], async_op=not self.naive)
             self._next += 1
@@ -273,3 +285,48 @@ class GradSync:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def broadcast_initial_parameters(units: list[SyncUnit], groups: dict[tuple[int, ...], dist.ProcessGroup], *,
+                                 rank: int) -> int:
+    """Make every copy of every parameter slice this rank syncs equal to the copy of the lowest rank that holds it,
+    before the first step (DDP broadcasts the initial parameters from rank 0 alike).
+
+    The same slices and rank sets as the gradients' (:func:`hpp.runtime.gradsync_units.sync_units`): each set's
+    lowest rank contributes its values, the others zeros, and one SUM all-reduce per rank set and dtype leaves the
+    lowest rank's values everywhere (exactly: x + 0 = x). Units in their global order (:class:`GradSync`'s), so
+    ranks that share several groups never wait on each other crosswise. A model that draws its weights from
+    ``(seed, index)`` alone, as the protocol asks, is left as it was; one that does not (numpy's or Python's RNG)
+    would otherwise start its replicas from different weights, and they would never agree.
+
+    Returns
+    -------
+    int
+        Parameter elements this rank took part in syncing.
+    """
+    done = 0
+    with torch.no_grad():
+        for u in sorted(units, key=lambda u: u.order):
+            sets = u.groups.rank_sets()
+            by_key: dict[tuple[int, str], list[Entry]] = {}
+            for _layer, e, s in u.entries:
+                by_key.setdefault((s, str(e.param.dtype)), []).append(e)
+            for (s, _dtype), entries in sorted(by_key.items()):
+                ranks = sets[s]
+                slices = [_param_slice(e) for e in entries]
+                flat = torch.cat([x.reshape(-1) for x in slices])
+                if rank != min(ranks):
+                    flat.zero_()
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=groups.get(ranks))
+                offset = 0
+                for x in slices:
+                    x.copy_(flat[offset:offset + x.numel()].view(x.shape))
+                    offset += x.numel()
+                done += flat.numel()
+    return done
+
+
+def _param_slice(e: Entry) -> torch.Tensor:
+    """The local values of ``e``'s slice of its parameter (a view: writing it writes the parameter)."""
+    p = local_tensor(e.param)
+    return p if e.dim is None else p.narrow(e.dim, e.start, e.length)

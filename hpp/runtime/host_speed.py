@@ -52,6 +52,7 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.profiler import measure_layer
 from hpp.runtime.zoo import load_runtime_model
+from hpp.wording import count
 
 __all__ = ["HostSpeed", "calibrate_host_speed", "bracket", "reference_of", "probe_reference_s", "PROBE_BUDGET_S"]
 
@@ -237,7 +238,7 @@ def calibrate_host_speed(profile: ModelProfile | None, *, device: str = "cpu", m
     cpu_time = str(profile.meta["clock"]).startswith("thread_time")
     warmup, repeats = _counts(profile, base, layer, max(1, rounds), budget_s)
     reference = (f"{profile.model} layer {layer} ({base}, tp 1, mb 1) forward+backward, "
-                 f"{'CPU time of the compute thread' if cpu_time else 'wall time'}, {threads} thread(s), "
+                 f"{'CPU time of the compute thread' if cpu_time else 'wall time'}, {count(threads, 'thread')}, "
                  f"median of {repeats} after {warmup} warm-up")
     if (warmup, repeats) != (int(profile.meta["warmup"]), int(profile.meta["repeats"])):
         reference += f" (the profile's {profile.meta['warmup']} + {profile.meta['repeats']} cut to fit the probe)"

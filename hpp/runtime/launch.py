@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from hpp.fileio import write_atomic
 from hpp.runtime.processes import INTERRUPT_GRACE_S, die_with_parent, free_port, kill_tree, libc_prctl
-from hpp.runtime.worker import WorkerConfig, config_to_json, worker_main, write_atomic
+from hpp.runtime.worker import WorkerConfig, config_to_json, worker_main
+from hpp.wording import count
 
 __all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "host_label", "POLL_INTERVAL_S"]
 
@@ -142,12 +144,13 @@ class LaunchResult:
         if self.timed_out:
             done = sum(r is not None for r in self.results)
             return (f"the run timed out after {self.timeout_s:g} s (--run-timeout) and every rank{where} was "
-                    f"killed; {done} of {len(self.results)} rank(s) had finished")
+                    f"killed; {done} of {count(len(self.results), 'rank')} had finished")
         failed = self.failed_ranks()
         codes = ", ".join(f"rank {r}: {self._code(r)}" for r in failed)
         others = [e.strip() for e in self.errors if e]
-        tail = f"; {len(others)} rank(s) aborted, e.g. {others[0]}" if others else ""
-        return f"rank(s) {failed} failed ({codes}){where}{tail}"
+        tail = f"; {count(len(others), 'rank')} aborted, e.g. {others[0]}" if others else ""
+        who = f"rank {failed[0]}" if len(failed) == 1 else f"ranks {failed}"
+        return f"{who} failed ({codes}){where}{tail}"
 
 
 def _collect(out_dir: Path, ranks: Sequence[int], codes: Sequence[int | None], wall_s: float, *,

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TextIO
 
+from hpp.wording import count
+
 __all__ = ["PEAK_FLOPS_PER_S", "peak_flops_per_s", "plan_peak_flops_per_s", "StepMetrics", "aggregate_step",
            "format_step", "StepMonitor", "read_steps_jsonl"]
 
@@ -175,7 +177,7 @@ def format_step(m: StepMetrics, *, steps: int) -> str:
     mfu = f"{100 * m.mfu:.2f}%" if m.mfu is not None else "n/a"
     return (f"step {m.step}/{steps}  loss {loss}  time {m.step_time_s:.4f} s  {m.samples_per_s:.1f} samples/s  "
             f"{m.tokens_per_s:.0f} tokens/s  MFU {mfu}  peak mem {m.peak_memory_bytes / 2**20:.1f} MiB "
-            f"(max of {len(m.peak_memory_bytes_per_rank)} ranks)")
+            f"(max of {count(len(m.peak_memory_bytes_per_rank), 'rank')})")
 
 
 def read_steps_jsonl(path: Path) -> list[dict[str, Any]]:

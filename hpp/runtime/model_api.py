@@ -48,7 +48,7 @@ from torch import nn
 from hpp.errors import HppInputError
 
 __all__ = ["IGNORE_INDEX", "TP_STYLES", "ModelSpec", "RuntimeModel", "PROTOCOL_MEMBERS", "check_protocol",
-           "check_tp_degree", "synthetic_batch", "layer_generator"]
+           "check_tp_degree", "synthetic_batch", "layer_seed", "layer_generator"]
 
 #: Target value of positions that carry no loss (padding).
 IGNORE_INDEX = -100
@@ -157,9 +157,15 @@ def check_tp_degree(spec: ModelSpec, tp_degree: int, *, field: str = "tp_degree"
                                 fix=f"plan with a TP degree that divides {n} (hpp plan --max-tp)")
 
 
+def layer_seed(seed: int, layer: int) -> int:
+    """The seed of layer ``layer``'s initial parameters (:func:`layer_generator`, and torch's default generator while
+    the runtime builds the layer: :func:`hpp.runtime.stage.build_layer`)."""
+    return seed * _SEED_STRIDE + layer
+
+
 def layer_generator(seed: int, layer: int) -> torch.Generator:
     """The CPU generator layer ``layer`` draws its initial parameters from (same on every rank)."""
-    return torch.Generator().manual_seed(seed * _SEED_STRIDE + layer)
+    return torch.Generator().manual_seed(layer_seed(seed, layer))
 
 
 def synthetic_batch(step: int, *, seed: int, global_batch_size: int, seq_len: int,

@@ -8,6 +8,10 @@ outright (SIGKILL) cannot clean up, so its children are bound to it: the torchru
 (and each forked rank, and each torchrun worker) gets a parent-death signal (Linux
 ``prctl(PR_SET_PDEATHSIG)``, :func:`die_with_parent`).
 
+Scratch folders: each run's ranks write their results into a temporary folder named after the launcher's pid
+(:func:`run_dir_prefix`); a launcher killed outright leaves its folder behind, so every launcher first removes
+the folders of launchers that are gone (:func:`remove_stale_run_dirs`).
+
 A run that outlives its time limit is ended whole: :func:`kill_tree` finds the
 torchrun agent and every worker it started through ``/proc`` (each worker runs in its
 own session, so killing the agent's process group alone would leave them running) and
@@ -26,8 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from hpp.wording import count
+
 __all__ = ["RunInterrupted", "interrupt_signals", "libc_prctl", "die_with_parent", "free_port", "descendants",
-           "kill_tree", "INTERRUPT_GRACE_S"]
+           "kill_tree", "INTERRUPT_GRACE_S", "RUN_DIR_PREFIX", "run_dir_prefix", "remove_stale_run_dirs"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +41,56 @@ logger = logging.getLogger(__name__)
 _TERM_GRACE_S = 5.0
 #: Seconds the run's processes get after SIGTERM on Ctrl-C / SIGTERM before they are killed.
 INTERRUPT_GRACE_S = 3.0
+
+#: Start of the name of every run's scratch folder (then the launcher's pid, then tempfile's random part).
+RUN_DIR_PREFIX = "hpp-run-"
+
+
+def run_dir_prefix(pid: int | None = None) -> str:
+    """``hpp-run-<pid>-``: the prefix of the scratch folder of the launcher ``pid`` (default: this process)."""
+    return f"{RUN_DIR_PREFIX}{os.getpid() if pid is None else pid}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale_run_dirs(parent: str | Path | None = None) -> list[Path]:
+    """Remove the scratch folders under ``parent`` (default: the system's temporary folder) of launchers that are
+    gone: named ``hpp-run-<pid>-...`` (:func:`run_dir_prefix`), owned by this user, and ``pid`` not running (a
+    recycled pid keeps a folder until that process ends too). Returns the folders removed.
+
+    Folders named otherwise (an older hpp's ``hpp-run-<random>``) are left alone: nothing says whose they are.
+    """
+    import shutil
+    import tempfile
+    root = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    removed = []
+    try:
+        children = list(root.glob(f"{RUN_DIR_PREFIX}*-*"))
+    except OSError:
+        return []
+    for d in children:
+        pid = d.name[len(RUN_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            mine = d.is_dir() and d.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if not (pid.isdigit() and mine) or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    if removed:
+        logger.info("removed %s of ended runs: %s", count(len(removed), "scratch folder"),
+                    ", ".join(map(str, removed)))
+    return removed
+
 
 class RunInterrupted(BaseException):
     """SIGINT or SIGTERM reached the launcher (raised by :func:`interrupt_signals`'s handler).

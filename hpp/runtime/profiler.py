@@ -47,7 +47,7 @@ from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import save_profile
 from hpp.runtime.model_api import RuntimeModel, check_protocol
 from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.zoo import canonical_model_name, load_runtime_model
+from hpp.runtime.zoo import canonical_model_name, load_runtime_model, portable_model_spec
 
 __all__ = ["profile_model", "scale_profile", "dilate_profile", "write_profile", "measure_layer", "resolve_model"]
 
@@ -137,8 +137,8 @@ def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel
     """``(runtime model, the name to record)``: a zoo name or ``MODULE:FUNCTION``, a legacy config or a model.
 
     The recorded name is what :func:`hpp.runtime.zoo.load_runtime_model` loads the model
-    from again (the canonical zoo name, or the ``MODULE:FUNCTION`` string), or the model's
-    ``spec.name`` for an object.
+    from again (the canonical zoo name, or the ``MODULE:FUNCTION`` string, a file path made absolute:
+    :func:`hpp.runtime.zoo.portable_model_spec`), or the model's ``spec.name`` for an object.
 
     Raises
     ------
@@ -149,7 +149,7 @@ def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel
         return LegacyGPT(model), model.name
     if isinstance(model, str):
         loaded = load_runtime_model(model)
-        return loaded, canonical_model_name(model) or model.strip()
+        return loaded, canonical_model_name(model) or portable_model_spec(model)
     obj = check_protocol(model, source=type(model).__name__)
     return obj, obj.spec.name
 

@@ -13,8 +13,10 @@ the plan's device count.
 
 While the ranks run, :class:`hpp.runtime.metrics.StepMonitor` prints one line per
 step (loss, samples/s, tokens/s, MFU, peak memory) and writes ``--metrics-jsonl``.
-``verify`` runs in float64 and compares every rank's parameters after the last
-step with single-device training on the same global batches
+``verify`` runs in float64 and compares every step with one single-device step from the
+run's own state before it (:mod:`hpp.runtime.verify_steps`: float64 training is chaotic over
+hundreds of steps, each step is not), and reports beside it the free-running difference
+of the final parameters from single-device training on the same global batches
 (:func:`hpp.runtime.reference.train_single_device`).
 
 Measured iteration time of a step = the slowest rank's time from the common
@@ -53,6 +55,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hpp.errors import HppInputError
+from hpp.fileio import write_atomic
 from hpp.plan import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
@@ -62,16 +65,18 @@ from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
 from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, peak_flops_per_s, plan_peak_flops_per_s
-from hpp.runtime.model_api import RuntimeModel
-from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
+from hpp.runtime.processes import remove_stale_run_dirs, run_dir_prefix
+from hpp.runtime.reference import verify_run
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
-from hpp.runtime.run_checks import check_host_memory, check_png_path
+from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
-from hpp.runtime.worker import WorkerConfig, config_to_json, write_atomic
+from hpp.runtime.host_agreement import hosts_disagree_error
+from hpp.runtime.worker import WorkerConfig, config_to_json
+from hpp.wording import count, noun
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",
            "check_host_capacity", "default_time_scale", "MAX_RANKS_PER_CORE"]
@@ -111,7 +116,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
              emulate_node_type: str | None = None, save: str | Path | None = None, save_every: int = 0,
              resume: str | Path | None = None, lr_total_steps: int | None = None,
              log_dir: str | Path | None = None, dry_run: str | Path | None = None,
-             host_calibration: bool = True) -> RunReport:
+             host_calibration: bool = True, allow_over_memory: bool = False) -> RunReport:
     """Execute the plan in ``plan_path`` for ``steps`` optimizer steps and report measured vs predicted.
 
     Parameters
@@ -157,6 +162,9 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         CPU: predict at this host's speed (:func:`hpp.runtime.host_speed.calibrate_host_speed`, a probe of
         under 2 s on this host before the run and one after it, :func:`~hpp.runtime.host_speed.bracket`);
         False: the profile's times as measured.
+    allow_over_memory : bool
+        Run a plan that the cost model predicts not to fit its devices' memory (``--allow-over-memory``; the
+        report's notes say so). Default: refused (:func:`hpp.runtime.run_checks.check_device_memory`).
 
     Raises
     ------
@@ -174,17 +182,18 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     plan, cluster, profile = load_run_inputs(plan_path)
     rank_roles(plan)                                  # layouts the runtime cannot execute are refused here
     if world_size is not None and world_size != plan.num_devices:
-        raise HppInputError(f"the plan has {plan.num_devices} devices but the world size is {world_size}",
+        raise HppInputError(f"the plan has {count(plan.num_devices, 'device')} but the world size is {world_size}",
                             source=str(plan_path), field="pipelines", fix=f"launch {plan.num_devices} ranks")
     share = host_share(plan, cluster, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                        node_map=node_map, emulate_node_type=emulate_node_type, device=device, launcher=launcher)
     check_host_capacity(len(share.ranks), device=device, per_core=MAX_RANKS_PER_CORE)
+    over_memory = check_device_memory(plan, cluster, profile, source=str(plan_path), allow=allow_over_memory)
     check_host_memory(plan, cluster, profile, share.ranks, device=device)      # before building the model
     check_png_path(timeline)
     rt = resolve_run_model(plan, profile, model, source=str(plan_path))
     spec = rt.spec
     model_name = model_source(plan, profile, model)             # what every rank loads
-    notes: list[str] = []
+    notes: list[str] = [over_memory] if over_memory else []
     meta = check_resume(resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=optimizer) \
         if resume is not None else None
     start = int(meta["step"]) if meta is not None else 0
@@ -234,7 +243,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         notes.append(f"the plan says sequence length {plan.sequence_length}; the runtime's {spec.name} uses "
                      f"{spec.seq_len}")
     if warmup_steps >= steps:
-        notes.append(f"{steps} step(s) <= warm-up {warmup_steps}: the median includes warm-up steps")
+        notes.append(f"{count(steps, 'step')} <= warm-up {warmup_steps}: the median includes warm-up steps")
     if not share.whole:
         notes.append(f"host {share.node_rank} of {share.nnodes} (plan node {share.nodes[0]}) runs ranks "
                      f"{list(share.ranks)}: times, loss, memory{' and verify' if verify else ''} cover these ranks")
@@ -251,7 +260,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                        training=asdict(training), data=data_desc, steps=steps, warmup_steps=warmup_steps, seed=seed,
                        dtype=run_dtype, optimizer=training.optimizer, lr=training.lr, naive_allreduce=naive_allreduce,
                        slowdown=slowdown, time_scale=scale, device=device, timeout_s=group_timeout_s,
-                       num_threads=num_threads, save_params=verify,
+                       num_threads=num_threads, save_params=verify, verify_steps=verify,
                        **_worker_fields(share, save_dir=save_dir, save_every=save_every,
                                         resume=meta["path"] if meta is not None else None,
                                         emulate_node_type=emulate_node_type),
@@ -270,7 +279,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     verified = None
     speed_before = calibrate_host_speed(profile, device=device, model=rt) if host_calibration else None
     logs = Path(log_dir) if log_dir is not None else None
-    with tempfile.TemporaryDirectory(prefix="hpp-run-", dir=out_dir) as tmp:
+    remove_stale_run_dirs(out_dir)                    # those of launchers killed outright (kill -9)
+    with tempfile.TemporaryDirectory(prefix=run_dir_prefix(), dir=out_dir) as tmp:
         monitor = StepMonitor(Path(tmp), ranks=share.ranks, first_step=start, steps=steps,
                                    global_batch_size=plan.global_batch_size, seq_len=spec.seq_len,
                                    peak_flops_per_s=peak, jsonl=jsonl, quiet=not progress)
@@ -292,13 +302,17 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
             if save_dir is not None and 0 in share.ranks and (res is None or not res.ok):
                 removed = clean_partial_checkpoints(save_dir)
                 if removed:
-                    logger.warning("removed unfinished checkpoint(s) %s from %s", ", ".join(removed), save_dir)
+                    logger.warning("removed %s %s from %s", noun(len(removed), "unfinished checkpoint"),
+                                   ", ".join(removed), save_dir)
         if not res.ok:
+            disagree = next((m for m in map(hosts_disagree_error, res.errors) if m), None)
+            if disagree is not None:                  # bad input only the hosts together could see: exit 2
+                raise HppInputError(disagree)
             raise RunFailedError(failure_line(res, share, plan, cluster, steps_seen=len(monitor.metrics),
                                               log_dir=log_dir))
         if verify:
-            verified = _verify(rt, Path(tmp), share.ranks, source=source, steps=start + steps, seed=seed,
-                               training=training, whole=share.whole)
+            verified = verify_run(rt, Path(tmp), share.ranks, res.results, source=source, first_step=start,
+                                  steps=steps, seed=seed, training=training, whole=share.whole, num_threads=num_threads)
     measured, collectives, ranks = summarise_run(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                                  steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
@@ -364,15 +378,3 @@ def _worker_fields(share: Any, *, save_dir: Path | None, save_every: int, resume
     if resume is not None:
         out["resume"] = str(Path(resume).resolve())
     return out
-
-
-def _verify(rt: RuntimeModel, out_dir: Path, ranks: Sequence[int], *, source: Any, steps: int, seed: int,
-            training: Any, whole: bool = True) -> VerifyResult:
-    """The ranks' saved parameters against single-device float64 training of ``steps`` steps
-    (:mod:`hpp.runtime.reference`); ``whole`` False (one host of several): only the names these ranks hold."""
-    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
-    ref = train_single_device(rt, source=source, steps=steps, seed=seed, training=training, dtype=torch.float64)
-    if not whole:
-        held = {name for params in rank_params for name in params}
-        ref = {k: v for k, v in ref.items() if k in held}
-    return verify_against(rank_params, ref)

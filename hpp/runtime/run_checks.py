@@ -13,8 +13,9 @@ from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.layout import rank_roles
+from hpp.validate import check_fits_memory
 
-__all__ = ["mem_available_bytes", "check_host_memory", "check_png_path"]
+__all__ = ["mem_available_bytes", "check_host_memory", "check_device_memory", "check_png_path"]
 
 
 def mem_available_bytes() -> float | None:
@@ -56,6 +57,32 @@ def check_host_memory(plan: Plan, cluster: Cluster, profile: ModelProfile | None
                             f"predicted peaks on {types}) but the host has {avail / 2**30:.1f} GiB available",
                             field="pipelines", fix="plan a model and cluster this host can hold (e.g. hpp plan "
                             "--scenario cpu-hetero-4), or run the plan on its GPUs (--device cuda)")
+
+
+def check_device_memory(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, source: str,
+                        allow: bool = False) -> str | None:
+    """Refuse a run of a plan that the cost model predicts not to fit its devices' memory (the plan's device types'
+    capacities, as ``hpp estimate`` checks them: :func:`hpp.validate.check_fits_memory`), unless ``allow``
+    (``--allow-over-memory``).
+
+    Returns
+    -------
+    str or None
+        The note to print when ``allow`` lets an over-full plan run; None when it fits or cannot be predicted (no
+        profile, or a profile without the plan's entries).
+
+    Raises
+    ------
+    HppInputError
+        Some stage does not fit and ``allow`` is False (names the stage, its devices and the shortfall).
+    """
+    if profile is None:
+        return None
+    try:
+        est = estimate_plan(plan, cluster, profile)
+    except HppInputError:                                     # a profile without this plan's entries: not checked
+        return None
+    return check_fits_memory(est, plan, source=source, allow=allow)
 
 
 def check_png_path(path: str | Path | None, *, flag: str = "--timeline") -> Path | None:

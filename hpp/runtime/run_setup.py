@@ -40,10 +40,11 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
 from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
 from hpp.runtime.checkpoint_store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
-                                          read_checkpoint_meta)
+                                          read_checkpoint_meta, stored_entries)
 from hpp.runtime.model_api import RuntimeModel, check_tp_degree
 from hpp.runtime.training import TrainingConfig
-from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model
+from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model, portable_model_spec
+from hpp.wording import count
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
            "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
@@ -78,13 +79,15 @@ def check_host_capacity(world_size: int, *, device: str, cpu_count: int | None =
     if device == "cuda":
         n = torch.cuda.device_count()
         if world_size > n:
-            raise HppInputError(f"the plan needs {world_size} devices but this host has {n} CUDA device(s)",
+            raise HppInputError(f"the plan needs {count(world_size, 'device')} but this host has "
+                                f"{count(n, 'CUDA device')}",
                                 field="pipelines", fix="run on a host with enough GPUs or plan for fewer devices")
         return
     cores = cpu_count or os.cpu_count() or 1
     limit = per_core * cores
     if world_size > limit:
-        raise HppInputError(f"the plan needs {world_size} devices but this host can run at most {limit} CPU ranks "
+        raise HppInputError(f"the plan needs {count(world_size, 'device')} but this host can run at most "
+                            f"{count(limit, 'CPU rank')} "
                             f"({per_core} per core x {cores} cores)", field="pipelines",
                             fix="plan for fewer devices or run on a larger host")
 
@@ -96,9 +99,10 @@ def _names_match(plan_model: str, model_arg: str | None, spec_name: str) -> bool
 
 
 def model_source(plan: Plan, profile: ModelProfile | None, model: str | None) -> str:
-    """What to load the run's model from (see :func:`resolve_run_model`)."""
+    """What to load the run's model from (see :func:`resolve_run_model`); a ``path/file.py:FUNCTION`` given here
+    is made absolute (:func:`hpp.runtime.zoo.portable_model_spec`: the ranks load it, whatever their folder)."""
     if model:
-        return model
+        return portable_model_spec(model)
     if canonical_model_name(plan.model) is None and profile is not None and profile.meta.get("runtime_model"):
         return str(profile.meta["runtime_model"])
     return plan.model
@@ -297,13 +301,23 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
     model_name, num_layers : the runtime model's (``ModelSpec.name``, layer count).
     optimizer : ``"adamw"`` or ``"sgd"`` (None: not checked).
 
+    Also read, before any rank starts: every file against the sizes and SHA-256 saved with it
+    (:func:`hpp.runtime.checkpoint_reader.check_files`; a checkpoint saved without that list is not checked),
+    and DCP's ``.metadata`` with only DCP's metadata classes admitted
+    (:func:`~hpp.runtime.checkpoint_reader.read_dcp_metadata`).
+
     Raises
     ------
     HppInputError
         Missing or incomplete checkpoint (naming the last complete one), another model
-        (name or layer count), or another optimizer.
+        (name or layer count), another optimizer, a damaged file (naming it), or DCP metadata that names
+        anything but DCP's metadata classes.
     """
+    from hpp.runtime.checkpoint_reader import check_files   # lazy: torch DCP, 2-3.5 s
     meta = read_checkpoint_meta(path)
+    if meta.get("files"):
+        check_files(meta["path"], meta["files"])
+    stored_entries(Path(meta["path"]))
     if (str(meta.get("model", "")).strip().lower() != model_name.strip().lower()
             or meta.get("num_layers") != num_layers):
         raise other_model_error(meta, meta["path"], model_name, num_layers)

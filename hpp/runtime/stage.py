@@ -37,9 +37,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpp.errors import HppInputError
-from hpp.runtime.model_api import RuntimeModel
+from hpp.runtime.model_api import RuntimeModel, layer_seed
 
-__all__ = ["RUNTIME_RECOMPUTE_MODES", "check_recompute", "StageModule", "build_stage", "tie_within",
+__all__ = ["RUNTIME_RECOMPUTE_MODES", "check_recompute", "StageModule", "build_layer", "build_stage", "tie_within",
            "split_global_name"]
 
 #: Recomputation modes the runtime executes (``"selective"`` is refused, see the module docstring).
@@ -123,6 +123,22 @@ class StageModule(nn.Module):
                     yield int(key), f"layers.{key}.{name}", p
 
 
+def build_layer(model: RuntimeModel, index: int, *, seed: int, dtype: torch.dtype) -> nn.Module:
+    """``model.build_layer(index, seed=seed, dtype=dtype)`` with torch's default (CPU) generator seeded from
+    ``(seed, index)`` (:func:`hpp.runtime.model_api.layer_seed`) and restored afterwards.
+
+    The protocol asks a model to draw its initial weights from ``(seed, index)`` alone; a model that does not (it
+    initialises with ``torch.randn`` or the modules' own ``reset_parameters``, as ``nn.Linear`` does) would build
+    different weights on every rank that holds the layer, and in the single-device reference. Seeding the default
+    generator makes such draws a function of ``(seed, index)`` too, the same on every rank. Draws from other
+    generators (numpy, ``random``) are not covered here: the worker broadcasts every replicated parameter from one
+    holder before the first step (:func:`hpp.runtime.gradsync.broadcast_initial_parameters`), as DDP does.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(layer_seed(seed, index))
+        return model.build_layer(index, seed=seed, dtype=dtype)
+
+
 def _init_tied_copies(model: RuntimeModel, layers: Mapping[int, nn.Module], pairs: tuple[tuple[str, str], ...], *,
                       seed: int, dtype: torch.dtype) -> None:
     """A stage holding only the second name of a tied pair gets the first name's initial value.
@@ -134,7 +150,7 @@ def _init_tied_copies(model: RuntimeModel, layers: Mapping[int, nn.Module], pair
     for first, second in pairs:
         (la, pa), (lb, pb) = split_global_name(first), split_global_name(second)
         if lb in layers and la not in layers:
-            src = model.build_layer(la, seed=seed, dtype=dtype).get_parameter(pa)
+            src = build_layer(model, la, seed=seed, dtype=dtype).get_parameter(pa)
             dst = layers[lb].get_parameter(pb)
             if src.shape != dst.shape:
                 raise HppInputError(f"tied parameters {first} {tuple(src.shape)} and {second} {tuple(dst.shape)} "
@@ -196,7 +212,7 @@ def build_stage(model: RuntimeModel, lo: int, hi: int, *, seed: int, dtype: torc
     if not 0 <= lo < hi <= n:
         raise HppInputError(f"layers [{lo}, {hi}) outside [0, {n}) of {model.spec.name}",
                             field="layers", fix=f"{model.spec.name} has {n} layers")
-    layers = {l: model.build_layer(l, seed=seed, dtype=dtype) for l in range(lo, hi)}
+    layers = {l: build_layer(model, l, seed=seed, dtype=dtype) for l in range(lo, hi)}
     pairs = tuple(model.tied_parameters())
     _init_tied_copies(model, layers, pairs, seed=seed, dtype=dtype)
     tie_within(layers, pairs)

@@ -3,25 +3,23 @@
 Entry points: :func:`run_worker` (a library call, used by the fork launcher of the tests) and ``python -m
 hpp.runtime.worker CONFIG.json OUT_DIR`` (what ``torchrun`` starts; rank and world size from its environment).
 
-A rank builds its stage from the model (``model_name`` through
-:func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards it
-over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), runs its lane's
-pipeline schedule (``return_outputs=False``, shape-only placeholders), syncs
-gradients block-wise (:mod:`hpp.runtime.gradsync`), clips and steps
-(:mod:`hpp.runtime.training`).
+A rank first compares the flags every host must share (:mod:`hpp.runtime.host_agreement`), builds its stage from
+the model (``model_name`` through :func:`hpp.runtime.zoo.load_runtime_model`, or the legacy ``model`` dict), shards
+it over its stage's TP group (:mod:`hpp.runtime.tensor_parallel`), takes every replicated parameter from its
+lowest-rank holder (:func:`hpp.runtime.gradsync.broadcast_initial_parameters`), runs its lane's pipeline schedule
+(``return_outputs=False``, shape-only placeholders), syncs gradients block-wise (:mod:`hpp.runtime.gradsync`),
+clips and steps (:mod:`hpp.runtime.training`).
 
-Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full,
-unsharded parameters if asked) through a temporary file and a rename, or
-``rank<r>.error`` with the reason when it fails, so a reader never sees a
-half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
+Each rank writes ``OUT_DIR/rank<r>.json`` (and ``rank<r>.pt`` with its full, unsharded parameters if asked)
+through a temporary file and a rename, or ``rank<r>.error`` with the reason when it fails, so a reader never sees
+a half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
 
-Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts
-(``nnodes > 1``, static rendezvous) local rank ``j`` of node rank ``R`` runs as
-:func:`hpp.runtime.binding.worker_binding`'s rank, not torchrun's ``RANK``; a CUDA rank
-uses the local GPU its plan device has. Checkpoints (:mod:`hpp.runtime.checkpoint`):
-``resume`` loads one after the optimizer is built and the steps continue from its step
-(the data position); ``save_dir`` gets one every ``save_every`` steps and after the last.
-Steps are numbered globally (``steps.jsonl``'s ``step``).
+Ranks are the plan's (:mod:`hpp.runtime.binding`): under torchrun across several hosts (``nnodes > 1``, static
+rendezvous) local rank ``j`` of node rank ``R`` runs as :func:`hpp.runtime.binding.worker_binding`'s rank, not
+torchrun's ``RANK``; a CUDA rank uses the local GPU its plan device has. Checkpoints
+(:mod:`hpp.runtime.checkpoint`): ``resume`` loads one after the optimizer is built and the steps continue from its
+step (the data position); ``save_dir`` gets one every ``save_every`` steps and after the last. Steps are numbered
+globally (``steps.jsonl``'s ``step``).
 """
 
 from __future__ import annotations
@@ -42,12 +40,14 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
+from hpp.fileio import write_atomic
 from hpp.plan import plan_from_dict
 from hpp.runtime.binding import RankBinding, worker_binding
 from hpp.runtime.checkpoint import load_checkpoint, save_checkpoint
 from hpp.runtime.data import make_batch_source
 from hpp.runtime.emulation import Instrument
-from hpp.runtime.gradsync import GradSync
+from hpp.runtime.gradsync import GradSync, broadcast_initial_parameters
+from hpp.runtime.host_agreement import check_hosts_agree
 from hpp.runtime.gradsync_units import sync_units
 from hpp.runtime.host_steal import read_cpu_ticks, tick_delta
 from hpp.runtime.layout import group_layout, rank_roles, split_micro_batches
@@ -58,12 +58,12 @@ from hpp.runtime.stage import build_stage, split_global_name
 from hpp.runtime.tensor_parallel import is_sharded, local_tensor, parallelize_stage
 from hpp.runtime.training import (TrainingConfig, clip_by_global_norm, lm_loss, make_lr_scheduler, make_optimizer,
                                   target_count)
+from hpp.runtime.verify_steps import StepVerifier
 from hpp.runtime.worker_steps import (collective_record, event_records, full_params, make_stage_schedule,
                                       peak_memory_bytes, phase_record, run_schedule_step, stage_flops_per_step)
 from hpp.runtime.zoo import load_runtime_model
 
-__all__ = ["WorkerConfig", "run_worker", "worker_main", "write_atomic", "config_to_json", "resolve_model",
-           "training_config"]
+__all__ = ["WorkerConfig", "run_worker", "worker_main", "config_to_json", "resolve_model", "training_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,11 @@ class WorkerConfig:
         Gradient sync variants: per-layer blocking; launched from backward hooks; the
         control without any block sync; the control that sums replicated parameters
         from every TP rank (both must NOT match single-device training).
+    skip_block_allreduce_step : int
+        The control of one late fault: no gradient sync in that (global) step only (-1: never).
+    verify_steps : bool
+        ``--verify``: compare every step with one single-device step from the run's state
+        (:class:`hpp.runtime.verify_steps.StepVerifier`; rank 0 computes, every rank records).
     slowdown : dict[str, float]
         Per device type, the emulated slowdown (empty: no emulation).
     time_scale : float
@@ -125,7 +130,9 @@ class WorkerConfig:
     naive_allreduce: bool = False
     overlap: bool = True
     skip_block_allreduce: bool = False
+    skip_block_allreduce_step: int = -1
     naive_tp: bool = False
+    verify_steps: bool = False
     bucket_bytes: int = 25 * 2**20
     slowdown: dict = field(default_factory=dict)
     time_scale: float = 1.0
@@ -157,13 +164,6 @@ def training_config(cfg: WorkerConfig) -> TrainingConfig:
         return TrainingConfig.from_dict({"total_steps": max(1, cfg.steps), **cfg.training})
     return TrainingConfig(optimizer=cfg.optimizer, lr=cfg.lr, weight_decay=0.01 if cfg.optimizer == "adamw" else 0.0,
                           total_steps=max(1, cfg.steps), dtype=cfg.dtype)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through ``path.tmp`` and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _agree(refused: HppInputError | None, device: torch.device) -> None:
@@ -214,6 +214,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=cfg.timeout_s),
                             device_id=device if device.type == "cuda" else None)
     try:
+        check_hosts_agree(cfg, node_rank=int(os.environ.get("GROUP_RANK", 0)))
         groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         for ranks in layout.creation_order():           # every rank, same order
             groups[ranks] = dist.new_group(list(ranks), timeout=timedelta(seconds=cfg.timeout_s))
@@ -230,6 +231,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         except HppInputError as exc:
             refused = exc
         _agree(refused, device)
+        if not cfg.resume:                              # a resume loads equal replicas
+            broadcast_initial_parameters(units, groups, rank=rank)
         sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=cfg.bucket_bytes,
                         overlap=cfg.overlap, naive=cfg.naive_allreduce)
         named = list(module.layer_parameters())
@@ -239,6 +242,10 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         if cfg.resume:                                  # collective; parameters loaded in place (buckets stay)
             start = load_checkpoint(cfg.resume, module=module, optimizer=optimizer, scheduler=scheduler,
                                     model_name=spec.name, num_layers=spec.num_layers)
+        verifier = StepVerifier(model, tcfg, seed=cfg.seed, rank=rank, timeout_s=cfg.timeout_s) \
+            if cfg.verify_steps else None
+        verify_init = verifier.start(module, optimizer, fresh=not cfg.resume) if verifier is not None else None
+        verify_diffs: list[float] = []
         second = {b for _a, b in model.tied_parameters()}
         norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
                       for _l, name, p in named]
@@ -271,7 +278,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                     time.sleep(2 * cfg.timeout_s)
                 os._exit(17)
             optimizer.zero_grad(set_to_none=False)     # in place: grads are views of the sync buckets
-            sync.begin_step(role.num_micro_batches)
+            sync.begin_step(role.num_micro_batches, skip=step == cfg.skip_block_allreduce_step)
             instrument.reset()
             lr = optimizer.param_groups[0]["lr"]
             dist.barrier()
@@ -304,6 +311,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument, proc_s=time.process_time() - cpu0,
                                        host=tick_delta(ticks0, read_cpu_ticks())))
             coll.append(collective_record(sync.stats))
+            if verifier is not None:                   # after the step's timings and CPU counters
+                verify_diffs.append(verifier.check(step, inputs, targets, module, optimizer))
             events = event_records(instrument, t0)
             done = step + 1
             if cfg.save_dir and (done == start + cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
@@ -313,6 +322,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                                        "training": asdict(tcfg), "data": cfg.data})
             line = {"step": step, "time_s": t_end - t0, "loss": step_loss, "target_tokens": denominator[0],
                     "flops": flops_per_step, "peak_memory_bytes": peak_memory_bytes(device), "lr": lr}
+            if verifier is not None:
+                line["verify_difference"] = verify_diffs[-1]
             with steps_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
         sync.close()
@@ -330,6 +341,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                   "slowdown": instrument.slowdown,
                   "time_scale": instrument.time_scale, "compute_s": instrument.compute_s, "cpu_s": instrument.cpu_s,
                   "padding_s": instrument.padding_s, "events": events}
+        if verifier is not None:
+            result.update(verify_init=verify_init, verify_steps=verify_diffs)
         if cfg.save_params:
             tmp = out_dir / f"rank{rank}.pt.tmp"
             torch.save(full_params(module, model), tmp)

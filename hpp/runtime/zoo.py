@@ -33,7 +33,7 @@ from hpp.runtime.model_api import RuntimeModel, check_protocol
 from hpp.runtime.models import MODEL_CONFIGS, LegacyGPT
 
 __all__ = ["HF_MODEL_NAMES", "LEGACY_MODEL_NAMES", "runtime_model_names", "load_runtime_model",
-           "canonical_model_name", "check_layers_match"]
+           "canonical_model_name", "check_layers_match", "portable_model_spec"]
 
 #: Models built with ``transformers`` (:mod:`hpp.runtime.hf_models`).
 HF_MODEL_NAMES = ("opt-tiny", "gpt-neo-tiny", "llama-tiny", "opt-350", "gpt-neo-2.7", "llama-3-8")
@@ -52,6 +52,27 @@ def canonical_model_name(name: str) -> str | None:
     return key if key in runtime_model_names() else None
 
 
+def _is_path(module: str) -> bool:
+    """Whether the MODULE of MODULE:FUNCTION is a file path (``path/to/file.py``), not a dotted module."""
+    return module.endswith(".py") or os.sep in module or "/" in module
+
+
+def portable_model_spec(name: str) -> str:
+    """``name`` as a profile or plan should record it: a ``path/to/file.py:FUNCTION`` with the path made absolute
+    (so that ``hpp run`` finds it from any folder; a relative path would be read from wherever the command runs);
+    bundled names and dotted ``MODULE:FUNCTION`` unchanged (a dotted module is imported as Python imports it).
+
+    >>> portable_model_spec("gpt-tiny"), portable_model_spec("examples.user_model:build")
+    ('gpt-tiny', 'examples.user_model:build')
+    >>> portable_model_spec("examples/user_model.py:build") == f"{Path('examples/user_model.py').resolve()}:build"
+    True
+    """
+    module, sep, func = name.strip().rpartition(":")
+    if not sep or not module or not _is_path(module) or canonical_model_name(name) is not None:
+        return name
+    return f"{Path(module).expanduser().resolve()}:{func}"
+
+
 def _load_legacy(name: str) -> RuntimeModel:
     return LegacyGPT(MODEL_CONFIGS[name])
 
@@ -63,7 +84,7 @@ def _load_hf(name: str) -> RuntimeModel:
 def _import_module(module: str, *, source: str):
     """Import ``module`` (a dotted name, searched in ``sys.path`` then the current directory, or a .py path)."""
     try:
-        if module.endswith(".py") or os.sep in module or "/" in module:
+        if _is_path(module):
             path = Path(module).expanduser().resolve()
             if not path.is_file():
                 raise FileNotFoundError(f"no file {path}")

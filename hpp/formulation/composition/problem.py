@@ -139,6 +139,8 @@ class CompositionProblem:
     #: where set, :meth:`sync_s` and the sync tables take the larger of them and the :class:`SyncFloor` (both are
     #: lower bounds; :func:`~hpp.formulation.composition.copy_bound_levels.floor_tables` computes them)
     floor_table: np.ndarray | None = field(default=None, repr=False)
+    #: False: the search prices flat rings only, as the cost model with ``hierarchical_allreduce`` off
+    hierarchical: bool = True
 
     @cached_property
     def per_type_sync(self) -> bool:
@@ -149,7 +151,7 @@ class CompositionProblem:
     @cached_property
     def type_links(self) -> dict:
         """:func:`~hpp.formulation.composition.sync_pricing.type_links` of the cluster (computed once)."""
-        return type_links(self.cluster, self.sync_link)
+        return type_links(self.cluster, self.sync_link, hierarchical=self.hierarchical)
 
     def stage_sync_specs(self, c: int) -> list[tuple[str, int, float]]:
         """Per stage of candidate ``c``: (device type, holders per node g, gradient bytes) (memoised)."""
@@ -196,7 +198,7 @@ class CompositionProblem:
         the memo of solo objectives and ring times is shared."""
         sub = CompositionProblem([self.candidates[i] for i in keep], self.cluster, self.global_batch_size,
                                  self.sync_link, sync_floor=self.sync_floor, caches=self.caches.for_restriction(),
-                                 flat_sync=self.flat_sync,
+                                 flat_sync=self.flat_sync, hierarchical=self.hierarchical,
                                  floor_table=None if self.floor_table is None else self.floor_table[list(keep)])
         if self.sync_floor is None and self.bound is not None:
             sub.bound = self.bound.restricted(keep)

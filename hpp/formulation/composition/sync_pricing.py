@@ -16,6 +16,14 @@ same stage onto nodes (as :mod:`hpp.formulation.binding` places whole pipeline c
   its own inter link counts when its holders span two or more nodes), as
   :func:`hpp.formulation.collectives._best_node_order` orders nodes.
 
+Shared networks (:meth:`hpp.profiles.cluster.Link.shared`): when copies pack into nodes, every device of a
+node syncs across nodes at once, so a ring's inter-node edges are priced as one of ``K`` concurrent flows:
+``K = n // g`` for a flat ring (one flow per stage of the node's ``g`` packed copies per TP shard: ``n / g``
+devices' worth) and ``K = n`` for the hierarchical form (every device of a full node of ``n`` sends), the
+nodes' NIC capacities shared likewise; a mixed ring's edge between two types at the larger of their ``K``.
+The cost model counts the flows of the actual binding
+(:func:`hpp.formulation.collectives.concurrent_allreduces`).
+
 ``ring(W, h, link)`` is :func:`hpp.formulation.collectives.ring_allreduce_s`. These are estimates
 (the search's approximation); the reported time is the cost model's, and bounds use
 :class:`hpp.formulation.composition.sync_floor.SyncFloor`, not this module.
@@ -42,12 +50,27 @@ _EXACT_ORDERS_UP_TO = 6
 
 @dataclass(frozen=True)
 class TypeLinks:
-    """Per device type: its inter-node link to itself, its slowest intra-node link, least node size, node count."""
+    """Per device type: its inter-node link to itself, its slowest intra-node link, least node size, node count,
+    and the least NIC capacity of its nodes [bytes/s] (inf: none given); ``hierarchical`` False prices flat rings
+    only (the cost model's ``hierarchical_allreduce`` switch)."""
 
     inter: Link
     intra: Link
     node_size: int
     num_nodes: int
+    nic_bytes_per_s: float = math.inf
+    hierarchical: bool = True
+
+    def flows(self, g: int, *, hierarchical: bool) -> int:
+        """Flows leaving one of the type's nodes at once when its copies pack ``g`` holders of a stage per node
+        (module docstring): ``n`` for the hierarchical form, ``n // g`` for a flat ring."""
+        return self.node_size if hierarchical else max(1, self.node_size // max(1, g))
+
+    def shared(self, link: Link, flows: int) -> Link:
+        """``link`` as one of ``flows`` concurrent flows out of this type's nodes sees it."""
+        if flows <= 1 and self.nic_bytes_per_s == math.inf:
+            return link
+        return link.shared(flows, nic_bytes_per_s=self.nic_bytes_per_s)
 
 
 def pair_link(cluster: Cluster, type_a: str, type_b: str) -> Link | None:
@@ -76,15 +99,17 @@ def pair_link(cluster: Cluster, type_a: str, type_b: str) -> Link | None:
     return min(pairs, key=lambda l: l.max_bytes_per_s, default=None)
 
 
-def type_links(cluster: Cluster, fallback: Link) -> dict[str, TypeLinks]:
+def type_links(cluster: Cluster, fallback: Link, *, hierarchical: bool = True) -> dict[str, TypeLinks]:
     """:class:`TypeLinks` of every device type the cluster's nodes hold (``fallback`` when a type has no
-    own inter link, e.g. a single node of it); inter-node links as :func:`pair_link` gives them."""
+    own inter link, e.g. a single node of it); inter-node links as :func:`pair_link` gives them; ``hierarchical``
+    as the cost model's switch."""
     out = {}
     for t in sorted({n.device_type for n in cluster.nodes}):
         nodes = [n for n in cluster.nodes if n.device_type == t]
         inter = pair_link(cluster, t, t) or fallback
         intra = min((n.intra_node for n in nodes), key=lambda l: (l.max_bytes_per_s, -l.latency_s))
-        out[t] = TypeLinks(inter, intra, min(n.num_devices for n in nodes), len(nodes))
+        out[t] = TypeLinks(inter, intra, min(n.num_devices for n in nodes), len(nodes),
+                           min(n.nic_bytes_per_s for n in nodes), hierarchical)
     return out
 
 
@@ -112,9 +137,10 @@ def type_ring_s(num_bytes: float, h: int, links: TypeLinks, g: int) -> float:
         return 0.0
     if h <= g:
         return ring_allreduce_s(num_bytes, h, links.intra)
-    flat = ring_allreduce_s(num_bytes, h, links.inter)
-    if g >= 2 and h % g == 0:
-        hier = hierarchical_allreduce_s(num_bytes, g, h // g, links.intra, links.inter)
+    flat = ring_allreduce_s(num_bytes, h, links.shared(links.inter, links.flows(g, hierarchical=False)))
+    if links.hierarchical and g >= 2 and h % g == 0:
+        hier = hierarchical_allreduce_s(num_bytes, g, h // g, links.intra,
+                                        links.shared(links.inter, links.flows(g, hierarchical=True)))
         return min(flat, hier)
     return flat
 
@@ -122,7 +148,9 @@ def type_ring_s(num_bytes: float, h: int, links: TypeLinks, g: int) -> float:
 def mixed_ring_s(num_bytes: float, holders: Sequence[tuple[str, int, int]], cluster: Cluster,
                  links: dict[str, TypeLinks], cache: dict | None = None) -> float:
     """All-reduce of ``num_bytes`` among holders ``(type, g, count)`` of several types: flat ring in the
-    best class order (module docstring) [s]; one type: :func:`type_ring_s` with the least ``g``.
+    best class order (module docstring), or the hierarchical form where every type packs the same ``g >= 2``
+    holders per node and fills its nodes, whichever is cheaper [s]; one type: :func:`type_ring_s` with the
+    least ``g``.
     ``cache``: optional memo (keyed by bytes, ranks, classes and which classes span nodes)."""
     by_type: dict[str, list[int]] = {}
     for t, g, n in holders:
@@ -137,16 +165,36 @@ def mixed_ring_s(num_bytes: float, holders: Sequence[tuple[str, int, int]], clus
         return type_ring_s(num_bytes, n, links[t], g)
     classes = tuple(sorted(by_type))
     spans = tuple(t for t in classes if math.ceil(by_type[t][1] / by_type[t][0]) >= 2)
-    key = ("mixed", num_bytes, h, classes, spans)
+    gs = {by_type[t][0] for t in classes}
+    g = next(iter(gs))
+    hier = (len(gs) == 1 and g >= 2 and all(by_type[t][1] % g == 0 for t in classes)
+            and all(links[t].hierarchical for t in classes))
+    key = ("mixed", num_bytes, h, classes, spans, tuple(by_type[t][0] for t in classes))
     if cache is not None and key in cache:
         return cache[key]
-    plan = cache.get(("mixed-orders", classes, spans)) if cache is not None else None
+    flat_flows = tuple(links[t].flows(by_type[t][0], hierarchical=False) for t in classes)
+    got = ring_allreduce_s(num_bytes, h, _slowest_ring_edge(classes, spans, flat_flows, num_bytes / h, cluster, links,
+                                                           cache))
+    if hier:                            # every node holds g holders: NCCL's hierarchical form, as the cost model
+        hier_flows = tuple(links[t].flows(g, hierarchical=True) for t in classes)
+        intra = max((links[t].intra for t in classes), key=lambda l: ring_allreduce_s(num_bytes, g, l))
+        across = _slowest_ring_edge(classes, spans, hier_flows, num_bytes / h, cluster, links, cache)
+        got = min(got, hierarchical_allreduce_s(num_bytes, g, h // g, intra, across))
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def _slowest_ring_edge(classes: tuple[str, ...], spans: tuple[str, ...], flows: tuple[int, ...], chunk: float,
+                       cluster: Cluster, links: dict[str, TypeLinks], cache: dict | None) -> Link:
+    """The slowest edge at ``chunk`` bytes of the best cyclic class order (:func:`_ring_orders`, memoised in
+    ``cache`` per classes, spans and flows)."""
+    plan = cache.get(("mixed-orders", classes, spans, flows)) if cache is not None else None
     if plan is None:
-        plan = _ring_orders(classes, spans, cluster, links)
+        plan = _ring_orders(classes, spans, cluster, links, flows)
         if cache is not None:
-            cache[("mixed-orders", classes, spans)] = plan
+            cache[("mixed-orders", classes, spans, flows)] = plan
     distinct, orders, extra = plan
-    chunk = num_bytes / h
     cost = [l.transfer_s(chunk) for l in distinct]
     # the first order of least worst edge (min's tie rule), then the first slowest of its edges and the
     # spanning classes' own links (max's tie rule)
@@ -159,18 +207,18 @@ def mixed_ring_s(num_bytes: float, holders: Sequence[tuple[str, int, int]], clus
     for i in best + extra:
         if cost[i] > cost[slowest]:
             slowest = i
-    got = ring_allreduce_s(num_bytes, h, distinct[slowest])
-    if cache is not None:
-        cache[key] = got
-    return got
+    return distinct[slowest]
 
 
 def _ring_orders(classes: tuple[str, ...], spans: tuple[str, ...], cluster: Cluster,
-                 links: dict[str, TypeLinks]) -> tuple[list[Link], list[tuple[int, ...]], tuple[int, ...]]:
+                 links: dict[str, TypeLinks], flows: tuple[int, ...]
+                 ) -> tuple[list[Link], list[tuple[int, ...]], tuple[int, ...]]:
     """The candidate cyclic class orders of :func:`mixed_ring_s` (each class contiguous, the first class
     first; all of them up to ``_EXACT_ORDERS_UP_TO`` classes, else the sorted order), as indices into a list
     of the distinct links: (links, per order its edges' links in ring order, the spanning classes' own
-    links). Depends on the classes only, so kept per (classes, spans)."""
+    links), each shared by the flows leaving its nodes at once (``flows``, per class: an edge between two
+    classes at the larger). Depends on the classes and flows only, so kept per (classes, spans, flows)."""
+    k = dict(zip(classes, flows))
     distinct: list[Link] = []
     index: dict[Link, int] = {}
 
@@ -184,13 +232,14 @@ def _ring_orders(classes: tuple[str, ...], spans: tuple[str, ...], cluster: Clus
     cross = {}
     for i, a in enumerate(classes):
         for b in classes[i + 1:]:
-            cross[a, b] = cross[b, a] = idx(pair_link(cluster, a, b))
+            slower = min((links[a], links[b]), key=lambda tl: tl.nic_bytes_per_s)
+            cross[a, b] = cross[b, a] = idx(slower.shared(pair_link(cluster, a, b), max(k[a], k[b])))
     if len(classes) <= _EXACT_ORDERS_UP_TO:
         orders = [(classes[0], *rest) for rest in permutations(classes[1:])]
     else:
         orders = [classes]
     edges = [tuple(cross[a, b] for a, b in zip(o, (*o[1:], o[0]))) for o in orders]
-    return distinct, edges, tuple(idx(links[t].inter) for t in spans)
+    return distinct, edges, tuple(idx(links[t].shared(links[t].inter, k[t])) for t in spans)
 
 
 def ring_table_s(w: np.ndarray, max_pipelines: int, links: TypeLinks, g: int) -> np.ndarray:
@@ -198,12 +247,14 @@ def ring_table_s(w: np.ndarray, max_pipelines: int, links: TypeLinks, g: int) ->
     w = np.asarray(w, dtype=np.float64)[:, None]
     h = np.arange(1, max_pipelines + 1, dtype=np.float64)[None, :]
     hh = np.maximum(h, 2.0)
-    out = ring_allreduce_np(w, hh, links.inter)
+    out = ring_allreduce_np(w, hh, links.shared(links.inter, links.flows(g, hierarchical=False)))
     if g >= 2:
         inside = ring_allreduce_np(w, np.minimum(hh, float(g)), links.intra)
         k = np.maximum(h // g, 2.0)
-        hier = ring_allreduce_np(w, np.full_like(h, float(g)), links.intra) + ring_allreduce_np(w / g, k, links.inter)
-        out = np.where((h % g == 0) & (h > g), np.minimum(out, hier), out)
+        across = links.shared(links.inter, links.flows(g, hierarchical=True))
+        hier = ring_allreduce_np(w, np.full_like(h, float(g)), links.intra) + ring_allreduce_np(w / g, k, across)
+        if links.hierarchical:
+            out = np.where((h % g == 0) & (h > g), np.minimum(out, hier), out)
         out = np.where(h <= g, inside, out)
     return np.where((h > 1) & (w > 0), out, 0.0)
 
