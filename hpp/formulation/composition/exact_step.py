@@ -70,7 +70,7 @@ def budgeted_model(problem: CompositionProblem, keep: list[int], must: Mapping[i
 #: (opt350-1024-4types), and HiGHS spent 40 s on 192 candidates of opt350-3types-40 with a limit of 200 nodes (its
 #: node limit does not bound its root work; measured); above, they run on the best that many (their bound then not
 #: used).
-MODEL_CANDIDATES_PER_S = {"cp-sat": 300, "milp": 60}
+MODEL_CANDIDATES_PER_S = {"cp-sat": 100, "milp": 30}
 MODEL_CANDIDATES_PER_UNIT = {"cp-sat": 2000, "milp": 400}
 
 

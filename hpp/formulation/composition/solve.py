@@ -48,7 +48,8 @@ from hpp.formulation.composition.objective import composition_objective_s, judge
 from hpp.formulation.composition.exact_step import (MIN_EXACT_WALL_S, best_candidates, budget_of, budgeted_model,
                                                     candidate_cap, exact_bound, exact_settings, run_exact)
 from hpp.formulation.composition.problem import CompositionProblem
-from hpp.formulation.composition.anytime import Budget, cost_model_local_search, eval_work, local_search_pool
+from hpp.formulation.composition.anytime import (LOCAL_POOL, Budget, cost_model_local_search, eval_work,
+                                                 local_search_pool)
 from hpp.formulation.composition.heuristics import ROUNDED_POOL, heuristic_incumbent, rounded_lp_incumbent
 from hpp.formulation.composition.lp_bound import composition_bounds
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings, bench_settings
@@ -281,11 +282,11 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     extra = [keep[c] for c in (copy_bounds[0].pool[:ROUNDED_POOL] if copy_bounds else [])]
     done: set[tuple] = set()
 
-    def local_search(own: list, share: float) -> None:
-        """The cost-model local search from the best of ``own`` (answers), its pool from their plans: with a
-        wall-clock budget ``share`` of what is left, else the whole work budget (each run the same)."""
+    def local_search(own: list, share: float, size: int = LOCAL_POOL) -> None:
+        """The cost-model local search from the best of ``own`` (answers), its pool (``size`` candidates) from their
+        plans: with a wall-clock budget ``share`` of what is left, else the whole work budget (each run the same)."""
         obj0, _, start = min(own, key=lambda a: a[0])
-        pool_ls = local_search_pool(problem, [a[2] for a in own if a[2]], extra)
+        pool_ls = local_search_pool(problem, [a[2] for a in own if a[2]], extra, size)
         key = (frozenset(start.items()), tuple(pool_ls))
         if key in done or not start or (budget.deadline is not None and budget.exhausted()):
             return
@@ -327,7 +328,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
             remap = {old: new for new, old in enumerate(sel)}
             hint = {remap[c]: x for c, x in pre_counts.items() if c in remap} if settings.warm_start else {}
             cutoff = pre_best if settings.warm_start and math.isfinite(pre_best) else None
-            run = exact_settings(settings, budget, share=0.85 / (len(solvers) - i)) if budgeted else settings
+            run = exact_settings(settings, budget, share=0.6 / (len(solvers) - i)) if budgeted else settings
             sub = model[1] if budgeted and full else bp.restricted(sel)
             counts, status_x, ex_bound, model_x, hit_x, nodes_x, note_x = run_exact(
                 exact, sub, run, hint, cutoff, lb_pipe if full else None, progress)
@@ -360,6 +361,10 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         # from each exact solver's answer, as a run of that solver alone would continue (the same whatever else ran)
         for k, own in enumerate(starts):
             local_search(own, 1.0 / (len(starts) - k))
+        size = LOCAL_POOL
+        while budget.deadline is not None and not budget.exhausted() and size < len(problem.candidates):
+            size *= 2               # time left (a wall-clock budget): a wider neighbourhood from the best plan
+            local_search(list(answers), 1.0, size)
     elif name != "heuristic" and not settings.solver_answer_only:
         obj0, _, start = best()
         if start and obj0 > MISPRICED_RATIO * composition_objective_s(problem, start):
