@@ -16,8 +16,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["GapTableRow", "DEFAULT_BUDGET", "measure_row", "read_gap_table", "gap_table_markdown",
-           "DEFAULT_SCENARIOS", "LARGE_SCENARIOS", "TIME_LIMITS_S"]
+__all__ = ["GapTableRow", "RelaxationRow", "DEFAULT_BUDGET", "measure_row", "relaxation_row", "read_gap_table",
+           "read_relaxation", "gap_table_markdown", "relaxation_markdown", "write_rows", "DEFAULT_SCENARIOS",
+           "LARGE_SCENARIOS", "TIME_LIMITS_S"]
 
 #: The ``budget`` of a row at the default (deterministic) budget.
 DEFAULT_BUDGET = "default"
@@ -65,17 +66,67 @@ def measure_row(name: str, *, time_limit_s: float | None = None, workers: int = 
                        s.status, s.source, s.bound_method, time.perf_counter() - t0)
 
 
-def read_gap_table(path: Path) -> list[GapTableRow]:
-    """Rows written by ``experiments/gap_table.py`` ([] if the file does not exist)."""
+@dataclass(frozen=True)
+class RelaxationRow:
+    """The copy bound's own plan on a scenario (its LP copies at the level of its least exact value, rounded down to
+    whole copies): the relaxation's value there (``relaxed_s``, at or just above the bound) and what the cost model
+    prices the rounded plan at [s], and the plan."""
+
+    scenario: str
+    bound_s: float
+    relaxed_s: float
+    cost_model_s: float
+    cost_model_sync_s: float
+    plan: str
+
+
+def relaxation_row(name: str) -> RelaxationRow:
+    """:class:`RelaxationRow` of bundled scenario ``name`` at the default budget (as ``solve`` builds the bound)."""
+    from hpp.formulation.composition.copy_bound import copy_bound, round_plans   # lazy: OR-Tools
+    from hpp.formulation.composition.settings import SolverSettings
+    from hpp.formulation.composition.solve import solve
+    from hpp.planner import make_problem
+    from hpp.profiles.bundled import load_bundled_profile
+    from hpp.pruning.rules import exceeds_incumbent
+    from hpp.scenarios import get_scenario
+
+    sc = get_scenario(name)
+    problem, _ = make_problem(sc.cluster(), load_bundled_profile(sc.model), sc.global_batch_size, workers=1)
+    res = solve(problem, SolverSettings(num_workers=1))
+    bp = problem.bound_problem()
+    keep = [c for c in range(len(problem.candidates))
+            if problem.max_copies(c) > 0 and not exceeds_incumbent(bp.candidates[c], res.objective_s)]
+    sub = bp.restricted(keep)
+    cb = copy_bound(sub, cutoff_s=res.objective_s, max_evals=0)
+    plan = round_plans(sub, (None, None, cb.known_plan, None), [])[0]
+    est = problem.estimator({keep[c]: x for c, x in plan.items()})[1]
+    label = ", ".join(f"{x} x {sub.candidates[c].label()}" for c, x in sorted(plan.items(), key=lambda kv: -kv[1]))
+    return RelaxationRow(name, float(cb.bound_s), float(cb.known_s), est.iteration_time_s, est.grad_sync_s, label)
+
+
+def _read(path: Path, kind) -> list:
     if not path.exists():
         return []
-    kinds = {f.name: f.type for f in fields(GapTableRow)}
-    out = []
+    kinds = {f.name: f.type for f in fields(kind)}
     with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            out.append(GapTableRow(**{k: (int(v) if kinds[k] == "int" else float(v) if kinds[k] == "float" else v)
-                                      for k, v in r.items()}))
-    return out
+        return [kind(**{k: (int(v) if kinds[k] == "int" else float(v) if kinds[k] == "float" else v)
+                        for k, v in r.items()}) for r in csv.DictReader(f)]
+
+
+def read_gap_table(path: Path) -> list[GapTableRow]:
+    """Rows written by ``experiments/gap_table.py`` ([] if the file does not exist)."""
+    return _read(path, GapTableRow)
+
+
+def read_relaxation(path: Path) -> list[RelaxationRow]:
+    """The relaxation rows written by ``experiments/gap_table.py`` ([] if the file does not exist)."""
+    return _read(path, RelaxationRow)
+
+
+def relaxation_markdown(rows: Sequence[RelaxationRow]) -> list[str]:
+    """One sentence per row: the relaxation's own plan, its bound-model and cost-model prices."""
+    return [f"{r.scenario}: the relaxation's own plan ({r.plan}) is priced {r.relaxed_s:.3f} s by the bound model and "
+            f"{r.cost_model_s:.3f} s by the cost model, {r.cost_model_sync_s:.3f} s of it gradient sync." for r in rows]
 
 
 def gap_table_markdown(rows: Sequence[GapTableRow]) -> list[str]:
@@ -104,11 +155,11 @@ def gap_table_markdown(rows: Sequence[GapTableRow]) -> list[str]:
     return out
 
 
-def write_gap_table(rows: Sequence[GapTableRow], path: Path) -> None:
-    """Write ``rows`` as CSV (the columns of :class:`GapTableRow`)."""
+def write_rows(rows: Sequence, path: Path) -> None:
+    """Write ``rows`` (dataclass records of one kind) as CSV, their fields as columns."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(GapTableRow)])
+        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(rows[0])])
         w.writeheader()
         for r in rows:
             w.writerow({k: (repr(v) if isinstance(v, float) and math.isfinite(v) else v)
