@@ -147,6 +147,7 @@ def _human_run(rep: dict) -> str:
              f"  grad all-reduce  {c['count']} per step, {count(c['bytes'], 'byte')} ({c['mode']}, "
              f"{count(c['num_blocks'], 'block')}"
              f"{joined})",
+             *_comm_lines(m, pr),
              f"  rank pipe stage  tp device          layers   rec   #mb  {'peak_RSS_MB' if on_cpu else 'peak_mem_MB'}"
              f"  pred_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
@@ -168,6 +169,24 @@ def _human_run(rep: dict) -> str:
     if rep.get("timeline"):
         lines.append(f"  timeline: {rep['timeline']}")
     return "\n".join(lines)
+
+
+def _comm_lines(m: dict, pr: dict) -> list[str]:
+    """The measured gradient sync and each stage's p2p wait beside the cost model's
+    (:mod:`hpp.runtime.step_terms`); none for a report without them."""
+    if m.get("grad_sync_s") is None:
+        return []
+    pred = {(s["pipeline"], s["stage"]): s for s in pr.get("stages") or []}
+    lines = [f"  grad sync        measured {m['grad_sync_s']:.4f} s per step (median after warm-up; the all-reduces "
+             f"after the last schedule ended)   predicted {_fmt(pr.get('grad_sync_s'), '.4f', ' s')} (cost model)",
+             "  stage terms      pipe stage  compute_s  predicted  p2p_wait_s  predicted  (of it transfers)  "
+             "[p2p wait: in the schedule, outside forward/backward]"]
+    for s in m.get("stages") or []:
+        p = pred.get((s["pipeline"], s["stage"]), {})
+        lines.append(f"  {'':<16} {s['pipeline']:>4} {s['stage']:>5} {s['compute_s']:>10.4f} "
+                     f"{_fmt(p.get('compute_s'), '>10.4f')} {s['p2p_wait_s']:>11.4f} {_fmt(p.get('p2p_wait_s'), '>10.4f')}"
+                     f"  ({_fmt(p.get('p2p_transfer_wait_s'), '.4f')})")
+    return lines
 
 
 def _verify_line(v: dict) -> str:
