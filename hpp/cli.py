@@ -336,12 +336,14 @@ def _parser() -> argparse.ArgumentParser:
     # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
     sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
     sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
+    sub.add_parser("profile-network", help="measure the cluster's links and write a cluster file "
+                                           "(hpp profile-network --help)")
     sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
     sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
     return ap
 
 
-_DISPATCHED = ("run", "profile", "instances", "bench-solvers")
+_DISPATCHED = ("run", "profile", "profile-network", "instances", "bench-solvers")
 
 
 def _global_flags(argv: list[str]) -> tuple[int, list[str]]:
@@ -386,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest[0] in ("run", "profile"):
             from hpp.runtime.cli import main as runtime_main
             return runtime_main(rest)
+        if rest[0] == "profile-network":
+            from hpp.runtime.network_cli import profile_network_main
+            return profile_network_main(rest[1:])
         from hpp.bench.cli import main as bench_main
         return bench_main(rest)
     args = _parser().parse_args(argv)
