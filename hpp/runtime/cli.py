@@ -1,4 +1,5 @@
-"""Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`).
+"""Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`; ``hpp profile-network``'s
+is :mod:`hpp.runtime.network_cli`).
 
 Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
 (the line names the failed rank, or says it timed out) or a ``--verify`` that found a
@@ -367,14 +368,17 @@ def _profile_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpp.runtime.cli run|profile ...``."""
+    """``python -m hpp.runtime.cli run|profile|profile-network ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "run":
         return run_main(argv[1:])
     if argv and argv[0] == "profile":
         return profile_main(argv[1:])
-    sys.stderr.write("usage: python -m hpp.runtime.cli run|profile ...\n")
+    if argv and argv[0] == "profile-network":
+        from hpp.runtime.network_cli import profile_network_main
+        return profile_network_main(argv[1:])
+    sys.stderr.write("usage: python -m hpp.runtime.cli run|profile|profile-network ...\n")
     return 2
 
 
