@@ -17,6 +17,7 @@ import statistics
 from typing import Any, Callable, Mapping, Sequence
 
 from hpp.errors import HppInputError
+from hpp.formulation.collectives import ring_allreduce_s
 from hpp.profiles.cluster import Cluster, Link, NetworkLinks, Node, _pair, _slowest
 from hpp.profiles.cluster_format import cluster_from_dict, cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType
@@ -68,8 +69,6 @@ def allreduce_check(records: Sequence[Mapping[str, Any]], link: Link, *, ranks_p
     predicted = :func:`hpp.formulation.collectives.ring_allreduce_s` of the bytes among ``ranks_per_group`` on
     ``link.shared(k)``; ``bus_bytes_per_s`` = ``2 (h-1)/h * bytes / measured`` (NCCL's bus bandwidth).
     """
-    from hpp.formulation.collectives import ring_allreduce_s    # numpy: only once there is something to price
-
     per: dict[tuple[int, int], dict[int, list[list[float]]]] = {}
     for r in records:
         if r["op"] == "allreduce" and r["seconds"]:

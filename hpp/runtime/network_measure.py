@@ -224,6 +224,7 @@ def _groups_of(task: LinkTask, offsets: Sequence[int], devices: Sequence[int]) -
 
 def _run(cfg: MeasureConfig, *, rank: int, world_size: int, out_dir: Path) -> list[dict[str, Any]]:
     """Measure every task; return this rank's records (rank 0: everyone's)."""
+    # here, not on top: the launcher imports this module for link_tasks (pure), and torch takes 2-6 s to import
     import torch
     import torch.distributed as dist
 

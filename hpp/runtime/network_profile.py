@@ -103,7 +103,7 @@ def detect_host(*, device: str, emulate: str | None) -> tuple[str, str, int, int
     if len(set(found.types)) > 1:
         raise HppInputError(f"this host has GPUs of types {sorted(set(found.types))}: a node holds one type",
                             field="CUDA_VISIBLE_DEVICES", fix="make one type visible per hpp profile-network host")
-    import torch
+    import torch    # not on top: 2-6 s to import; only a CUDA host needs it here
     memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(found.count))
     return "cuda", found.types[0], found.count, int(memory)
 
@@ -186,6 +186,7 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
     NetworkProfileError
         The measurement failed (a host that stopped answering: ``exit_code`` 2).
     """
+    # here, not on top: both import torch (2-6 s, -X importtime), which a bad flag or the roll call never needs
     from hpp.runtime.launch import launch_torchrun
     from hpp.runtime.run_setup import parse_endpoint
 
