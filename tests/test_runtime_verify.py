@@ -1,6 +1,10 @@
 """``hpp run --verify``: float64 equality with single-device training (<= 1e-9), a control that must fail,
 ``--data`` with padded samples, and the per-step metrics (stderr lines, ``--metrics-jsonl``, ``--json`` keys).
 
+Long runs: float64 training at lr 0.03 drifts from single-device training within ~50 steps (as single-device
+training does from itself when only the order a batch is summed in changes), so ``--verify`` checks each step
+from the run's own state: 300 steps pass, and one unsynchronised step after the drift still fails.
+
 The model is a 4-layer GPT given as ``MODULE:FUNCTION`` (:func:`micro`), so this file also runs a user's
 model end to end; fork start keeps each launch to seconds.
 """
@@ -51,8 +55,8 @@ def _plan(path) -> str:
     return str(path)
 
 
-def _run(capsys, plan: str, *args: str) -> tuple[int, str, str]:
-    code = run_main([plan, "--steps", "3", "--launcher", "fork", "--run-timeout", "120", "--group-timeout", "60",
+def _run(capsys, plan: str, *args: str, steps: int = 3) -> tuple[int, str, str]:
+    code = run_main([plan, "--steps", str(steps), "--launcher", "fork", "--run-timeout", "600", "--group-timeout", "60",
                      *args])
     out, err = capsys.readouterr()
     return code, out, err
@@ -79,6 +83,32 @@ def test_verify_control_without_block_allreduce_fails(tmp_path, capsys, monkeypa
                            "--verify", "--lr", "0.01")
     diff, _n = _verify_line(out)
     assert code == 1 and diff > 1e-6 and "FAILED" in out
+
+
+def test_verify_300_chaotic_steps_each_equal_one_single_device_step(tmp_path, capsys):
+    """The free-running difference exceeds the tolerance (and single-device training summed in reverse sample order
+    drifts alike), while every one of the 300 steps matches one single-device step from the run's state."""
+    code, out, err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
+                          "--verify", "--lr", "0.03", "--quiet", "--json", steps=300)
+    v = json.loads(out)["verify"]
+    print(err.strip().splitlines()[-2:])
+    assert code == 0, err
+    assert v["steps"] == v["steps_checked"] == 300 and v["passed"]
+    assert v["max_abs_difference"] <= 1e-9
+    assert v["free_running_difference"] > 1e-9 and v["reordered_difference"] > 1e-9     # the end alone would fail
+    assert "summed in reverse order" in err
+
+
+def test_verify_control_one_unsynchronised_step_after_the_drift_fails(tmp_path, capsys, monkeypatch):
+    """No gradient sync in step 55 only (0-based 54), when the free-running difference is already chaos: the check
+    fails from that step on (the replicas diverged there) and names it."""
+    monkeypatch.setattr(run_mod, "WorkerConfig", functools.partial(WorkerConfig, skip_block_allreduce_step=54))
+    code, out, err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
+                          "--verify", "--lr", "0.03", "--quiet", "--json", steps=60)
+    v = json.loads(out)["verify"]
+    assert code == 1 and not v["passed"] and "FAILED" in err
+    assert v["first_failed_step"] == 55 and v["max_abs_difference"] > 1e-6 and "first above the tolerance: step 55" in err
+    assert v["reordered_difference"] > 1e-9            # the free-running comparison alone could not tell
 
 
 def test_verify_tied_model_on_padded_npy_data(tmp_path, capsys):

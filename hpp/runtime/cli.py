@@ -19,6 +19,7 @@ from typing import Sequence
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.runtime.processes import RunInterrupted, interrupt_signals
+from hpp.runtime.step_terms import summary_lines
 from hpp.wording import count
 
 __all__ = ["run_main", "profile_main", "main", "few_steps_note"]
@@ -148,7 +149,7 @@ def _human_run(rep: dict) -> str:
              f"  grad all-reduce  {c['count']} per step, {count(c['bytes'], 'byte')} ({c['mode']}, "
              f"{count(c['num_blocks'], 'block')}"
              f"{joined})",
-             *_comm_lines(m, pr),
+             *summary_lines(m, pr),
              f"  rank pipe stage  tp device          layers   rec   #mb  {'peak_RSS_MB' if on_cpu else 'peak_mem_MB'}"
              f"  pred_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
@@ -172,29 +173,28 @@ def _human_run(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _comm_lines(m: dict, pr: dict) -> list[str]:
-    """The measured gradient sync and each stage's p2p wait beside the cost model's
-    (:mod:`hpp.runtime.step_terms`); none for a report without them."""
-    if m.get("grad_sync_s") is None:
-        return []
-    pred = {(s["pipeline"], s["stage"]): s for s in pr.get("stages") or []}
-    lines = [f"  grad sync        measured {m['grad_sync_s']:.4f} s per step (median after warm-up; the all-reduces "
-             f"after the last schedule ended)   predicted {_fmt(pr.get('grad_sync_s'), '.4f', ' s')} (cost model)",
-             "  stage terms      pipe stage  compute_s  predicted  p2p_wait_s  predicted  (of it transfers)  "
-             "[p2p wait: in the schedule, outside forward/backward]"]
-    for s in m.get("stages") or []:
-        p = pred.get((s["pipeline"], s["stage"]), {})
-        lines.append(f"  {'':<16} {s['pipeline']:>4} {s['stage']:>5} {s['compute_s']:>10.4f} "
-                     f"{_fmt(p.get('compute_s'), '>10.4f')} {s['p2p_wait_s']:>11.4f} {_fmt(p.get('p2p_wait_s'), '>10.4f')}"
-                     f"  ({_fmt(p.get('p2p_transfer_wait_s'), '.4f')})")
-    return lines
-
-
 def _verify_line(v: dict) -> str:
+    """The ``verify:`` line (the per-step check, which decides) and, under it, the free-running comparison."""
     tail = f"; {count(len(v['missing']), 'parameter')} saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
-    return (f"verify: max |difference| {v['max_abs_difference']:.3g} over {count(v['num_parameters'], 'parameter')} "
-            f"({count(v['num_copies'], 'copy', 'copies')} on the ranks; tolerance {v['tolerance']:g}): "
+    if v["steps_checked"] < v["steps"]:
+        tail += f"; only {v['steps_checked']} of {count(v['steps'], 'step')} were checked"
+    step_name = lambda k: "the initial parameters" if k == 0 else f"step {k}"  # noqa: E731
+    where = "" if v.get("worst_step") is None else f"; worst: {step_name(v['worst_step'])}"
+    if v.get("first_failed_step") is not None:
+        where += f"; first above the tolerance: {step_name(v['first_failed_step'])}"
+    line = (f"verify: max |difference| {v['max_abs_difference']:.3g} over {count(v['num_parameters'], 'parameter')} "
+            f"({count(v['num_copies'], 'copy', 'copies')} on the ranks; each of {count(v['steps'], 'step')} against "
+            f"one single-device step from the run's state before it{where}; tolerance {v['tolerance']:g}): "
             f"{'ok' if v['passed'] else 'FAILED'}{tail}")
+    free = v.get("free_running_difference")
+    if free is None:
+        return line
+    line += f"\nverify: free-running, the final parameters differ from single-device training by {free:.3g}"
+    if v.get("reordered_difference") is not None:
+        line += (f"; single-device training differs from itself by {v['reordered_difference']:.3g} when each "
+                 "batch's samples are only summed in reverse order (float64 training amplifies rounding over "
+                 "many steps, which is why each step is checked from the run's own state)")
+    return line
 
 
 def run_main(argv: Sequence[str] | None = None) -> int:

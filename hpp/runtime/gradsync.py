@@ -31,6 +31,9 @@ must therefore be zeroed in place (``zero_grad(set_to_none=False)``).
 
 A pipeline with zero micro-batches never fires a hook; :meth:`GradSync.finish`
 launches its buckets with the zero gradients it holds.
+
+``begin_step(n, skip=True)`` leaves one step unsynchronised (each rank keeps its own
+gradients): the control that ``--verify`` must catch however late it happens.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class GradSync:
         self.stats = CollectiveStats()
         self._expected = 0
         self._next = 0
+        self._skip = False
         self.buckets: list[Bucket] = []
         keyed: list[tuple[tuple, Bucket]] = []
         for u in units:
@@ -195,9 +199,13 @@ class GradSync:
             offset += loc.numel()
         b.views = True
 
-    def begin_step(self, num_micro_batches: int) -> None:
-        """Reset for a step in which this stage runs ``num_micro_batches`` backward passes."""
+    def begin_step(self, num_micro_batches: int, *, skip: bool = False) -> None:
+        """Reset for a step in which this stage runs ``num_micro_batches`` backward passes.
+
+        ``skip``: the control: no all-reduce this step (every rank must skip the same step).
+        """
         self._expected = num_micro_batches
+        self._skip = skip
         self._next = 0
         self._count = {}
         self.stats = CollectiveStats()
@@ -207,6 +215,8 @@ class GradSync:
                 b.flat = None
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
+        if self._skip:
+            return
         c = self._count.get(id(p), 0) + 1
         self._count[id(p)] = c
         if c == self._expected:
@@ -253,6 +263,8 @@ class GradSync:
 
     def finish(self) -> None:
         """Launch what backward did not, wait for everything, write the sums back where they are copies."""
+        if self._skip:
+            return
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next], async_op=not self.naive)
             self._next += 1

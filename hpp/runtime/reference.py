@@ -10,15 +10,18 @@ per step. The loss is the summed next-token cross-entropy over the targets that 
 not ``IGNORE_INDEX`` divided by their count in the global batch, which is what the
 run's ranks sum to.
 
-:func:`max_param_difference` then compares every parameter every rank saved with the
-reference (tied copies included). :func:`train_reference` is the legacy entry point
-for :class:`hpp.runtime.models.ModelConfig` models.
+:func:`max_param_difference` compares every parameter every rank saved with the
+reference (tied copies included); :func:`verify_against` puts that free-running comparison
+beside the per-step check that decides ``--verify`` (:mod:`hpp.runtime.verify_steps`: float64
+training amplifies rounding over hundreds of steps, each step does not).
+:func:`train_reference` is the legacy entry point for :class:`hpp.runtime.models.ModelConfig` models.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -31,7 +34,7 @@ from hpp.runtime.stage import build_stage
 from hpp.runtime.training import make_lr_scheduler, make_optimizer as make_opt, single_device_step
 
 __all__ = ["make_optimizer", "train_reference", "train_single_device", "max_param_difference",
-           "VerifyResult", "verify_against", "VERIFY_TOLERANCE"]
+           "VerifyResult", "verify_against", "verify_run", "VERIFY_TOLERANCE"]
 
 #: ``--verify`` fails above this max absolute parameter difference (float64).
 VERIFY_TOLERANCE = 1e-9
@@ -53,7 +56,8 @@ def make_optimizer(name: str, params: Sequence[torch.nn.Parameter], *, lr: float
 
 
 def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: int, training: Any,
-                        dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+                        dtype: torch.dtype = torch.float64,
+                        sample_order: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """Train ``model`` on one device for ``steps`` steps; every parameter by global name (tied: both names).
 
     Parameters
@@ -67,6 +71,9 @@ def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: i
         :func:`hpp.runtime.training.single_device_step`.
     dtype : torch.dtype
         The parameters' dtype (float64 for ``--verify``, whose ``training.dtype`` is float64 too).
+    sample_order : sequence of int, optional
+        A permutation of the ``G`` samples of every batch: the same training, summed in another
+        order (what ``--verify`` measures float64 chaos with). Default: the batch's order.
     """
     module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=dtype)
     named = [(name, p) for _l, name, p in module.layer_parameters()]
@@ -74,6 +81,8 @@ def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: i
     sched = make_lr_scheduler(opt, training)
     for step in range(steps):
         inputs, targets = source.batch(step)
+        if sample_order is not None:
+            inputs, targets = inputs[list(sample_order)], targets[list(sample_order)]
         single_device_step(module, opt, sched, inputs, targets, training)
     out = {name: p.detach().clone() for name, p in named}
     for first, second in model.tied_parameters():       # one parameter here; the ranks may hold two copies
@@ -136,11 +145,21 @@ def max_param_difference(rank_params: Sequence[Mapping[str, torch.Tensor]],
 class VerifyResult:
     """Outcome of ``--verify``.
 
+    The pass/fail measure is per step (:mod:`hpp.runtime.verify_steps`): each step of the run
+    against one single-device step from the run's own state before it, and, for a run that
+    starts fresh, the initial parameters against the single-device initialisation. The
+    free-running comparison (the final parameters against single-device training of every
+    step from the start) is reported beside it: float64 training amplifies rounding, so
+    after a few hundred steps it can exceed the tolerance with every step exact; then
+    ``reordered_difference`` says how far the same single-device training drifts when each
+    batch is only summed in another order.
+
     Attributes
     ----------
     max_abs_difference : float
-        Largest ``|run - reference|`` over every value of every parameter every rank holds (inf on NaN
-        or a shape mismatch).
+        Largest ``|run - single-device step|`` over every checked step (and the initial
+        parameters), every value of every parameter every rank holds (inf on NaN or a
+        shape mismatch).
     num_parameters : int
         Distinct parameters (global names) compared.
     num_copies : int
@@ -148,6 +167,18 @@ class VerifyResult:
     missing : tuple[str, ...]
         Reference parameters no rank saved (the run did not cover the model; fails).
     tolerance : float
+    steps, steps_checked : int
+        Steps the run took, and how many of them the per-step check covered (fails unless all).
+    worst_step : int or None
+        1-based global step of ``max_abs_difference`` (0: the initial parameters).
+    first_failed_step : int or None
+        1-based global step of the first difference above the tolerance (0: the initial parameters;
+        None: none). Replicas that diverged there stay apart, so later steps fail too.
+    free_running_difference : float or None
+        Largest ``|run - single-device training|`` after the last step, without re-synchronising.
+    reordered_difference : float or None
+        Largest difference of single-device training from itself with every batch's samples in
+        reverse order (computed when ``free_running_difference`` exceeds the tolerance).
     """
 
     max_abs_difference: float
@@ -155,21 +186,97 @@ class VerifyResult:
     num_copies: int
     missing: tuple[str, ...]
     tolerance: float = VERIFY_TOLERANCE
+    steps: int = 0
+    steps_checked: int = 0
+    worst_step: int | None = None
+    first_failed_step: int | None = None
+    free_running_difference: float | None = None
+    reordered_difference: float | None = None
 
     @property
     def passed(self) -> bool:
-        return not self.missing and self.max_abs_difference <= self.tolerance
+        return (not self.missing and self.steps_checked == self.steps
+                and self.max_abs_difference <= self.tolerance)
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_abs_difference": self.max_abs_difference, "num_parameters": self.num_parameters,
                 "num_copies": self.num_copies, "missing": list(self.missing), "tolerance": self.tolerance,
-                "passed": self.passed}
+                "steps": self.steps, "steps_checked": self.steps_checked, "worst_step": self.worst_step,
+                "first_failed_step": self.first_failed_step,
+                "free_running_difference": self.free_running_difference,
+                "reordered_difference": self.reordered_difference, "passed": self.passed}
 
 
 def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference: Mapping[str, torch.Tensor], *,
-                   tolerance: float = VERIFY_TOLERANCE) -> VerifyResult:
-    """Compare every rank's saved parameters with the reference (see :class:`VerifyResult`)."""
-    worst, _nan, copies = max_param_difference(rank_params, reference)
+                   steps: int, step_differences: Sequence[float], first_step: int = 0,
+                   init_difference: float | None = None, tolerance: float = VERIFY_TOLERANCE) -> VerifyResult:
+    """The :class:`VerifyResult` of a run.
+
+    Parameters
+    ----------
+    rank_params : sequence of {global name: tensor}
+        Every rank's parameters after the last step.
+    reference : {global name: tensor}
+        Free-running single-device training of every step (:func:`train_single_device`).
+    steps : int
+        Steps the run took.
+    step_differences : sequence of float
+        The per-step check (:mod:`hpp.runtime.verify_steps`) of steps ``first_step, first_step + 1, ...``;
+        fewer than ``steps`` fails.
+    first_step : int
+        0-based global index of the run's first step (a resumed run's checkpoint step).
+    init_difference : float or None
+        The initial parameters against the single-device initialisation (None: resumed).
+    """
+    free, _nan, copies = max_param_difference(rank_params, reference)
     seen = {name for params in rank_params for name in params}
     missing = tuple(sorted(set(reference) - seen))
-    return VerifyResult(worst, len(seen), copies, missing, tolerance)
+    checked = {first_step + i + 1: float(d) for i, d in enumerate(step_differences)}
+    if init_difference is not None:
+        checked[0] = float(init_difference)
+    worst = max(checked, key=lambda k: (checked[k], -k)) if checked else None
+    failed = min((k for k, d in checked.items() if not d <= tolerance), default=None)
+    return VerifyResult(checked[worst] if worst is not None else math.inf, len(seen), copies, missing, tolerance,
+                        steps=steps, steps_checked=len(step_differences), worst_step=worst, first_failed_step=failed,
+                        free_running_difference=free)
+
+
+def verify_run(model: RuntimeModel, out_dir: Path, ranks: Sequence[int], results: Sequence[Mapping[str, Any] | None],
+               *, source: Any, first_step: int, steps: int, seed: int, training: Any, whole: bool = True,
+               num_threads: int = 1) -> VerifyResult:
+    """The verdict of ``hpp run --verify`` from the ranks' files.
+
+    The per-step check the ranks recorded (every rank the same, :mod:`hpp.runtime.verify_steps`) decides;
+    beside it, the ranks' saved parameters (``out_dir/rank<r>.pt``) against free-running single-device
+    float64 training of all ``first_step + steps`` steps and, when that drifts past the tolerance, the
+    drift of single-device training from itself with every batch summed in reverse sample order.
+
+    Parameters
+    ----------
+    results : sequence of dict or None
+        The ranks' ``rank<r>.json`` (``verify_init``, ``verify_steps``).
+    whole : bool
+        False (one host of several): only the names these ranks hold are compared free-running.
+    num_threads : int
+        torch compute threads of the single-device training, the ranks' (on a busy host, more threads
+        than free cores make a tiny model's step many times slower); restored afterwards.
+    """
+    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
+    recorded = next((r for r in results if r is not None and "verify_steps" in r), {})
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        ref = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training)
+        if not whole:
+            held = {name for params in rank_params for name in params}
+            ref = {k: v for k, v in ref.items() if k in held}
+        result = verify_against(rank_params, ref, steps=steps, step_differences=recorded.get("verify_steps", []),
+                                first_step=first_step, init_difference=recorded.get("verify_init"))
+        if result.free_running_difference is not None and result.free_running_difference > result.tolerance:
+            twin = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training,
+                                       sample_order=range(source.global_batch_size - 1, -1, -1))
+            drift, _nan, _n = max_param_difference([{k: twin[k] for k in ref}], ref)
+            result = replace(result, reordered_difference=drift)
+    finally:
+        torch.set_num_threads(before)
+    return result

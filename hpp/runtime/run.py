@@ -13,8 +13,10 @@ the plan's device count.
 
 While the ranks run, :class:`hpp.runtime.metrics.StepMonitor` prints one line per
 step (loss, samples/s, tokens/s, MFU, peak memory) and writes ``--metrics-jsonl``.
-``verify`` runs in float64 and compares every rank's parameters after the last
-step with single-device training on the same global batches
+``verify`` runs in float64 and compares every step with one single-device step from the
+run's own state before it (:mod:`hpp.runtime.verify_steps`: float64 training is chaotic over
+hundreds of steps, each step is not), and reports beside it the free-running difference
+of the final parameters from single-device training on the same global batches
 (:func:`hpp.runtime.reference.train_single_device`).
 
 Measured iteration time of a step = the slowest rank's time from the common
@@ -63,9 +65,8 @@ from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
 from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
 from hpp.runtime.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, peak_flops_per_s, plan_peak_flops_per_s
-from hpp.runtime.model_api import RuntimeModel
 from hpp.runtime.processes import remove_stale_run_dirs, run_dir_prefix
-from hpp.runtime.reference import VerifyResult, train_single_device, verify_against
+from hpp.runtime.reference import verify_run
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
@@ -259,7 +260,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
                        training=asdict(training), data=data_desc, steps=steps, warmup_steps=warmup_steps, seed=seed,
                        dtype=run_dtype, optimizer=training.optimizer, lr=training.lr, naive_allreduce=naive_allreduce,
                        slowdown=slowdown, time_scale=scale, device=device, timeout_s=group_timeout_s,
-                       num_threads=num_threads, save_params=verify,
+                       num_threads=num_threads, save_params=verify, verify_steps=verify,
                        **_worker_fields(share, save_dir=save_dir, save_every=save_every,
                                         resume=meta["path"] if meta is not None else None,
                                         emulate_node_type=emulate_node_type),
@@ -310,8 +311,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
             raise RunFailedError(failure_line(res, share, plan, cluster, steps_seen=len(monitor.metrics),
                                               log_dir=log_dir))
         if verify:
-            verified = _verify(rt, Path(tmp), share.ranks, source=source, steps=start + steps, seed=seed,
-                               training=training, whole=share.whole)
+            verified = verify_run(rt, Path(tmp), share.ranks, res.results, source=source, first_step=start,
+                                  steps=steps, seed=seed, training=training, whole=share.whole, num_threads=num_threads)
     measured, collectives, ranks = summarise_run(res, plan, warmup_steps=warmup_steps, seq_len=spec.seq_len,
                                                  steps_seen=monitor.metrics, peak_flops=peak)
     collectives["mode"] = "per-layer" if naive_allreduce else "block-bucketed"
@@ -377,15 +378,3 @@ def _worker_fields(share: Any, *, save_dir: Path | None, save_every: int, resume
     if resume is not None:
         out["resume"] = str(Path(resume).resolve())
     return out
-
-
-def _verify(rt: RuntimeModel, out_dir: Path, ranks: Sequence[int], *, source: Any, steps: int, seed: int,
-            training: Any, whole: bool = True) -> VerifyResult:
-    """The ranks' saved parameters against single-device float64 training of ``steps`` steps
-    (:mod:`hpp.runtime.reference`); ``whole`` False (one host of several): only the names these ranks hold."""
-    rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
-    ref = train_single_device(rt, source=source, steps=steps, seed=seed, training=training, dtype=torch.float64)
-    if not whole:
-        held = {name for params in rank_params for name in params}
-        ref = {k: v for k, v in ref.items() if k in held}
-    return verify_against(rank_params, ref)

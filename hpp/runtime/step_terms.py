@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from hpp.formulation.cost_model import PlanEstimate
 
-__all__ = ["measured_terms", "predicted_terms"]
+__all__ = ["measured_terms", "predicted_terms", "summary_lines"]
 
 
 def _kept(values: Sequence[Any], warmup_steps: int) -> Sequence[Any]:
@@ -127,3 +127,26 @@ def predicted_terms(est: PlanEstimate) -> dict[str, Any]:
                            "p2p_wait_s": max(0.0, pe.time_s - compute),
                            "p2p_transfer_wait_s": max(0.0, st.busy_s - compute), "p2p_s": st.p2p_s})
     return {"grad_sync_s": est.grad_sync_s if math.isfinite(est.grad_sync_s) else None, "stages": stages}
+
+
+def _fmt(x: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{unit}"
+
+
+def summary_lines(measured: Mapping[str, Any], predicted: Mapping[str, Any]) -> list[str]:
+    """``hpp run``'s summary lines of these terms: the measured gradient sync and each stage's compute and p2p wait
+    beside the cost model's (``measured``/``predicted``: the report's dicts); none for a report without them."""
+    if measured.get("grad_sync_s") is None:
+        return []
+    pred = {(s["pipeline"], s["stage"]): s for s in predicted.get("stages") or []}
+    lines = [f"  grad sync        measured {measured['grad_sync_s']:.4f} s per step (median after warm-up; the "
+             f"all-reduces after the last schedule ended)   predicted "
+             f"{_fmt(predicted.get('grad_sync_s'), '.4f', ' s')} (cost model)",
+             "  stage terms      pipe stage  compute_s  predicted  p2p_wait_s  predicted  (of it transfers)  "
+             "[p2p wait: in the schedule, outside forward/backward]"]
+    for s in measured.get("stages") or []:
+        p = pred.get((s["pipeline"], s["stage"]), {})
+        lines.append(f"  {'':<16} {s['pipeline']:>4} {s['stage']:>5} {s['compute_s']:>10.4f} "
+                     f"{_fmt(p.get('compute_s'), '>10.4f')} {s['p2p_wait_s']:>11.4f} "
+                     f"{_fmt(p.get('p2p_wait_s'), '>10.4f')}  ({_fmt(p.get('p2p_transfer_wait_s'), '.4f')})")
+    return lines

@@ -58,6 +58,7 @@ from hpp.runtime.stage import build_stage, split_global_name
 from hpp.runtime.tensor_parallel import is_sharded, local_tensor, parallelize_stage
 from hpp.runtime.training import (TrainingConfig, clip_by_global_norm, lm_loss, make_lr_scheduler, make_optimizer,
                                   target_count)
+from hpp.runtime.verify_steps import StepVerifier
 from hpp.runtime.worker_steps import (collective_record, event_records, full_params, make_stage_schedule,
                                       peak_memory_bytes, phase_record, run_schedule_step, stage_flops_per_step)
 from hpp.runtime.zoo import load_runtime_model
@@ -91,6 +92,11 @@ class WorkerConfig:
         Gradient sync variants: per-layer blocking; launched from backward hooks; the
         control without any block sync; the control that sums replicated parameters
         from every TP rank (both must NOT match single-device training).
+    skip_block_allreduce_step : int
+        The control of one late fault: no gradient sync in that (global) step only (-1: never).
+    verify_steps : bool
+        ``--verify``: compare every step with one single-device step from the run's state
+        (:class:`hpp.runtime.verify_steps.StepVerifier`; rank 0 computes, every rank records).
     slowdown : dict[str, float]
         Per device type, the emulated slowdown (empty: no emulation).
     time_scale : float
@@ -124,7 +130,9 @@ class WorkerConfig:
     naive_allreduce: bool = False
     overlap: bool = True
     skip_block_allreduce: bool = False
+    skip_block_allreduce_step: int = -1
     naive_tp: bool = False
+    verify_steps: bool = False
     bucket_bytes: int = 25 * 2**20
     slowdown: dict = field(default_factory=dict)
     time_scale: float = 1.0
@@ -234,6 +242,10 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
         if cfg.resume:                                  # collective; parameters loaded in place (buckets stay)
             start = load_checkpoint(cfg.resume, module=module, optimizer=optimizer, scheduler=scheduler,
                                     model_name=spec.name, num_layers=spec.num_layers)
+        verifier = StepVerifier(model, tcfg, seed=cfg.seed, rank=rank, timeout_s=cfg.timeout_s) \
+            if cfg.verify_steps else None
+        verify_init = verifier.start(module, optimizer, fresh=not cfg.resume) if verifier is not None else None
+        verify_diffs: list[float] = []
         second = {b for _a, b in model.tied_parameters()}
         norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
                       for _l, name, p in named]
@@ -266,7 +278,7 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                     time.sleep(2 * cfg.timeout_s)
                 os._exit(17)
             optimizer.zero_grad(set_to_none=False)     # in place: grads are views of the sync buckets
-            sync.begin_step(role.num_micro_batches)
+            sync.begin_step(role.num_micro_batches, skip=step == cfg.skip_block_allreduce_step)
             instrument.reset()
             lr = optimizer.param_groups[0]["lr"]
             dist.barrier()
@@ -299,6 +311,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
             phases.append(phase_record(t0, t_sched, t_sync, t_opt, t_end, instrument, proc_s=time.process_time() - cpu0,
                                        host=tick_delta(ticks0, read_cpu_ticks())))
             coll.append(collective_record(sync.stats))
+            if verifier is not None:                   # after the step's timings and CPU counters
+                verify_diffs.append(verifier.check(step, inputs, targets, module, optimizer))
             events = event_records(instrument, t0)
             done = step + 1
             if cfg.save_dir and (done == start + cfg.steps or (cfg.save_every and done % cfg.save_every == 0)):
@@ -308,6 +322,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                                        "training": asdict(tcfg), "data": cfg.data})
             line = {"step": step, "time_s": t_end - t0, "loss": step_loss, "target_tokens": denominator[0],
                     "flops": flops_per_step, "peak_memory_bytes": peak_memory_bytes(device), "lr": lr}
+            if verifier is not None:
+                line["verify_difference"] = verify_diffs[-1]
             with steps_path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
         sync.close()
@@ -325,6 +341,8 @@ def run_worker(cfg: WorkerConfig, *, rank: int, world_size: int, out_dir: Path) 
                   "slowdown": instrument.slowdown,
                   "time_scale": instrument.time_scale, "compute_s": instrument.compute_s, "cpu_s": instrument.cpu_s,
                   "padding_s": instrument.padding_s, "events": events}
+        if verifier is not None:
+            result.update(verify_init=verify_init, verify_steps=verify_diffs)
         if cfg.save_params:
             tmp = out_dir / f"rank{rank}.pt.tmp"
             torch.save(full_params(module, model), tmp)
