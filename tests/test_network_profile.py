@@ -160,9 +160,9 @@ def test_a_host_that_never_answers_is_named_in_one_line(tmp_path):
     """Node rank 1 of 2 never starts: node rank 0 says so after the rendezvous timeout, exit 2, one line; no file,
     no rank started. Alone, node rank 1 names node rank 0."""
     out, port = tmp_path / "c.json", free_port()
-    ((code, so, se),) = _finish(_start([_cmd(out, port, 2, 0, "cpu:2", "--quiet", "--rendezvous-timeout", "3")]))
+    ((code, so, se),) = _finish(_start([_cmd(out, port, 2, 0, "cpu:2", "--quiet", "--rendezvous-timeout", "2")]))
     assert code == 2 and so == "" and len(se.strip().splitlines()) == 1, se
-    assert se.startswith(f"hpp profile-network: error: node rank 1 did not answer within 3 s at 127.0.0.1:{port} "
+    assert se.startswith(f"hpp profile-network: error: node rank 1 did not answer within 2 s at 127.0.0.1:{port} "
                          "(rendezvous; 1 host of 2 answered). Fix: start hpp profile-network on that host"), se
     ((code, so, se),) = _finish(_start([_cmd(out, free_port(), 2, 1, "cpu:2", "--quiet", "--rendezvous-timeout", "2")]))
     assert code == 2 and len(se.strip().splitlines()) == 1 and "node rank 0 did not answer within 2 s" in se, se
@@ -226,6 +226,18 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, flags, expected):
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("hpp profile-network: error: "), err
     assert expected in err, err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("cpu", "--device cpu without an emulated node. Fix: give --emulate-node-type TYPE:COUNT"),
+    ("auto", "this host has no CUDA device and no emulated node. Fix: give --emulate-node-type TYPE:COUNT"),
+])
+def test_a_cpu_host_must_say_which_node_it_plays(tmp_path, capsys, monkeypatch, device, expected):
+    monkeypatch.delenv("HPP_EMULATE_NODE_TYPE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert main(["profile-network", "--out", str(tmp_path / "c.json"), "--sizes", SIZES, "--device", device]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
 
 
 def test_an_existing_output_needs_force(tmp_path, capsys):

@@ -88,7 +88,11 @@ def detect_host(*, device: str, emulate: str | None) -> tuple[str, str, int, int
             raise HppInputError(f"--emulate-node-type {emulate!r}", field="--emulate-node-type",
                                 fix="give a COUNT >= 1")
         return "cpu", found.types[0], found.count, _host_memory_bytes() // found.count
-    found = detect_node_devices(emulate=None) if device in ("auto", "cuda") else None
+    if device == "cpu":
+        raise HppInputError("--device cpu without an emulated node", field="--emulate-node-type",
+                            fix="give --emulate-node-type TYPE:COUNT, the COUNT gloo processes this host runs (e.g. "
+                                "cpu:2)")
+    found = detect_node_devices(emulate=None)
     if found is None or not found.count:
         if device == "cuda":
             raise HppInputError("--device cuda but this host has no CUDA device", field="--device",
