@@ -257,7 +257,8 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
                                       local_ranks=range(offset, offset + ndev), module="hpp.runtime.network_measure")
                 line = None if res.ok else res.failure_message()
             except _AnotherHostEnded:               # this host's ranks were stopped at once (launch_torchrun)
-                line = "this host stopped its ranks"
+                done = all((Path(tmp) / f"rank{r}.json").exists() for r in range(offset, offset + ndev))
+                line = None if done else "this host stopped its ranks"     # done: the news came after the end
             if line is not None:
                 raise _failure(line, hosts, rdzv.failed(line), me)
             if node_rank != 0:
@@ -265,7 +266,7 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
                 if summary is None:
                     raise _failure("", hosts, rdzv.failed("no summary from node rank 0", wait_s=0.0), me, after=True)
                 return summary
-            records = res.results[0]["records"]
+            records = json.loads((Path(tmp) / "rank0.json").read_text())["records"]
         try:
             try:
                 fitted = fit_links(tasks, records, devices=devices)
