@@ -332,12 +332,13 @@ def _parser() -> argparse.ArgumentParser:
     # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
     sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
     sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
+    sub.add_parser("profile-network", help="measure the cluster's links into a cluster file (hpp profile-network --help)")
     sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
     sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
     return ap
 
 
-_DISPATCHED = ("run", "profile", "instances", "bench-solvers")
+_DISPATCHED = ("run", "profile", "profile-network", "instances", "bench-solvers")
 
 
 def _global_flags(argv: list[str]) -> tuple[int, list[str]]:
@@ -379,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging(verbose)
         # lazy: each dispatched command loads its own module (hpp.bench.cli loads numpy: 0.36 s against 0.16 s
         # for `import hpp.cli`, measured; hpp.runtime.cli keeps torch out of the planning commands)
-        if rest[0] in ("run", "profile"):
+        if rest[0] in ("run", "profile", "profile-network"):
             from hpp.runtime.cli import main as runtime_main
             return runtime_main(rest)
         from hpp.bench.cli import main as bench_main

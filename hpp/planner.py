@@ -369,8 +369,8 @@ def plan_using_idle_devices(problem: CompositionProblem, counts: Mapping[int, in
     Returns
     -------
     dict or None
-        ``{"iteration_time_s", "devices_used"}`` of the plan using the most devices (the faster on a tie); None when
-        neither fill uses more devices than ``counts``.
+        ``{"iteration_time_s", "devices_used"}`` of the plan with the most devices working (in pipelines that get
+        samples; the faster on a tie); None when neither fill puts more devices to work than ``counts``.
     """
     from hpp.formulation.composition.heuristics import solo_objective_s    # the composition's own ranking
 
@@ -404,10 +404,16 @@ def plan_using_idle_devices(problem: CompositionProblem, counts: Mapping[int, in
                 cs = best[2]
         return None if best is None else (best[0], cs)
 
-    now = sum(used(counts).values())
-    found = [f for f in (fill({c: x for c, x in counts.items() if x > 0}, one_type=False), fill({}, one_type=True))
-             if f is not None and sum(used(f[1]).values()) > now]
+    def working(cs: Mapping[int, int]) -> int:
+        """Devices of the bound plan's pipelines that get samples (data balance may give an added copy none)."""
+        plan = problem.estimator(cs)[0]
+        return sum(len(s.device_ids) for p in plan.pipelines if p.num_samples > 0 for s in p.stages)
+
+    now = working(counts)
+    found = [(f[0], working(f[1])) for f in (fill({c: x for c, x in counts.items() if x > 0}, one_type=False),
+                                             fill({}, one_type=True)) if f is not None]
+    found = [f for f in found if f[1] > now]
     if not found:
         return None
-    t, cs = min(found, key=lambda f: (-sum(used(f[1]).values()), f[0]))
-    return {"iteration_time_s": t, "devices_used": sum(used(cs).values())}
+    t, n = min(found, key=lambda f: (-f[1], f[0]))
+    return {"iteration_time_s": t, "devices_used": n}

@@ -37,7 +37,7 @@ def _one_line_error(argv, capsys) -> str:
      "hpp bench-solvers: error: unknown option --suitt (did you mean --suite?). Fix: see hpp bench-solvers --help"),
     (["plan", "stray"], "hpp plan: error: unrecognized arguments: stray. Fix: see hpp plan --help"),
     (["plna"], "hpp: error: unknown command plna (did you mean plan?); the commands: plan, estimate, scenarios, profiles, run, "
-               "profile, instances, bench-solvers. Fix: see hpp --help"),
+               "profile, profile-network, instances, bench-solvers. Fix: see hpp --help"),
     (["plan", "--gbs", "x"], "hpp plan: error: argument --gbs: invalid int value: 'x'. Fix: see hpp plan --help"),
     (["run", "p.json", "--steps", "x"],
      "hpp run: error: argument --steps: invalid int value: 'x'. Fix: see hpp run --help"),

@@ -1,4 +1,5 @@
-"""Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`).
+"""Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`; ``hpp profile-network``'s
+is :mod:`hpp.runtime.network_cli`).
 
 Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
 (the line names the failed rank, or says it timed out) or a ``--verify`` that found a
@@ -18,6 +19,7 @@ from typing import Sequence
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.runtime.processes import RunInterrupted, interrupt_signals
+from hpp.runtime.step_terms import summary_lines
 from hpp.wording import count
 
 __all__ = ["run_main", "profile_main", "main", "few_steps_note"]
@@ -147,6 +149,7 @@ def _human_run(rep: dict) -> str:
              f"  grad all-reduce  {c['count']} per step, {count(c['bytes'], 'byte')} ({c['mode']}, "
              f"{count(c['num_blocks'], 'block')}"
              f"{joined})",
+             *summary_lines(m, pr),
              f"  rank pipe stage  tp device          layers   rec   #mb  {'peak_RSS_MB' if on_cpu else 'peak_mem_MB'}"
              f"  pred_mem_MB  compute_s  padding_s"]
     for r in rep["ranks"]:
@@ -365,14 +368,17 @@ def _profile_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpp.runtime.cli run|profile ...``."""
+    """``python -m hpp.runtime.cli run|profile|profile-network ...``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "run":
         return run_main(argv[1:])
     if argv and argv[0] == "profile":
         return profile_main(argv[1:])
-    sys.stderr.write("usage: python -m hpp.runtime.cli run|profile ...\n")
+    if argv and argv[0] == "profile-network":
+        from hpp.runtime.network_cli import profile_network_main
+        return profile_network_main(argv[1:])
+    sys.stderr.write("usage: python -m hpp.runtime.cli run|profile|profile-network ...\n")
     return 2
 
 

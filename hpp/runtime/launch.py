@@ -250,9 +250,10 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
 
 
 def torchrun_command(config_path: str | Path, out_dir: str | Path, *, nproc: int, nnodes: int = 1,
-                     node_rank: int = 0, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None
-                     ) -> list[str]:
-    """The torchrun command line of one host (``python -m torch.distributed.run ... -m hpp.runtime.worker``).
+                     node_rank: int = 0, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None,
+                     module: str = "hpp.runtime.worker") -> list[str]:
+    """The torchrun command line of one host (``python -m torch.distributed.run ... -m hpp.runtime.worker``;
+    ``module``: another entry point taking ``CONFIG.json OUT_DIR``, e.g. ``hpp.runtime.network_measure``).
 
     One host without an endpoint: ``--standalone``. Otherwise a static rendezvous at
     ``rdzv_endpoint`` (HOST:PORT of node rank 0; torchrun's group rank = ``node_rank``).
@@ -270,7 +271,7 @@ def torchrun_command(config_path: str | Path, out_dir: str | Path, *, nproc: int
                  f"--rdzv-endpoint={rdzv_endpoint}"]
     logs = [f"--log-dir={log_dir}", "--tee=3"] if log_dir is not None else []
     return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}", "--max-restarts=0",
-            *logs, "-m", "hpp.runtime.worker", str(config_path), str(out_dir)]
+            *logs, "-m", module, str(config_path), str(out_dir)]
 
 
 _FAILURE = re.compile(r"\(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -310,7 +311,8 @@ def _keep_logs(log_dir: Path, out_dir: Path, local_ranks: Sequence[int], node_ra
 def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, poll: Callable[[], Any] | None = None,
                     nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-                    local_ranks: Sequence[int] | None = None, log_dir: Path | None = None) -> LaunchResult:
+                    local_ranks: Sequence[int] | None = None, log_dir: Path | None = None,
+                    module: str = "hpp.runtime.worker") -> LaunchResult:
     """Start this host's ranks with torchrun (:func:`torchrun_command`) and wait at most ``timeout_s``.
 
     torchrun's own agent stops every local rank when one fails; ``timeout_s`` bounds the whole
@@ -329,6 +331,10 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
         The plan ranks this host starts, in local-rank order (default ``0 .. world_size-1``).
     log_dir : Path, optional
         Keep torchrun's output (``torchrun-node<R>.log``) and each rank's (``rank<r>.log``) here.
+    module : str
+        The ranks' entry point (``python -m MODULE CONFIG.json OUT_DIR``); ``cfg`` is any dataclass of JSON data
+        with a ``num_threads`` field that the module reads back (default: the training worker's
+        :class:`~hpp.runtime.worker.WorkerConfig`).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     ranks = tuple(range(world_size)) if local_ranks is None else tuple(local_ranks)
@@ -338,7 +344,8 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
         log_dir.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(cfg_path, out_dir, nproc=len(ranks), nnodes=nnodes, node_rank=node_rank,
                            rdzv_endpoint=rdzv_endpoint,
-                           log_dir=log_dir / f"torchrun-node{node_rank}" if log_dir is not None else None)
+                           log_dir=log_dir / f"torchrun-node{node_rank}" if log_dir is not None else None,
+                           module=module)
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg.num_threads), **(extra_env or {}))
     if log_dir is not None:                           # a kept log says what each rank did (checkpoints, ...)
         env.setdefault("HPP_LOG_LEVEL", "INFO")

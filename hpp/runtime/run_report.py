@@ -27,6 +27,7 @@ from hpp.runtime.launch import LaunchResult
 from hpp.runtime.layout import blocks
 from hpp.runtime.metrics import StepMetrics
 from hpp.runtime.profiler import dilate_profile
+from hpp.runtime.step_terms import measured_terms, predicted_terms
 
 __all__ = ["RunReport", "predict_run", "summarise_run", "speed_moved_note"]
 
@@ -46,14 +47,17 @@ class RunReport:
         ``step_times_s`` (all steps), ``pipelines`` (per pipeline: ``schedule_s`` of the
         last step, from the stages' events), ``host_steal`` (on Linux: the stolen share of the
         time this host's cores wanted to run during the kept steps,
-        :func:`hpp.runtime.host_steal.run_steal`; else ``None``).
+        :func:`hpp.runtime.host_steal.run_steal`; else ``None``), ``grad_sync_s`` (median; per step
+        ``grad_sync_steps_s``) and ``stages`` (per stage ``compute_s`` and ``p2p_wait_s``): the
+        communication terms of :func:`hpp.runtime.step_terms.measured_terms`.
     predicted : dict
         ``iteration_time_s`` and ``throughput_samples_per_s`` from
         :func:`hpp.formulation.cost_model.estimate_plan` at this run's ``time_scale`` (on CPU: the host
         model at this host's speed, ``host_speed``, and the steal measured during the steps,
         ``host_model.steal``, see :func:`predict_run`),
         ``plan_iteration_time_s`` at time scale 1, ``pipelines`` (per stage forward/backward
-        seconds), or ``None`` with ``reason``.
+        seconds), ``grad_sync_s`` and ``stages`` (the cost model's figures beside the measured ones,
+        :func:`hpp.runtime.step_terms.predicted_terms`), or ``None`` with ``reason``.
     collectives : dict
         ``count`` and ``bytes`` of gradient all-reduces per step (each counted once), ``mode``.
     ranks : list[dict]
@@ -166,7 +170,7 @@ def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, t
     return {"iteration_time_s": t_iter, "throughput_samples_per_s": plan.global_batch_size / t_iter,
             **extra, "time_scale": time_scale, "plan_iteration_time_s": plan_est.iteration_time_s,
             "pipeline_time_s": est.pipeline_time_s, "grad_sync_s": est.grad_sync_s, "optimizer_s": est.optimizer_s,
-            "peak_memory_bytes": est.peak_memory_bytes,
+            "peak_memory_bytes": est.peak_memory_bytes, "stages": predicted_terms(est)["stages"],
             "pipelines": [{"time_s": p.time_s, "stages": [{"forward_s": s.forward_s, "backward_s": s.backward_s,
                                                           "p2p_s": s.p2p_s,
                                                           "memory_bytes": s.memory_bytes}
@@ -222,7 +226,8 @@ def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: 
                 "peak_flops_per_s": peak_flops,
                 "step_times_s": per_step, "pipelines": pipes,
                 "host_steal": run_steal(results, warmup_steps=warmup_steps),
-                "background_cores": background_cores(results, warmup_steps=warmup_steps)}
+                "background_cores": background_cores(results, warmup_steps=warmup_steps),
+                **measured_terms(results, warmup_steps=warmup_steps)}
     last = [r["collectives"][-1] for r in results]
     count, nbytes = _joined_collectives(last)
     collectives = {"count": count, "bytes": nbytes,
