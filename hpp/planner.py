@@ -21,7 +21,7 @@ from hpp.gcpause import gc_paused
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates_bounded, stage_kinds
-from hpp.formulation.composition.bound_model import lower_bound_candidates
+from hpp.formulation.composition.bound_model import crossing_times, lower_bound_candidates
 from hpp.formulation.composition import CompositionProblem, SyncFloor
 from hpp.formulation.collectives import pipeline_link
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
@@ -172,7 +172,11 @@ def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int
                               fix="add devices with more memory, allow recomputation, raise --max-stages or --max-tp,"
                                   " or use smaller micro-batches")
     problem = CompositionProblem(cands, cluster, global_batch_size, link, hierarchical=config.hierarchical_allreduce)
-    problem.bound = CompositionProblem(lb_cands, cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster))
+    t1 = time.perf_counter()
+    crossed = crossing_times(cluster, profile, cands, lb_cands, pipeline_link=link, config=config, priced_links=priced)
+    stats["crossing_times_s"] = time.perf_counter() - t1
+    problem.bound = CompositionProblem(lb_cands, cluster, global_batch_size, link, sync_floor=SyncFloor.of(cluster),
+                                       crossed=crossed)
     problem.estimator = _estimator(cluster, profile, global_batch_size, cands, config,
                                    profile_ref or {"name": profile.model})
     return problem, stats

@@ -15,6 +15,10 @@ sizes {1, 2} or {2}, drawn from one of :data:`FAMILIES` by the seed:
   measured profile (OPT-350 or GPT-Neo-2.7, TP up to 2), whose speed, memory and link orderings disagree
   (e.g. the V100's small memory, the RTX types' slow links).
 
+Drawn by name only (:data:`NAMED_FAMILIES`, not in the seed rotation): ``packed``, 1-3 types on one or two whole
+nodes of 2-4 devices, fast in-node links and slow ones across nodes, large gradients: pipelines that fit one node
+and the gradient rings through their nodes decide the plan (the copy bound's one-node and crossing columns).
+
 Links are drawn from the bundled public network fits (Sailor's), non-monotone ones included (the effective
 bandwidth falls for some message sizes).
 
@@ -49,11 +53,13 @@ from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import make_cluster
 from tests.test_certified import _per_pair_cluster, public_fits
 
-__all__ = ["FAMILIES", "NO_PRUNING", "TruthInstance", "Oracle", "Check", "truth_instance", "exhaustive_optimum",
+__all__ = ["FAMILIES", "NAMED_FAMILIES", "NO_PRUNING", "TruthInstance", "Oracle", "Check", "truth_instance", "exhaustive_optimum",
            "instance_or_none", "check_instance"]
 
 GB = 10**9
 FAMILIES = ("independent", "inverted", "per-pair", "zoned", "bundled")
+#: Families drawn by name only (not in the seed rotation of :data:`FAMILIES`): ``packed`` (module docstring).
+NAMED_FAMILIES = ("packed",)
 #: Every pruning rule off (memoisation stays: it changes no value).
 NO_PRUNING = PruningOptions(memory_infeasible=False, dominated=False, incumbent_bound=False, symmetry=False,
                             canonical_order=False)
@@ -74,11 +80,14 @@ class TruthInstance:
 def truth_instance(seed: int, *, family: str | None = None, max_gpus_per_type: int = 3) -> TruthInstance:
     """The instance of ``seed`` (module docstring); ``family`` None: ``FAMILIES[seed % 5]``."""
     family = family or FAMILIES[seed % len(FAMILIES)]
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
-    rng = random.Random(seed * 7919 + FAMILIES.index(family))
+    known = FAMILIES + NAMED_FAMILIES
+    if family not in known:
+        raise ValueError(f"unknown family {family!r}; known: {known}")
+    rng = random.Random(seed * 7919 + known.index(family))
     if family == "bundled":
         return _bundled_instance(seed, rng, max_gpus_per_type)
+    if family == "packed":
+        return _packed_instance(seed, rng, max_gpus_per_type)
     fits = public_fits()
     n_types = rng.choice([2, 2, 3, 3, 4])
     top = max(1, min(max_gpus_per_type, {2: 3, 3: 2, 4: 2}[n_types]))
@@ -120,6 +129,43 @@ def truth_instance(seed: int, *, family: str | None = None, max_gpus_per_type: i
     profile = ModelProfile("truth", L, 128, entries, "synthetic", "CC0")
     space = SearchSpace(max_stages=rng.choice([2, 3]), micro_batch_sizes=(1, 2) if rng.random() < 0.5 else (2,))
     return TruthInstance(seed, family, cluster, profile, rng.randint(4, 32), space)
+
+
+def _packed_instance(seed: int, rng: random.Random, max_gpus_per_type: int) -> TruthInstance:
+    """Family ``packed`` (module docstring): 1-3 types on one or two whole nodes of 2-4 devices each (one node where a
+    node holds more than ``max_gpus_per_type`` + 1), fast in-node links and slow ones across nodes, large gradients
+    and small activations,
+    so that a pipeline whole on one node and the gradient rings through that node (in-node, hierarchical or flat)
+    decide the plan."""
+    fits = sorted(public_fits(), key=lambda fp: fp[1])
+    slow, fast = fits[:max(1, len(fits) // 3)], fits[-max(1, len(fits) // 3):]
+    n_types = rng.choice([1, 2, 2, 3])
+    L = rng.randint(4, 6)
+    params = [rng.randint(300, 900) * 10**6 for _ in range(L)]
+    act = [rng.randint(5, 80) * 10**6 for _ in range(L)]
+    out = [rng.randint(1, 16) * 10**6 for _ in range(L)]
+    base = [rng.uniform(0.01, 0.1) for _ in range(L)]
+    types, entries, nodes = {}, {}, []
+    for i in range(n_types):
+        name = f"T{i}"
+        per_node = rng.choice([2, 2, 3, 4])
+        slowdown = rng.uniform(0.5, 3.0)
+        types[name] = DeviceType(name, rng.choice([16, 24, 40, 80]) * GB, per_node)
+        for b in (1, 2):
+            e = LayerProfile(name, 1, b, tuple(f * slowdown * b for f in base),
+                             tuple(2 * f * slowdown * b for f in base), tuple(0.002 * slowdown for _ in range(L)),
+                             tuple(params), tuple(a * b for a in act), tuple(o * b for o in out))
+            entries[e.key] = e
+        fit, peak = rng.choice(fast)
+        # whole nodes only: with a part node the binding of a composition depends on the order of its copies, and
+        # the oracle, which orders them by its own candidate indices, would not price the best of them
+        for _ in range(1 if per_node > max_gpus_per_type + 1 else rng.choice([1, 2])):
+            nodes.append(Node(name, per_node, Link(peak, rng.choice([0.0, 1e-5]), fit)))
+    fit, peak = rng.choice(slow)
+    cluster = Cluster(f"truth-packed-{seed}", types, tuple(nodes), Link(peak, rng.choice([0.0, 1e-5]), fit))
+    profile = ModelProfile("truth", L, 128, entries, "synthetic", "CC0")
+    space = SearchSpace(max_stages=rng.choice([2, 3]), micro_batch_sizes=(1, 2) if rng.random() < 0.5 else (2,))
+    return TruthInstance(seed, "packed", cluster, profile, rng.randint(4, 32), space)
 
 
 def _bundled_instance(seed: int, rng: random.Random, max_gpus_per_type: int) -> TruthInstance:

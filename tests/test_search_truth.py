@@ -6,9 +6,10 @@ with non-monotone bandwidth fits, per-pair and zoned clusters, bundled GPUs with
 composition of the unpruned candidates, bound by the planner's own binding rules: no OPTIMAL above that optimum,
 no bound above it, no plan below it (the oracle is exhaustive), no bound above the plan.
 
-The default run checks 100 instances (at most 2 GPUs per type, <= 3,000 compositions each); the ``slow`` marker
+The default run checks 100 instances (at most 2 GPUs per type, <= 3,000 compositions each) and 50 of family
+``packed`` (pipelines that fit one node: the copy bound's one-node and crossing columns); the ``slow`` marker
 (left out of the default run: ``pytest -m slow tests/test_search_truth.py``) checks 2,000 at up to 3 GPUs per type
-and <= 50,000 compositions; ``experiments/search_truth.py`` runs the same and writes the CSV and summary.
+and <= 50,000 compositions, and 300 of family ``packed``; ``experiments/search_truth.py`` runs the same and writes the CSV and summary.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from hpp.formulation.composition.settings import SolverSettings
 from tests.search_truth import FAMILIES, check_instance, exhaustive_optimum, instance_or_none, truth_instance
 
 
-def _checks(count: int, *, max_gpus_per_type: int, limit: int, settings: SolverSettings, first_seed: int = 0):
-    """The first ``count`` instances (from ``first_seed`` on) the oracle can check, each checked."""
+def _checks(count: int, *, max_gpus_per_type: int, limit: int, settings: SolverSettings, first_seed: int = 0,
+            family: str | None = None):
+    """The first ``count`` instances (from ``first_seed`` on; ``family``: of that family only) the oracle can check,
+    each checked."""
     out, seed = [], first_seed
     while len(out) < count:
-        inst = instance_or_none(seed, max_gpus_per_type=max_gpus_per_type)
+        inst = instance_or_none(seed, max_gpus_per_type=max_gpus_per_type, family=family)
         seed += 1
         if inst is None:
             continue
@@ -72,6 +75,30 @@ def test_control_a_bound_over_the_dominance_pruned_candidates_is_caught():
     assert any("OPTIMAL at 4.01" in v for v in got.violations) and got.oracle_s == pytest.approx(3.905143, rel=1e-6)
 
 
+def _without_one_node_columns(mp: pytest.MonkeyPatch) -> None:
+    """The bound as it was before a pipeline that fits one node got its two columns (one per binding kind)."""
+    import numpy as np
+
+    import hpp.planner as planner
+    real = planner.crossing_times
+    mp.setattr(planner, "crossing_times", lambda *a, **k: np.full_like(real(*a, **k), np.nan))
+
+
+def test_packed_nodes_the_one_node_columns_raise_the_bound_and_stay_below_the_optimum():
+    """Family ``packed`` (pipelines that fit one node, fast in-node and slow cross-node links, large gradients): the
+    bound with the one-node and crossing columns is never above the exhaustive optimum, and it is above the bound
+    without them on some instances (the new columns are exercised)."""
+    checks = _checks(50, max_gpus_per_type=2, limit=3000, settings=SolverSettings(num_workers=1), family="packed")
+    assert [(c.family, c.seed, v) for c in checks for v in c.violations] == []
+    with pytest.MonkeyPatch.context() as mp:
+        _without_one_node_columns(mp)
+        old = {c.seed: c for c in _checks(50, max_gpus_per_type=2, limit=3000, settings=SolverSettings(num_workers=1),
+                                          family="packed")}
+    raised = [c.seed for c in checks if c.bound_s > old[c.seed].bound_s * (1 + 1e-9)]
+    assert len(raised) >= 5
+    assert all(c.bound_s >= old[c.seed].bound_s * (1 - 1e-9) for c in checks)
+
+
 @pytest.mark.parametrize("seed", [3, 10, 21, 33])
 def test_the_oracle_prices_every_composition_when_it_skips_none(seed):
     """Its skip (a composition whose compute-only time is no less than the best found is not priced) changes
@@ -85,5 +112,6 @@ def test_the_oracle_prices_every_composition_when_it_skips_none(seed):
 @pytest.mark.slow
 def test_slow_two_thousand_instances_never_above_the_exhaustive_optimum():
     checks = _checks(2000, max_gpus_per_type=3, limit=50_000, settings=SolverSettings(num_workers=1))
+    checks += _checks(300, max_gpus_per_type=3, limit=50_000, settings=SolverSettings(num_workers=1), family="packed")
     bad = [(c.family, c.seed, v) for c in checks for v in c.violations]
     assert bad == []

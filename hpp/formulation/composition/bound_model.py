@@ -50,6 +50,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Sequence
 
+import numpy as np
+
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.collectives import p2p_link_options
 from hpp.formulation.cost_model import CostModelConfig, p2p_transfer_s, p2p_waits_per_transfer, stage_compute_s
@@ -58,7 +60,7 @@ from hpp.formulation.stage_balance import StageKind
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import ModelProfile
 
-__all__ = ["lower_bound_candidates", "SHRINK"]
+__all__ = ["lower_bound_candidates", "crossing_times", "one_node_copy", "SHRINK"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +108,8 @@ def _inter_links(cluster: Cluster, device_type: str) -> tuple[Link, ...]:
 
 def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: Sequence[Candidate], *,
                            pipeline_link: Link, config: CostModelConfig = CostModelConfig(),
-                           priced_links: Callable[..., tuple[Link, ...]] | None = None) -> list[Candidate]:
+                           priced_links: Callable[..., tuple[Link, ...]] | None = None,
+                           min_crossings: int = 0) -> list[Candidate]:
     """The candidates with lower-bound bottleneck, fill and optimizer step (module docstring), same order.
 
     Parameters
@@ -116,6 +119,10 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
     pipeline_link : the link the search's stage-cost tables priced boundaries at without ``priced_links``.
     priced_links : ``(kind_a, kind_b, run) -> links`` the search priced a boundary at (the stage-cost
         cache's ``links``); None: ``(pipeline_link,)``.
+    min_crossings : int
+        At least this many node crossings in a candidate whose stages are all of one kind (one run): its times
+        are then lower bounds over the bindings that cross nodes that often only (:func:`crossing_times`). Other
+        candidates are priced as with 0.
 
     Returns
     -------
@@ -317,6 +324,8 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 if n > 1:
                     k = stages_per_node(shape[first])
                     forced = n - 1 if k < 1 else -(-n // k) - 1
+                    if n == S:              # one run: the caller's least crossings (at most one per boundary)
+                        forced = max(forced, min(min_crossings, n - 1))
                     if forced > 0:
                         dp_runs.append((first, n, forced))
                         all_runs[-1] = (first, n, forced)
@@ -340,15 +349,56 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 corrected += 1
                 tau -= max(intra_drop)
                 phi -= sum(stage_drop) + fill_drop
-            if tau < p.bottleneck_s:
+            crossing = bool(min_crossings) and all_runs[0][1] == S      # the caller's crossings are forced here
+            if tau < p.bottleneck_s or crossing:
                 exact = tau                     # exact per-stage times: where the crossings go matters
                 for first, n, forced in all_runs:
                     exact = max(exact, run_bottleneck(cand, runs, first, n, forced))
-                    if exact >= p.bottleneck_s:     # capped below: the other runs cannot change it
+                    if exact >= p.bottleneck_s and not crossing:     # capped below: the other runs cannot change it
                         break
-                tau = min(p.bottleneck_s, exact)      # never above the search's own price
+                # never above the search's own price, whose packed placement is one of those of the forced crossings;
+                # a crossing the caller forces excludes that placement: the exact value, a lower bound by itself
+                tau = exact if crossing else min(p.bottleneck_s, exact)
         part = p._replace(bottleneck_s=max(0.0, tau) * keep, fill_s=max(0.0, phi) * keep,
                           optimizer_s=p.optimizer_s * keep)
         out.append(Candidate(shape, cand.micro_batch_size, part, cand.devices, cand.tp_groups, cand.pruned_by))
     log.debug("lower-bound candidates: %d of %d re-priced", corrected, len(candidates))
+    return out
+
+
+def one_node_copy(cluster: Cluster, cand: Candidate) -> bool:
+    """True when a copy of ``cand`` can sit whole on one node of ``cluster`` and has stages to split: two or more
+    stages, all of one kind (device type, TP degree), whose devices fit one node of that type. Such a copy either
+    crosses no node (all its stages on one node, which then holds at most ``node devices - its devices`` devices of
+    other pipelines) or crosses nodes at least once (:func:`crossing_times`)."""
+    shape = cand.shape
+    if len(shape) < 2 or any(k != shape[0] for k in shape):
+        return False
+    need = len(shape) * shape[0].tp_degree
+    return any(n.device_type == shape[0].device_type and n.num_devices >= need for n in cluster.nodes)
+
+
+def crossing_times(cluster: Cluster, profile: ModelProfile, candidates: Sequence[Candidate],
+                   lower: Sequence[Candidate], *, pipeline_link: Link, config: CostModelConfig = CostModelConfig(),
+                   priced_links: Callable[..., tuple[Link, ...]] | None = None) -> np.ndarray:
+    """Lower-bound (bottleneck, fill) [s] of the copies of each candidate that cross nodes at least once, (n, 2);
+    nan rows for candidates that are not :func:`one_node_copy` (their copies' times are ``lower``'s either way).
+
+    The bound problem prices a copy of a :func:`one_node_copy` candidate by the binding it gets: none crossing
+    (``lower``'s times: every boundary at its cheapest option, in-node ones included) or at least one crossing
+    (these: :func:`lower_bound_candidates` with ``min_crossings=1``, the exact min-max over the placements with a
+    crossing, at least ``lower``'s). Its sync floor differs the other way
+    (:class:`~hpp.formulation.composition.copy_bound_levels.Search`): a copy on one node leaves room there for few
+    other holders of its layers.
+    """
+    out = np.full((len(candidates), 2), np.nan)
+    idx = [i for i, c in enumerate(candidates) if one_node_copy(cluster, c)]
+    if not idx:
+        return out
+    crossed = lower_bound_candidates(cluster, profile, [candidates[i] for i in idx], pipeline_link=pipeline_link,
+                                     config=config, priced_links=priced_links, min_crossings=1)
+    for i, c in zip(idx, crossed):
+        lo = lower[i].partition
+        # both are lower bounds of a crossing copy's times (``lower``'s of every binding): the larger of the two
+        out[i] = (max(c.partition.bottleneck_s, lo.bottleneck_s), max(c.partition.fill_s, lo.fill_s))
     return out

@@ -21,7 +21,21 @@ _REL_TOL = 1e-9             # certification step below a found T
 
 
 class Search:
-    """Arrays of one problem shared by every range."""
+    """Arrays of one problem shared by every range, one entry per *column*.
+
+    A column is a candidate with the times and sync floor of one kind of binding of its copies: every candidate has
+    one, and a candidate with :attr:`CompositionProblem.crossed` times (a copy that fits one node,
+    :func:`~hpp.formulation.composition.bound_model.one_node_copy`) a second. Column ``c < n`` (the candidate's own):
+    the copies on one node (the bound problem's times, which hold for every binding), their sync floor priced as if
+    the stage's TP group were the copy's ``D`` devices: the node then holds at most ``node devices - D`` devices of
+    other pipelines, so a ring through it has at most ``node devices - D + 1`` ranks there
+    (:func:`~hpp.formulation.composition.sync_floor.stage_sync_rate`'s ``g_max`` with ``tp = D``: no hierarchical
+    form with more ranks per node, no ring inside the node with more ranks). Column ``n + i``: the copies of
+    candidate ``origin[n + i]`` that cross nodes at least once (the crossed times), with the stage's own sync floor.
+    Every copy of a plan is one or the other, so each plan is a point of the relaxation over the columns (same
+    devices, the copies split between its candidates' columns) and the bound holds. :attr:`origin` maps columns to
+    candidate indices; the level search reports candidate indices.
+    """
 
     def __init__(self, problem: CompositionProblem, links_of: Callable = cluster_links) -> None:
         """``links_of(cluster, device_type)``: the links a stage's sync floor is priced on
@@ -30,6 +44,12 @@ class Search:
         self.problem = problem
         cands = problem.candidates
         self.G = G = problem.global_batch_size
+        n0 = len(cands)
+        crossed = problem.crossed
+        split = [] if crossed is None else np.flatnonzero(np.isfinite(crossed[:, 0])).tolist()
+        self.origin = np.r_[np.arange(n0), np.array(split, dtype=np.int64)].astype(np.int64)
+        whole = set(split)             # candidates whose own column is the one-node binding
+        cands = [cands[c] for c in self.origin.tolist()]
         n = len(cands)
         types = list(problem.inventory)
         row = {t: r for r, t in enumerate(types)}
@@ -38,9 +58,11 @@ class Search:
         self.b = np.array([c.micro_batch_size for c in cands], dtype=np.float64)
         self.phi = np.array([p.fill_s for p in parts])
         self.tau = np.array([p.bottleneck_s for p in parts])
+        if split:
+            self.tau[n0:], self.phi[n0:] = crossed[split, 0], crossed[split, 1]
         self.opt = np.array([p.optimizer_s for p in parts])
         self.kmax = np.ceil(G / self.b)
-        self.fits = np.array([problem.max_copies(c) >= 1 for c in range(n)])
+        self.fits = np.array([problem.max_copies(c) >= 1 for c in self.origin.tolist()])
         keys: dict[tuple, int] = {}          # device counts (in the candidate's dict order) -> group
         canon: dict[tuple, int] = {}         # device counts, sorted -> group
         group = np.empty(n, dtype=np.int64)
@@ -62,7 +84,10 @@ class Search:
             group[j] = g
             spb = parts[j].stage_param_bytes
             s = max(range(len(spb)), key=spb.__getitem__) if spb else 0
-            largest.append((s, spb[s] if spb else 0.0, c.shape[s]))
+            k = c.shape[s]
+            if j < n0 and j in whole:      # the copy whole on one node: its floor as one TP group of all its devices
+                k = k._replace(tp_degree=sum(x.tp_degree for x in c.shape))
+            largest.append((s, spb[s] if spb else 0.0, k))
         self.group = group
         self.group_devices = np.array(vecs).T if vecs else np.zeros((len(types), 0))
         self.order = np.argsort(group, kind="stable")
@@ -103,7 +128,14 @@ class Search:
         self.bmax = float(self.beta_max.max(initial=1.0))
         self.node_max = max((nd.num_devices for nd in cl.nodes), default=1)
         self.h_max = int(min(sum(problem.inventory.values()),
-                             sum(problem.max_copies(c) for c in range(n)) if n else 0))
+                             sum(problem.max_copies(c) for c in range(n0)) if n0 else 0))
+
+    def candidate_copies(self, cols: np.ndarray, xs: np.ndarray) -> dict[int, float]:
+        """Copies per candidate index of ``xs`` copies of columns ``cols`` (a candidate's columns summed)."""
+        out: dict[int, float] = {}
+        for c, x in zip(self.origin[cols].tolist(), np.asarray(xs, dtype=np.float64).tolist()):
+            out[c] = out.get(c, 0.0) + x
+        return out
 
     def penalty(self, a: int, b: int) -> np.ndarray:
         """pen_c over the range [a, b]: sync floor + optimizer step [s] (inf where no copy fits)."""
@@ -147,10 +179,13 @@ def floor_tables(problem: CompositionProblem, most_pipelines: int) -> np.ndarray
     divides h). For the exact solvers' model (:attr:`CompositionProblem.floor_table`).
     """
     s = Search(problem)
-    out = np.zeros((len(problem.candidates), max(1, most_pipelines)))
+    cols = np.zeros((len(s.origin), max(1, most_pipelines)))
     for h in range(2, most_pipelines + 1):
-        out[:, h - 1] = s.penalty(h, h) - s.opt
-    return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)
+        cols[:, h - 1] = s.penalty(h, h) - s.opt
+    cols = np.where(np.isfinite(cols), np.maximum(cols, 0.0), 0.0)
+    out = np.full((len(problem.candidates), cols.shape[1]), np.inf)
+    np.minimum.at(out, s.origin, cols)         # a candidate's floor: the least of its columns' (any binding)
+    return out
 
 
 def few_copies_s(s: Search, b: int, allowed: np.ndarray) -> float:
@@ -212,7 +247,7 @@ class Range:
             # not allowed would count below T (F too low: a weaker bound that depended on the LP's warm start)
             live = cap[cols] > 0
             used, cols = used[live], cols[live]
-            sol = (T, allowed, dict(zip(cols.tolist(), x[used].tolist())), cap)
+            sol = (T, allowed, s.candidate_copies(cols, x[used]), cap)
             T2 = _least_T_fixed(s, cols, x[used], T)
             below = T2 * (1 - _REL_TOL) - 1e-12
             val, x2, cap2 = self.capacity(below, allowed)
