@@ -40,3 +40,18 @@ def test_the_relaxations_own_plan_is_priced_below_its_cost_model_time(tmp_path):
     assert r.cost_model_sync_s >= 0 and " x " in r.plan
     write_rows([r], tmp_path / "r.csv")
     assert read_relaxation(tmp_path / "r.csv") == [r]
+
+
+def test_the_decomposition_of_a_gap_adds_up_and_the_one_node_columns_only_raise_the_bound():
+    """neo27-a100x16-v100x16: the plan's cost-model terms add up to its time, the bound without the one-node columns is
+    no higher, and the plan's own sync floor (its 4xA100 copies whole on one node: a flat ring across nodes) lies
+    between the bound's side and the plan's sync (measured: 2.33 s floor, 3.65 s sync; bound 31.49 -> 32.55 s)."""
+    from hpp.bench.gap_decomposition import decomposition_markdown, decomposition_row
+
+    r = decomposition_row("neo27-a100x16-v100x16")
+    assert r.plan_pipe_s + r.plan_sync_s + r.plan_optimizer_s == pytest.approx(r.objective_s, rel=1e-9)
+    assert r.bound_without_one_node_s < r.bound_s <= r.objective_s
+    assert r.whole_copies >= 1 and 0 < r.plan_sync_floor_s <= r.plan_sync_s
+    assert r.floor_gap == pytest.approx(1 - (r.plan_pipe_s + r.plan_sync_floor_s + r.plan_optimizer_s) / r.objective_s)
+    assert r.floor_gap < r.gap                     # the plan's own floor is above the bound: the relaxation limits it
+    assert "| neo27-a100x16-v100x16 | 32 |" in "\n".join(decomposition_markdown([r]))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.bench.gap_decomposition import decomposition_markdown, read_decomposition
 from hpp.bench.gap_table import gap_table_markdown, read_gap_table, read_relaxation, relaxation_markdown
 from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table, type_class_lines
 from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, read_csv, rows_by_point, search_targets,
@@ -321,6 +322,23 @@ def _network_markdown(results: Path) -> list[str]:
     return out + [""]
 
 
+def _decomposition_markdown(results: Path) -> list[str]:
+    """Where the gap of the scenarios above 5 % lies (``gap_decomposition.csv``; [] without it)."""
+    rows = read_decomposition(results / "gap_decomposition.csv")
+    if not rows:
+        return []
+    return ["Where their gap lies (`experiments/gap_decomposition.py`, `results/gap_decomposition.csv`): the returned "
+            "plan's cost-model terms; the bound with and without the copy bound's one-node columns (a pipeline that "
+            "fits one node is priced per kind of binding of its copies: whole on one node, where a gradient ring "
+            "through that node has at most node devices - copy devices + 1 ranks, or crossing nodes, with the "
+            "crossing's point-to-point times); the plan's own sync floor (each copy's column as its binding puts it), "
+            "and the gap a bound would leave that knew the plan's pipeline and optimizer times exactly and only "
+            "its sync floor. Where that last gap is far below the gap, the sync floors of the plan are not what "
+            "limits the bound: the relaxation's other, fractional compositions are (copies of several GPU types whose "
+            "floors are each priced on their own type's links, and pipeline counts the fractional copies do not "
+            "reach). The last column: the best plan `hpp plan --time-limit` finds.", "", *decomposition_markdown(rows), ""]
+
+
 def _gap_markdown(results: Path) -> list[str]:
     """The gap-progress section (issue 21's escape clause) from ``gap_progress.csv`` ([] without it)."""
     rows = read_gap_csv(results / "gap_progress.csv")
@@ -339,6 +357,7 @@ def _gap_markdown(results: Path) -> list[str]:
                  "while every ring it is in also holds A100 and V100 devices) "
                  "(`results/gap_table_relaxation.csv`):", "",
                  *relaxation_markdown(read_relaxation(results / "gap_table_relaxation.csv")), "",
+                 *_decomposition_markdown(results),
                  "Below, the per-method breakdown of `experiments/gap_progress.py` (its CSV as last measured; the "
                  "candidate counts there are the heuristics' set, which bounded the search before the bound covered "
                  "every candidate).", ""]

@@ -367,10 +367,9 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
 
 
 def one_node_copy(cluster: Cluster, cand: Candidate) -> bool:
-    """True when a copy of ``cand`` can sit whole on one node of ``cluster`` and has stages to split: two or more
-    stages, all of one kind (device type, TP degree), whose devices fit one node of that type. Such a copy either
-    crosses no node (all its stages on one node, which then holds at most ``node devices - its devices`` devices of
-    other pipelines) or crosses nodes at least once (:func:`crossing_times`)."""
+    """True when a copy of ``cand`` (two or more stages, all of one kind) fits one node of its type: it then crosses
+    no node (its node holds at most ``node devices - its devices`` devices of other pipelines) or crosses nodes at
+    least once (:func:`crossing_times`)."""
     shape = cand.shape
     if len(shape) < 2 or any(k != shape[0] for k in shape):
         return False
@@ -384,12 +383,10 @@ def crossing_times(cluster: Cluster, profile: ModelProfile, candidates: Sequence
     """Lower-bound (bottleneck, fill) [s] of the copies of each candidate that cross nodes at least once, (n, 2);
     nan rows for candidates that are not :func:`one_node_copy` (their copies' times are ``lower``'s either way).
 
-    The bound problem prices a copy of a :func:`one_node_copy` candidate by the binding it gets: none crossing
-    (``lower``'s times: every boundary at its cheapest option, in-node ones included) or at least one crossing
-    (these: :func:`lower_bound_candidates` with ``min_crossings=1``, the exact min-max over the placements with a
-    crossing, at least ``lower``'s). Its sync floor differs the other way
-    (:class:`~hpp.formulation.composition.copy_bound_levels.Search`): a copy on one node leaves room there for few
-    other holders of its layers.
+    A copy of a :func:`one_node_copy` candidate is priced by its binding: crossing no node (``lower``'s times, in-node
+    boundaries included) or at least once (these: :func:`lower_bound_candidates` with ``min_crossings=1``, the exact
+    min-max over the placements with a crossing, at least ``lower``'s); its sync floor differs the other way
+    (:class:`~hpp.formulation.composition.copy_bound_levels.Search`: a whole copy leaves room for few other holders).
     """
     out = np.full((len(candidates), 2), np.nan)
     idx = [i for i, c in enumerate(candidates) if one_node_copy(cluster, c)]
@@ -399,6 +396,5 @@ def crossing_times(cluster: Cluster, profile: ModelProfile, candidates: Sequence
                                      config=config, priced_links=priced_links, min_crossings=1)
     for i, c in zip(idx, crossed):
         lo = lower[i].partition
-        # both are lower bounds of a crossing copy's times (``lower``'s of every binding): the larger of the two
-        out[i] = (max(c.partition.bottleneck_s, lo.bottleneck_s), max(c.partition.fill_s, lo.fill_s))
+        out[i] = (max(c.partition.bottleneck_s, lo.bottleneck_s), max(c.partition.fill_s, lo.fill_s))   # both bound it
     return out

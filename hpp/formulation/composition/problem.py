@@ -141,11 +141,7 @@ class CompositionProblem:
     floor_table: np.ndarray | None = field(default=None, repr=False)
     #: False: the search prices flat rings only, as the cost model with ``hierarchical_allreduce`` off
     hierarchical: bool = True
-    #: A bound problem's lower-bound (bottleneck, fill) [s] of the copies that cross nodes at least once, (candidates,
-    #: 2), nan rows where a copy's times do not depend on it, or None
-    #: (:func:`~hpp.formulation.composition.bound_model.crossing_times`; the copy bound prices such a candidate as
-    #: two columns, :class:`~hpp.formulation.composition.copy_bound_levels.Search`)
-    crossed: np.ndarray | None = field(default=None, repr=False)
+    crossed: np.ndarray | None = field(default=None, repr=False)   # a bound problem's bound_model.crossing_times
 
     @cached_property
     def per_type_sync(self) -> bool:
@@ -204,8 +200,8 @@ class CompositionProblem:
         sub = CompositionProblem([self.candidates[i] for i in keep], self.cluster, self.global_batch_size,
                                  self.sync_link, sync_floor=self.sync_floor, caches=self.caches.for_restriction(),
                                  flat_sync=self.flat_sync, hierarchical=self.hierarchical,
-                                 floor_table=None if self.floor_table is None else self.floor_table[list(keep)],
-                                 crossed=None if self.crossed is None else self.crossed[list(keep)])
+                                 crossed=None if self.crossed is None else self.crossed[list(keep)],
+                                 floor_table=None if self.floor_table is None else self.floor_table[list(keep)])
         if self.sync_floor is None and self.bound is not None:
             sub.bound = self.bound.restricted(keep)
         if self.estimator is not None:
