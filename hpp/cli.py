@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 from dataclasses import replace
 
+from hpp.baselines import DEFAULT_BASELINE_TIME_LIMIT_S
 from hpp.cli_bundled import add_bundled_commands
-from hpp.cli_inputs import (DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs,
-                            solver_settings)
+from hpp.cli_inputs import DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs
 from hpp.cli_output import (estimate_header, estimate_json, idle_alternative, idle_devices_note, named_solver_note, num,
                             plan_source, optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
@@ -28,8 +28,7 @@ from hpp.plan import plan_to_dict, write_plan_json
 from hpp.profiles.bundled import bundled_models
 from hpp.profiles.cluster_notes import cluster_notes
 from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP
-from hpp.resolve import profile_ref_for
-from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory, validate_plan
+from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory
 from hpp.wording import count
 
 # The search (hpp.planner, hpp.replan, hpp.baselines, hpp.formulation's candidates, cost model and solver
@@ -41,57 +40,43 @@ __all__ = ["main"]
 
 log = logging.getLogger("hpp")
 
-#: Default ``--baseline-time-limit`` [s]: both baselines together (and ``hpp plan`` on 4,096 GPUs in < 30 s).
-DEFAULT_BASELINE_TIME_LIMIT_S = 10.0
 
 
 # ----------------------------------------------------------------------------- commands
 
 
-def _seed_from_previous(inp, seeds: dict, say) -> float:
-    """Add the surviving pipelines of ``--previous`` to ``seeds`` (as "previous"); returns the time taken [s]."""
-    if inp.previous is None:
-        return 0.0
-    from hpp.replan import SEED_NAME, seed_from_previous    # lazy: numpy/OR-Tools (see the module top)
-    t = time.perf_counter()
-    ids = inp.id_map if inp.id_map is not None else {d.device_id: d.device_id for d in inp.cluster.devices}
-    seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
-    if seed is not None:
-        seeds[SEED_NAME] = seed
-    survive = len(seed.pipelines) if seed else 0
-    say(f"--previous: {survive} of its {count(len(inp.previous.pipelines), 'pipeline')} "
-        f"{'survives' if survive == 1 else 'survive'} "
-        f"as a seed ({time.perf_counter() - t:.2f} s)")
-    return time.perf_counter() - t
-
-
-def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
+def _replan_json(req, res, seed_s: float) -> dict[str, Any] | None:
     """``search.replan`` of the JSON output (None without --exclude-*/--previous)."""
-    if not inp.excluded and inp.previous is None:
+    if not req.excluded and req.previous is None:
         return None
     from hpp.replan import SEED_NAME    # lazy: numpy/OR-Tools
-    return {"excluded_device_ids": sorted(inp.excluded), "devices_before": inp.full_cluster.num_devices,
-            "devices_after": inp.cluster.num_devices,
-            "device_map": {str(k): v for k, v in (inp.id_map or {}).items()},
+    return {"excluded_device_ids": sorted(req.excluded), "devices_before": (req.full_cluster or req.cluster).num_devices,
+            "devices_after": req.cluster.num_devices,
+            "device_map": {str(k): v for k, v in (req.id_map or {}).items()},
             "seeded_from_previous": res.stats.get("seeded_from") == SEED_NAME,
             "seed_s": seed_s, "wall_s": seed_s + res.wall_s}
 
 
 def cmd_plan(args) -> int:
-    from hpp.baselines.single_shape import run_baselines      # lazy: numpy/OR-Tools (see the module top)
-    from hpp.formulation.candidates import SearchSpace
-    from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
-    from hpp.replan import SEED_NAME
+    from hpp.replan import SEED_NAME          # lazy: numpy/OR-Tools (see the module top)
+    from hpp.request import build_request, run_request
 
     t0 = time.perf_counter()
     inp = plan_inputs(args)
-    cluster, profile, gbs, name, said = inp.cluster, inp.profile, inp.global_batch_size, inp.name, inp.said
-    space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
-                        max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
-                        max_types_per_pipeline=args.max_types_per_pipeline, min_tp=args.min_tp,
-                        mixed_tp_pipelines=args.mixed_tp_pipelines)
-    settings = solver_settings(args)     # a --solver named explicitly runs on up to 200 candidates
-    planner = PlannerConfig(space=space, solver=settings, cost=_cost_config(args))
+    profile, gbs, name, said = inp.profile, inp.global_batch_size, inp.name, inp.said
+    request = build_request(
+        inp.cluster, profile, gbs, micro_batch_sizes=args.micro_batch_sizes, max_tp=args.max_tp, min_tp=args.min_tp,
+        max_stages=args.max_stages, max_types_per_pipeline=args.max_types_per_pipeline,
+        allow_recompute=not args.no_recompute, mixed_tp_pipelines=args.mixed_tp_pipelines, solver=args.solver,
+        time_limit_s=args.time_limit, work_limit=args.work_limit, workers=args.workers, seed=args.seed,
+        cpsat_params=args.cpsat_params, cpsat_on_subset=args.cpsat_on_subset, type_classes=args.type_classes,
+        memory_headroom=args.memory_headroom, optimizer=args.optimizer, baselines=not args.no_baselines,
+        baseline_time_limit_s=args.baseline_time_limit, exclude_devices=inp.exclude_devices,
+        exclude_nodes=inp.exclude_nodes, previous=inp.previous)
+    cluster, space = request.cluster, request.planner.space
+    if request.excluded:
+        said.append(f"the cluster without devices {','.join(map(str, sorted(request.excluded)))}: "
+                    f"{inp.cluster.num_devices} -> {cluster.num_devices} devices, renumbered node by node")
     try:
         left_out = left_out_types(cluster, profile, space)
     except HppInputError as e:
@@ -99,7 +84,6 @@ def cmd_plan(args) -> int:
             raise
         raise HppInputError(f"{e.message} (--profile {args.profile})", field=e.field, fix=e.fix) from None
     notes = cluster_notes(cluster) + list(left_out.values()) + [n for n in [max_tp_note(cluster, profile, space)] if n]
-    check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
     say = progress or (lambda _msg: None)
@@ -108,22 +92,8 @@ def cmd_plan(args) -> int:
         say(f"using {line}")
     for line in notes:
         say(f"note: {line}")
-    t_base = time.perf_counter()
-    if not args.no_baselines:
-        say(f"baselines (together at most {args.baseline_time_limit:g} s; --baseline-time-limit S, "
-            f"--no-baselines)")
-    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space, config=planner.cost,
-                                                                 time_budget_s=args.baseline_time_limit,
-                                                                 progress=progress)
-    base_s = time.perf_counter() - t_base
-    seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
-    seed_s = _seed_from_previous(inp, seeds, say)
-    det = settings.work_budget                          # the --cpsat-params override's limit where it sets one
-    say(f"HPP search ({settings.solver}; " + (f"wall-clock budget {args.time_limit:g} s)" if args.time_limit else
-        f"deterministic: a budget of {det:g} work units; --time-limit S or --work-limit UNITS: more)"))
-    res = plan_hpp(cluster, profile, gbs, config=planner, profile_ref=profile_ref_for(profile), progress=progress,
-                   seed_plans=seeds)
-    validate_plan(res.plan, cluster, profile, source="<planner output>")
+    outcome = run_request(request, progress=progress)
+    res, baselines, base_s, seed_s = outcome.result, outcome.baselines, outcome.baselines_s, outcome.seed_s
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
                  "throughput_samples_per_s": res.estimate.throughput_samples_per_s,
                  "throughput_tokens_per_s": res.estimate.throughput_tokens_per_s,
@@ -144,7 +114,7 @@ def cmd_plan(args) -> int:
               "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates, "baselines_s": base_s,
               "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
               "idle_alternative": idle_alternative(res, cluster, gbs),
-              "replan": _replan_json(inp, res, seed_s),
+              "replan": _replan_json(request, res, seed_s),
               "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
     base_json = {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
                      "speedup_of_hpp": num(b.iteration_time_s / res.estimate.iteration_time_s)
@@ -169,8 +139,8 @@ def cmd_plan(args) -> int:
           f"bound{how}"
           f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
     print(source_line)
-    if inp.excluded or inp.previous is not None:
-        print(f"re-plan: {inp.full_cluster.num_devices} -> {count(cluster.num_devices, 'device')} in "
+    if request.excluded or request.previous is not None:
+        print(f"re-plan: {inp.cluster.num_devices} -> {count(cluster.num_devices, 'device')} in "
               f"{seed_s + res.wall_s:.2f} s"
               f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
     for k, b in baselines.items():

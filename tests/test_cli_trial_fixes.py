@@ -4,11 +4,12 @@ warm-up said in a note, and an exact solver named with ``--solver`` run above th
 
 from __future__ import annotations
 
-import argparse
+
 import json
 
 import pytest
 
+from hpp import load_cluster, load_profile
 from hpp.cli import main
 
 
@@ -106,21 +107,21 @@ def test_run_with_two_steps_adds_the_note_and_keeps_the_numbers(monkeypatch, cap
 
 # --------------------------------------------------------------------------- 4. a named solver runs
 
-def _args(**kw) -> argparse.Namespace:
-    base = dict(solver=None, time_limit=None, workers=0, seed=0, cpsat_on_subset=False, cpsat_params=None)
-    return argparse.Namespace(**{**base, **kw})
-
-
 def test_named_exact_solver_gets_the_larger_candidate_limit():
-    from hpp.cli_inputs import solver_settings
     from hpp.formulation.composition.settings import MAX_CANDIDATES, SMALL_BUDGET_MAX_CANDIDATES
+    from hpp.request import build_request
 
-    assert solver_settings(_args()).candidate_limit == SMALL_BUDGET_MAX_CANDIDATES
-    assert solver_settings(_args()).solver == "cp-sat"
+    cl, prof = load_cluster("cpu-hetero-4"), load_profile("gpt-tiny")
+
+    def settings(**kw):
+        return build_request(cl, prof, 8, **kw).planner.solver
+
+    assert settings().candidate_limit == SMALL_BUDGET_MAX_CANDIDATES
+    assert settings().solver == "cp-sat"
     for name in ("milp", "cp-sat"):
-        s = solver_settings(_args(solver=name))
+        s = settings(solver=name)
         assert s.solver == name and s.candidate_limit == MAX_CANDIDATES
-    assert solver_settings(_args(solver="heuristic")).max_candidates is None
+    assert settings(solver="heuristic").max_candidates is None
 
 
 @pytest.mark.parametrize("solver", ["milp", "cp-sat"])
