@@ -23,7 +23,6 @@ from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates_bounded, stage_kinds
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.composition import CompositionProblem, SyncFloor
-from hpp.formulation.collectives import pipeline_link
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
@@ -37,14 +36,9 @@ from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.composition.solve import SolveResult, certify, solve
 from hpp.wording import count
 
-__all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes",
-           "SOLVERS"]
+__all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "make_problem", "check_micro_batch_sizes"]
 
 log = logging.getLogger(__name__)
-
-#: Deprecated: solver names (see :data:`hpp.formulation.composition.solve.SOLVER_NAMES`; ``greedy`` = ``heuristic``).
-SOLVERS = ("cp-sat", "milp", "heuristic", "greedy")
-
 
 @dataclass(frozen=True)
 class PlannerConfig:

@@ -12,7 +12,8 @@ from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.planner import make_problem, plan_hpp, pipeline_link
+from hpp.formulation.collectives import pipeline_link
+from hpp.planner import make_problem, plan_hpp
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.stage_costs import StageCostCache
