@@ -1,4 +1,5 @@
-"""Bad input added in session 7, through the `hpp` CLI: one line naming the field and the fix, exit 2."""
+"""Solver and profile input through the `hpp` CLI (CP-SAT parameters as text, the optimality tolerance, emulated CPU
+types): bad input gets one line naming the field and the fix, exit 2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fresh-user trial fixes of the command line: unknown flags named by their subcommand with the closest
+"""What the command line says: unknown flags named by their subcommand with the closest
 flag, ``--max-tp`` that is no measured TP degree said in a note, ``hpp run`` with too few steps after the
 warm-up said in a note, and an exact solver named with ``--solver`` run above the default budget's limit."""
 
