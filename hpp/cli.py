@@ -59,6 +59,7 @@ def _replan_json(req, res, seed_s: float) -> dict[str, Any] | None:
 
 def cmd_plan(args) -> int:
     from hpp.replan import SEED_NAME          # lazy: numpy/OR-Tools (see the module top)
+    from hpp.planner import check_micro_batch_sizes
     from hpp.request import build_request, run_request
 
     t0 = time.perf_counter()
@@ -84,6 +85,7 @@ def cmd_plan(args) -> int:
             raise
         raise HppInputError(f"{e.message} (--profile {args.profile})", field=e.field, fix=e.fix) from None
     notes = cluster_notes(cluster) + list(left_out.values()) + [n for n in [max_tp_note(cluster, profile, space)] if n]
+    check_micro_batch_sizes(cluster, profile, space)      # refused before any progress line
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
     say = progress or (lambda _msg: None)

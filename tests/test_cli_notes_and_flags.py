@@ -47,7 +47,7 @@ def test_unknown_flag_is_named_by_its_subcommand_with_the_closest_flag(argv, exp
     assert _one_line_error(argv, capsys) == expected
 
 
-def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: test_trial41_b_cli.py
+def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: the runtime CLI tests
     from hpp.runtime.cli import _run_parser
 
     ns = _run_parser().parse_args(["p.json", "--steps", "3", "--lr", "-0.5", "--data", "-odd name.txt"])
