@@ -190,7 +190,7 @@ def plan_inputs(args) -> PlanInputs:
 
 def left_out_types(cluster, profile, space) -> dict[str, str]:
     """Device types the search leaves out because none of their measured TP degrees is usable, with why
-    (issue 20.8: the other types are planned; the input is refused only when none is left)."""
+    (the other types are planned; the input is refused only when none is left)."""
     from hpp.formulation.candidates import runnable_tp_degrees, stage_kinds    # lazy: numpy
 
     kinds = stage_kinds(cluster, profile, space)

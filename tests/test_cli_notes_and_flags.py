@@ -147,7 +147,7 @@ def test_named_solver_above_its_limit_says_how_to_run_it(capsys):
 
 
 def test_an_unknown_cluster_key_unlike_any_valid_one_gets_no_misleading_suggestion(tmp_path, capsys):
-    # trial 11: {"colour": ...} was answered "did you mean 'format'?"; a typo still gets its suggestion
+    # {"colour": ...} was answered "did you mean 'format'?"; a typo still gets its suggestion
     import json
     from hpp.cli import main
     from hpp.scenarios import get_scenario

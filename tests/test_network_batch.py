@@ -1,4 +1,4 @@
-"""The batched search on per-pair links (issue 19) prices stages exactly as the per-shape DP and the tables do.
+"""The batched search on per-pair links prices stages exactly as the per-shape DP and the tables do.
 
 The batched stage balance reads each stage's time from its DP cost (not from a table per link options) and
 shares one table per (kind, micro-batch size); these tests pin that it still equals the per-shape DP bit for

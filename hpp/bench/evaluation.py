@@ -199,7 +199,7 @@ def results_markdown(results: Path) -> str:
                 "pipeline shape replicated DP times (`hpp/baselines/single_shape.py`). ratio = reference s / HPP s (≥: the "
                 "reference stopped at its budget, so the ratio is a lower bound); s/iter = predicted iteration "
                 "time of each search's best configuration; gap = HPP's solver gap against its bound. The "
-                "target (issue 4 of this project): HPP at least 56x faster at 32 and 64 GPUs with a plan at "
+                "target: HPP at least 56x faster at 32 and 64 GPUs with a plan at "
                 "least as fast. The public Metis planner takes about 1-2 s (16 GPUs, 2 types), 10-20 s (32, 2) "
                 "and 35-40 s (32, 3) on such a machine (fidelity lines below); the port is faster at 64 GPUs than "
                 "at 32 because Metis's variance filter (an integer-division floor) keeps fewer device groups "
@@ -225,10 +225,10 @@ def results_markdown(results: Path) -> str:
                        f"{_f(str(s.iteration_time_s), '.3f') if s else '-'} | {_f(str(h.gap), '.1%')} |")
         checks = target_lines(so)
         if checks:
-            out += ["", "Checks against issue 4's targets (printed by the benchmark too):", "", "```", *checks, "```"]
+            out += ["", "Checks against the search-overhead targets (printed by the benchmark too):", "", "```", *checks, "```"]
         checks = search_targets(so)
         if checks:
-            out += ["", "Checks against the gap and speed targets of issue 21 of this project's tracker (printed by the "
+            out += ["", "Checks against the project's gap and search-speed targets (printed by the "
                     "benchmark too; what limits the gap: the next table):", "", "```", *checks, "```"]
         out += ["", "![search overhead](../experiments/results/search_overhead.png)", ""]
     out += _gap_markdown(results)
@@ -322,7 +322,7 @@ def _network_markdown(results: Path) -> list[str]:
 
 
 def _gap_markdown(results: Path) -> list[str]:
-    """The gap-progress section (issue 21's escape clause) from ``gap_progress.csv`` ([] without it)."""
+    """The gap-progress section (what limits the gap, method by method) from ``gap_progress.csv`` ([] without it)."""
     rows = read_gap_csv(results / "gap_progress.csv")
     if not rows:
         return []

@@ -261,7 +261,7 @@ class BaselineCheck:
 
 def baseline_cases(names: Iterable[str] | None = None) -> list[tuple[str, str, int, Cluster]]:
     """(case name, model, global batch, cluster): every bundled scenario (or those ``names``) and
-    LLAMA-3-8 on 16 A100-40 + 32 V100-16 at global batch 256 and 512 (issue 21)."""
+    LLAMA-3-8 on 16 A100-40 + 32 V100-16 at global batch 256 and 512."""
     out = []
     for sc in SCENARIOS.values():
         if names is None or sc.name in names:

@@ -1,4 +1,4 @@
-"""Collective and point-to-point pricing on the cluster's actual links (issue 19): pure functions.
+"""Collective and point-to-point pricing on the cluster's actual links: pure functions.
 
 - :func:`ring_allreduce_s`: one ring all-reduce over one link (Patarasuk & Yuan 2009).
 - :func:`allreduce_s`: the all-reduce of a gradient block among the pipelines that hold it,
@@ -545,7 +545,7 @@ def p2p_link_options(cluster: Cluster, kind_a: tuple[str, int], kind_b: tuple[st
     A transfer is priced on the fastest option for its message size.
 
     - Version-1 cluster: the planner's one pipeline link (the inter-node link; a one-node
-      cluster's intra-node link), as before issue 19.
+      cluster's intra-node link).
     - Two device types: their inter-node link (with zones: every zone pair the two types'
       nodes span, and the type pair's link where they share a zone).
     - One type, ``run=None`` (a valid lower bound of any binding): its own inter-node link(s) and
