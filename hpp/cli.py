@@ -19,8 +19,8 @@ from dataclasses import replace
 from hpp.baselines import DEFAULT_BASELINE_TIME_LIMIT_S
 from hpp.cli_bundled import add_bundled_commands
 from hpp.cli_inputs import DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs
-from hpp.cli_output import (estimate_header, estimate_json, idle_alternative, idle_devices_note, named_solver_note, num,
-                            plan_source, optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
+from hpp.cli_output import (baselines_json, estimate_header, estimate_json, idle_alternative, idle_devices_note,
+                            named_solver_note, print_estimate, print_memory_breakdown, print_plan_report, search_json)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
@@ -57,23 +57,29 @@ def _replan_json(req, res, seed_s: float) -> dict[str, Any] | None:
             "seed_s": seed_s, "wall_s": seed_s + res.wall_s}
 
 
-def cmd_plan(args) -> int:
-    from hpp.replan import SEED_NAME          # lazy: numpy/OR-Tools (see the module top)
-    from hpp.planner import check_micro_batch_sizes
-    from hpp.request import build_request, run_request
+def _request(args, inp):
+    """The :class:`~hpp.request.PlanRequest` of ``hpp plan``'s flags (the same builder as :func:`hpp.plan`)."""
+    from hpp.request import build_request     # lazy: numpy/OR-Tools (see the module top)
 
-    t0 = time.perf_counter()
-    inp = plan_inputs(args)
-    profile, gbs, name, said = inp.profile, inp.global_batch_size, inp.name, inp.said
-    request = build_request(
-        inp.cluster, profile, gbs, micro_batch_sizes=args.micro_batch_sizes, max_tp=args.max_tp, min_tp=args.min_tp,
-        max_stages=args.max_stages, max_types_per_pipeline=args.max_types_per_pipeline,
+    return build_request(
+        inp.cluster, inp.profile, inp.global_batch_size, micro_batch_sizes=args.micro_batch_sizes, max_tp=args.max_tp,
+        min_tp=args.min_tp, max_stages=args.max_stages, max_types_per_pipeline=args.max_types_per_pipeline,
         allow_recompute=not args.no_recompute, mixed_tp_pipelines=args.mixed_tp_pipelines, solver=args.solver,
         time_limit_s=args.time_limit, work_limit=args.work_limit, workers=args.workers, seed=args.seed,
         cpsat_params=args.cpsat_params, cpsat_on_subset=args.cpsat_on_subset, type_classes=args.type_classes,
         memory_headroom=args.memory_headroom, optimizer=args.optimizer, baselines=not args.no_baselines,
         baseline_time_limit_s=args.baseline_time_limit, exclude_devices=inp.exclude_devices,
         exclude_nodes=inp.exclude_nodes, previous=inp.previous)
+
+
+def cmd_plan(args) -> int:
+    from hpp.planner import check_micro_batch_sizes     # lazy: numpy/OR-Tools (see the module top)
+    from hpp.request import run_request
+
+    t0 = time.perf_counter()
+    inp = plan_inputs(args)
+    profile, gbs, name, said = inp.profile, inp.global_batch_size, inp.name, inp.said
+    request = _request(args, inp)
     cluster, space = request.cluster, request.planner.space
     if request.excluded:
         said.append(f"the cluster without devices {','.join(map(str, sorted(request.excluded)))}: "
@@ -95,7 +101,7 @@ def cmd_plan(args) -> int:
     for line in notes:
         say(f"note: {line}")
     outcome = run_request(request, progress=progress)
-    res, baselines, base_s, seed_s = outcome.result, outcome.baselines, outcome.baselines_s, outcome.seed_s
+    res = outcome.result
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
                  "throughput_samples_per_s": res.estimate.throughput_samples_per_s,
                  "throughput_tokens_per_s": res.estimate.throughput_tokens_per_s,
@@ -103,59 +109,22 @@ def cmd_plan(args) -> int:
     plan = replace(res.plan, predicted=predicted)
     if args.out:
         write_plan_json(plan, args.out)
-    comp = res.composition
-    source, source_line = plan_source(res.stats, comp)
     idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()),
                              predicted_s=res.estimate.iteration_time_s,
                              alternative=idle_alternative(res, cluster, gbs))
-    notes += [n for n in (idle, named_solver_note(args.solver, comp, args.cpsat_params)) if n]
-    search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
-              "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
-              "solver_status": comp.solver_status or None, "solver_model_objective_s": num(comp.solver_model_objective_s),
-              "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
-              "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates, "baselines_s": base_s,
-              "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
-              "idle_alternative": idle_alternative(res, cluster, gbs),
-              "replan": _replan_json(request, res, seed_s),
-              "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
-    base_json = {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
-                     "speedup_of_hpp": num(b.iteration_time_s / res.estimate.iteration_time_s)
-                     if b.iteration_time_s else None, "wall_s": b.wall_s, "description": b.description,
-                     "feasible": b.feasible, "candidates": b.candidates}
-                 for k, b in baselines.items()}
+    notes += [n for n in (idle, named_solver_note(args.solver, res.search, args.cpsat_params)) if n]
     if args.json:
         out = {"scenario": name, "model": profile.model, "global_batch_size": gbs, "notes": notes,
-               "predicted": estimate_json(res.estimate), "search": search,
-               "baselines": base_json, "plan": plan_to_dict(plan)}   # the summary first, the long plan last
+               "predicted": estimate_json(res.estimate),
+               "search": search_json(outcome, plan, cluster, gbs, replan=_replan_json(request, res, outcome.seed_s)),
+               "baselines": baselines_json(outcome), "plan": plan_to_dict(plan)}   # the summary first, the plan last
         print(json.dumps(out, indent=1))
         return 0
-    print(f"HPP plan for {profile.model} on {name}: {count(cluster.num_devices, 'device')} "
-          f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
-    print_estimate(res.estimate, plan)
-    how = f" ({comp.note})" if comp.note else ""
-    ran = comp.solver == "heuristic" or bool(comp.solver_status)    # "cp-sat FEASIBLE" would read as CP-SAT's answer
-    print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {status_text(comp)}, "
-          f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
-          f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
-          f"{comp.num_candidates} of {count(res.stats['num_candidates'], 'candidate')} left after the incumbent "
-          f"bound{how}"
-          f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
-    print(source_line)
-    if request.excluded or request.previous is not None:
-        print(f"re-plan: {inp.cluster.num_devices} -> {count(cluster.num_devices, 'device')} in "
-              f"{seed_s + res.wall_s:.2f} s"
-              f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
-    for k, b in baselines.items():
-        if b.feasible:
-            print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter, HPP speedup "
-                  f"{b.iteration_time_s / res.estimate.iteration_time_s:.2f}x ({b.description})")
-        else:
-            print(f"baseline {k:>12}: no feasible plan ({b.description})")
-    for line in notes:
-        print(f"note: {line}")
-    if args.out:
-        print(f"plan written to {args.out}")
-    say(f"done in {time.perf_counter() - t0:.1f} s (baselines {base_s:.1f} s, HPP search {res.wall_s:.1f} s)")
+    replanned = request.excluded or request.previous is not None
+    print_plan_report(outcome, plan, cluster, name, profile.model, notes,
+                      replanned_from=inp.cluster if replanned else None, out=args.out)
+    say(f"done in {time.perf_counter() - t0:.1f} s (baselines {outcome.baselines_s:.1f} s, "
+        f"HPP search {res.wall_s:.1f} s)")
     return 0
 
 
