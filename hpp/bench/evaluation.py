@@ -162,9 +162,19 @@ def _f(x: str, fmt: str = ".2f") -> str:
 
 
 def results_markdown(results: Path) -> str:
-    """The README results section, rendered from the CSV/JSON files under ``results``."""
+    """docs/RESULTS.md's generated part, rendered from the CSV/JSON files under ``results`` (a section per file
+    present)."""
     out = ["Regenerate everything with `python experiments/run_all.py` (about 10-15 minutes on 2 cores; "
            "`--quick` for a smaller run). Each table below is written by that script from these files.", ""]
+    out += _scenarios_markdown(results) + _search_overhead_markdown(results) + _gap_markdown(results)
+    out += _cost_model_markdown(results) + _memory_markdown(results) + _network_markdown(results)
+    out += _runtime_markdown(results)
+    return "\n".join(out)
+
+
+def _scenarios_markdown(results: Path) -> list[str]:
+    """The predicted-speedup section from ``scenarios.csv`` ([] without it)."""
+    out: list[str] = []
     sc = read_rows(results / "scenarios.csv")
     if sc:
         out += ["## Predicted speedup on the bundled scenarios (`experiments/scenarios.py`)", "",
@@ -187,6 +197,12 @@ def results_markdown(results: Path) -> str:
                        f"{_f(r['single_shape_search_s'])} | {_f(r['gap'], '.1%')} | {r['recompute_stages']} | "
                        f"{_f(r['no_recompute_s'], '.3f') if r['no_recompute_s'] not in ('', 'nan') else 'does not fit'} |")
         out += ["", "![speedups](../experiments/results/scenarios.png)", ""]
+    return out
+
+
+def _search_overhead_markdown(results: Path) -> list[str]:
+    """The search-overhead section from ``search_overhead.csv`` ([] without it)."""
+    out: list[str] = []
     so = read_csv(results / "search_overhead.csv")
     if so:
         runs = sorted({len(r.wall_s_all.split()) for r in so if r.method == "hpp"})
@@ -231,7 +247,12 @@ def results_markdown(results: Path) -> str:
             out += ["", "Checks against the project's gap and search-speed targets (printed by the "
                     "benchmark too; what limits the gap: the next table):", "", "```", *checks, "```"]
         out += ["", "![search overhead](../experiments/results/search_overhead.png)", ""]
-    out += _gap_markdown(results)
+    return out
+
+
+def _cost_model_markdown(results: Path) -> list[str]:
+    """The cost model against the GH200 runs, from ``cost_model_validation.json``."""
+    out: list[str] = []
     cm = results / "cost_model_validation.json"
     if cm.exists():
         mape = json.loads(cm.read_text())["mape_pct"]
@@ -241,7 +262,12 @@ def results_markdown(results: Path) -> str:
         out += ["", "(for reference, on the same runs: Sailor's simulator 8.9 % / 5.9 %, its ports of the Metis "
                 "and FlashFlex cost models 12.2 % / 50.6 % and 21.8 % / 73.0 %)", "",
                 "![cost model](../experiments/results/cost_model_validation.png)", ""]
-    out += _memory_markdown(results) + _network_markdown(results)
+    return out
+
+
+def _runtime_markdown(results: Path) -> list[str]:
+    """The runtime-validation section from ``runtime_validation.csv`` ([] without it)."""
+    out: list[str] = []
     rv = read_rows(results / "runtime_validation.csv")
     if rv:
         cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error", "steal",
@@ -256,7 +282,7 @@ def results_markdown(results: Path) -> str:
                 "predicted - 1; cpu_ratio: CPU seconds the ranks' ops used / predicted (the host's speed vs the "
                 "profile's); error_norm: the error with the CPU terms x cpu_ratio (docs/RUNTIME.md, \"Time truth\").",
                 "", "![runtime](../experiments/results/runtime_validation.png)", ""]
-    return "\n".join(out)
+    return out
 
 
 def _memory_markdown(results: Path) -> list[str]:
