@@ -25,7 +25,7 @@ Examples
 >>> result = hpp.plan(cluster, "OPT-350", global_batch_size=64, workers=1)
 >>> sum(p.num_samples for p in result.plan.pipelines)
 64
->>> result.composition.status in ("OPTIMAL", "FEASIBLE")
+>>> result.search.status in ("OPTIMAL", "FEASIBLE")
 True
 >>> est = hpp.estimate(result.plan, cluster, "OPT-350")
 >>> est.iteration_time_s == result.estimate.iteration_time_s and est.fits_memory

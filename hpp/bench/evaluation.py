@@ -84,7 +84,7 @@ def scenario_rows(names: Iterable[str], *, time_limit_s: float | None = None, si
         rows.append(ScenarioRow(
             name, sc.model, cl.num_devices, t, t_cli, uni.iteration_time_s, single.iteration_time_s,
             _ratio(uni.iteration_time_s, t), _ratio(single.iteration_time_s, t), res.wall_s, single.wall_s,
-            res.composition.gap, res.composition.status, res.plan.num_pipelines,
+            res.search.gap, res.search.status, res.plan.num_pipelines,
             sum(s.recompute != "none" for p in res.plan.pipelines for s in p.stages), no_rec, note))
     return rows
 

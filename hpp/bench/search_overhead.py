@@ -169,7 +169,7 @@ def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float | None
         cache = res.stats.get("cache", {})
         row = SearchRow(p.name, p.num_gpus, p.num_types, method, _median(walls), " ".join(f"{w:.3f}" for w in walls),
                        int(res.stats.get("num_candidates", 0)), float(cache.get("hit_rate", math.nan)),
-                       res.estimate.iteration_time_s, res.composition.gap, res.composition.status)
+                       res.estimate.iteration_time_s, res.search.gap, res.search.status)
         rows.append(row)
         if on_row:
             on_row(row)
