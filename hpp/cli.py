@@ -223,9 +223,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with more candidates than the exact solver's limit (16 at the default budget, 200 with a "
                         "larger max_deterministic_time or a --solver named), still run it on the best ones (it may "
                         "improve the plan but cannot certify it; default: skip it there)")
-    p.add_argument("--solver", choices=["cp-sat", "milp", "heuristic", "greedy"],
+    p.add_argument("--solver", choices=["cp-sat", "milp", "heuristic"],
                    help="composition solver (default: cp-sat, on up to 16 candidates at the default budget; an exact "
-                        "solver named here runs on up to 200; greedy: the old name of heuristic)")
+                        "solver named here runs on up to 200)")
     p.add_argument("--type-classes", action="store_true",
                    help="also bound the plans by the GPU types their pipelines share (smaller gap, ~1.4x search time)")
     p.add_argument("--cpsat-params", metavar="TEXT",

@@ -281,7 +281,8 @@ def test_cpsat_params_text_is_parsed_and_bad_text_refused():
     assert cpsat_solver(s).parameters.random_seed == 7
     with pytest.raises(HppInputError, match="cpsat-params|CP-SAT parameters"):
         SolverSettings(cpsat_params="no_such_field:3")
-    assert SolverSettings(solver="greedy").solver == "heuristic"
+    with pytest.raises(HppInputError, match="heuristic"):          # the old name is refused, the fix names the new
+        SolverSettings(solver="greedy")
 
 
 SCENARIOS_3 = ("opt350-a100x4-v100x4", "opt350-a100x8-v100x8", "llama8-3types-40")
