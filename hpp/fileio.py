@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import json
 import os
+import tempfile
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
@@ -96,24 +98,35 @@ def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, form
 
 
 def write_atomic(path: str | PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through ``path.tmp`` and a rename (a reader never sees it half-written)."""
+    """Write ``text`` to ``path`` through a temporary file beside it and a rename (a reader never sees it
+    half-written; the temporary file is removed when the write fails).
+
+    Raises
+    ------
+    OSError
+        The folder is missing or not writable, or the disk is full (``path`` is then unchanged).
+    """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_rows_csv(rows: Iterable[Mapping[str, Any]], path: str | PathLike, *, columns: Sequence[str]) -> None:
     """Write ``rows`` (mappings with the keys ``columns``) as CSV, header ``columns``, via a temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns))
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
-    tmp.replace(path)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(columns))
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    write_atomic(path, buf.getvalue())
 
 
 def write_dataclass_csv(rows: Sequence[Any], path: str | PathLike, *, row_type: type | None = None) -> None:

@@ -12,7 +12,6 @@ from hpp.formulation.composition import heuristics as comp
 from hpp.formulation.composition import SolverSettings, composition_objective_s
 from hpp.formulation.composition.heuristics import solo_objective_s
 from hpp.formulation.data_balance import least_time_s
-from hpp.plan import plan_to_dict
 from hpp.planner import make_problem, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario
@@ -200,7 +199,9 @@ def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_with_a_budget(capsys):
     out = capsys.readouterr()
     assert "solver cp-sat" in out.out and "cp-sat skipped: " in out.out and "the LP and copy bound cover all" in out.out
     assert "(the returned plan's predicted time)" in out.out
-    assert main(["plan", "--no-baselines", "--workers", "1", "--time-limit", "2"]) == 0
+    # a deterministic budget (a wall-clock one would depend on the host's load)
+    assert main(["plan", "--scenario", "opt350-a100x4-v100x4", "--no-baselines", "--workers", "1",
+                 "--work-limit", "0.5"]) == 0
     out = capsys.readouterr()
     assert "solver cp-sat" in out.out and re.search(r"cp-sat on \d+ of \d+ candidates", out.out)
     assert re.search(r"\[hpp plan\] \d+\.\d s: cost-model local search \(\d+ plans priced\); plan ", out.err)
