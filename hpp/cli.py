@@ -190,7 +190,20 @@ def _parser() -> argparse.ArgumentParser:
                 epilog="Global options (-v, -vv) go before the command: hpp -v run PLAN.json --steps 1")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
     sub = ap.add_subparsers(dest="command", required=True)
+    _add_plan_parser(sub)
+    _add_estimate_parser(sub)
+    add_bundled_commands(sub)
+    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
+    sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
+    sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
+    sub.add_parser("profile-network", help="measure the cluster's links into a cluster file (hpp profile-network --help)")
+    sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
+    sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
+    return ap
 
+
+def _add_plan_parser(sub) -> None:
+    """``hpp plan``'s flags (the names :func:`hpp.request.build_request` takes)."""
     p = sub.add_parser("plan", help="search the best HPP plan (no arguments: the bundled default scenario)",
                        formatter_class=DefaultsRawFormatter, epilog=_PLAN_EPILOG + CLUSTER_FORMAT_HELP)
     p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`; default opt350-a100x8-v100x8)")
@@ -251,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_plan)
 
+
+def _add_estimate_parser(sub) -> None:
+    """``hpp estimate``'s flags."""
     e = sub.add_parser("estimate", help="validate a plan and predict its iteration time and memory")
     e.add_argument("plan", type=Path)
     e.add_argument("--model", help="bundled profile to use instead of the plan's")
@@ -267,16 +283,6 @@ def _parser() -> argparse.ArgumentParser:
                         "exit 2, naming the stage and the shortfall)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_estimate)
-
-    add_bundled_commands(sub)
-
-    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
-    sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
-    sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
-    sub.add_parser("profile-network", help="measure the cluster's links into a cluster file (hpp profile-network --help)")
-    sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
-    sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
-    return ap
 
 
 _DISPATCHED = ("run", "profile", "profile-network", "instances", "bench-solvers")
