@@ -9,7 +9,7 @@ no bound above it, no plan below it (the oracle is exhaustive), no bound above t
 The default run checks 100 instances (at most 2 GPUs per type, <= 3,000 compositions each) and 50 of family
 ``packed`` (pipelines that fit one node: the copy bound's one-node and crossing columns); the ``slow`` marker
 (left out of the default run: ``pytest -m slow tests/test_search_truth.py``) checks 2,000 at up to 3 GPUs per type
-and <= 50,000 compositions, and 300 of family ``packed``; ``experiments/search_truth.py`` runs the same and writes the CSV and summary.
+and <= 50,000 compositions, and 300 of family ``packed`` at the default run's size; ``experiments/search_truth.py`` runs the same and writes the CSV and summary.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def test_the_oracle_prices_every_composition_when_it_skips_none(seed):
 @pytest.mark.slow
 def test_slow_two_thousand_instances_never_above_the_exhaustive_optimum():
     checks = _checks(2000, max_gpus_per_type=3, limit=50_000, settings=SolverSettings(num_workers=1))
-    checks += _checks(300, max_gpus_per_type=3, limit=50_000, settings=SolverSettings(num_workers=1), family="packed")
+    # packed at the default run's size: with 3 a type fills two nodes of 4 and one oracle can take tens of minutes
+    checks += _checks(300, max_gpus_per_type=2, limit=3000, settings=SolverSettings(num_workers=1), family="packed")
     bad = [(c.family, c.seed, v) for c in checks for v in c.violations]
     assert bad == []
