@@ -1,7 +1,7 @@
 """Re-plan after losing devices: the cluster without them, searched warm from the previous plan.
 
 The loop a user runs after a failure: save -> re-plan without the lost devices ->
-resume on the new plan (:mod:`hpp.runtime.checkpoint` loads under any plan).
+resume on the new plan (:mod:`hpp.runtime.checkpoint.dcp` loads under any plan).
 
 - :func:`exclude_devices` / :func:`exclude_nodes`: the cluster without some devices
   (or whole nodes), renumbered node by node as every cluster is (a node left with no

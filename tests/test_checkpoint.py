@@ -1,4 +1,4 @@
-"""Checkpoints (hpp.runtime.checkpoint): written under one layout, loaded exactly under any other.
+"""Checkpoints (hpp.runtime.checkpoint.dcp): written under one layout, loaded exactly under any other.
 
 The training state of a layout is built from single-process training (float64,
 AdamW, cosine LR with warmup, tied embeddings): every rank trains the whole tiny model
@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-from hpp.runtime import checkpoint as ck
-from hpp.runtime.processes import free_port
-from hpp.runtime.model_api import synthetic_batch
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
-from hpp.runtime.training import TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step
+from hpp.runtime.checkpoint import dcp as ck
+from hpp.runtime.launch.processes import free_port
+from hpp.runtime.models.api import synthetic_batch
+from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.training import TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step
 
 pytestmark = pytest.mark.distributed
 
@@ -201,7 +201,7 @@ def test_resume_on_other_layouts_is_exact(tmp_path: Path) -> None:
 def _tp_stage(ref, tp: int, group) -> tuple:
     """The whole model at TP ``tp`` over ``group``, holding the reference's trained state (sharded locally)."""
     from torch.distributed.tensor import distribute_tensor
-    from hpp.runtime.tensor_parallel import parallelize_stage
+    from hpp.runtime.exec.tensor_parallel import parallelize_stage
 
     module, opt, sched = stage_from_reference(0, L, ref)
     full_state = {n: dict(e) for n, e in by_name(module, opt).items()}
@@ -315,7 +315,7 @@ def test_export_torch_and_safetensors_full_float32_by_global_name(tmp_path: Path
         assert all(got[n].dtype == torch.float32 and torch.equal(got[n], want[n]) for n in want)
     with pytest.raises(HppInputError, match="unknown export format"):
         ck.export_checkpoint(root, tmp_path / "m.bin", format="gguf")
-    from hpp.runtime.checkpoint_export import main
+    from hpp.runtime.checkpoint.export import main
     assert main([str(root), str(tmp_path / "cli.pt")]) == 0 and (tmp_path / "cli.pt").is_file()
 
 

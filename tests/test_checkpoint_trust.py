@@ -14,13 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hpp.errors import HppInputError                                          # noqa: E402
-from hpp.runtime import checkpoint as ck                                      # noqa: E402
-from hpp.runtime.checkpoint_reader import (DCP_METADATA_FILE, check_files, file_manifest,     # noqa: E402
+from hpp.runtime.checkpoint import dcp as ck                                      # noqa: E402
+from hpp.runtime.checkpoint.reader import (DCP_METADATA_FILE, check_files, file_manifest,     # noqa: E402
                                            read_dcp_metadata)
 from hpp.runtime.cli import run_main                                          # noqa: E402
-from hpp.runtime.stage import build_stage                                     # noqa: E402
-from hpp.runtime.training import TrainingConfig, make_optimizer               # noqa: E402
-from hpp.runtime.zoo import load_runtime_model                                # noqa: E402
+from hpp.runtime.models.stage import build_stage                                     # noqa: E402
+from hpp.runtime.exec.training import TrainingConfig, make_optimizer               # noqa: E402
+from hpp.runtime.models.zoo import load_runtime_model                                # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,11 +14,11 @@ torch = pytest.importorskip("torch")
 
 from hpp.plan import Pipeline, Plan, Stage, plan_to_dict, write_plan_json     # noqa: E402
 from hpp.runtime.cli import run_main                                          # noqa: E402
-from hpp.runtime.launch import launch_forked                                  # noqa: E402
-from hpp.runtime.stage import build_stage                                     # noqa: E402
-from hpp.runtime.training import TrainingConfig                               # noqa: E402
-from hpp.runtime.worker import WorkerConfig                                   # noqa: E402
-from hpp.runtime.zoo import load_runtime_model                                # noqa: E402
+from hpp.runtime.launch.launchers import launch_forked                                  # noqa: E402
+from hpp.runtime.models.stage import build_stage                                     # noqa: E402
+from hpp.runtime.exec.training import TrainingConfig                               # noqa: E402
+from hpp.runtime.exec.worker import WorkerConfig                                   # noqa: E402
+from hpp.runtime.models.zoo import load_runtime_model                                # noqa: E402
 
 pytestmark = pytest.mark.distributed
 

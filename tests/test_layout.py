@@ -118,7 +118,7 @@ def test_the_package_keeps_its_import_rules():
 @pytest.mark.parametrize("edge, expect", [
     (("hpp.formulation.cost_model", "hpp.bench.instances"), "core module hpp.formulation.cost_model reaches harness"),
     (("hpp.plan", "hpp.baselines.uniform"), "core module hpp.plan reaches harness"),
-    (("hpp.runtime.worker", "hpp.planner"), "runtime module hpp.runtime.worker reaches planner module hpp.planner"),
+    (("hpp.runtime.exec.worker", "hpp.planner"), "runtime module hpp.runtime.exec.worker reaches planner module hpp.planner"),
     (("hpp.pruning.rules", "hpp.formulation.cost_model"), "pruning module hpp.pruning.rules imports"),
 ])
 def test_a_forbidden_import_is_reported(edge, expect):

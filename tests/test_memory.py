@@ -14,9 +14,9 @@ from hpp.errors import HppInputError
 from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_memory_bytes
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
-from hpp.runtime.memory import StepSpec, measure_stage_step
-from hpp.runtime.memory_profile import LayerMemory, memory_terms, with_memory_terms
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.profile.stage_memory import StepSpec, measure_stage_step
+from hpp.runtime.profile.memory_terms import LayerMemory, memory_terms, with_memory_terms
+from hpp.runtime.models.zoo import load_runtime_model
 
 NO_FRAMEWORK = CostModelConfig(framework_bytes=())
 
@@ -111,7 +111,7 @@ def test_bf16_tp2_first_stage_predicted_within_5_percent():
     """
     import torch
 
-    from hpp.runtime.memory_profile import measure_layer_memory
+    from hpp.runtime.profile.memory_terms import measure_layer_memory
 
     model = load_runtime_model("opt-tiny")
     L, n = model.spec.num_layers, 2 * model.spec.seq_len * model.spec.hidden_size   # n: elements of one (b, s, h)

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from hpp.cli import main                                                      # noqa: E402
-from hpp.runtime.processes import remove_stale_run_dirs, run_dir_prefix       # noqa: E402
+from hpp.runtime.launch.processes import remove_stale_run_dirs, run_dir_prefix       # noqa: E402
 from hpp.runtime.run import run_plan                                          # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.profile_format import profile_to_dict
 from hpp.runtime import run as run_mod
 from hpp.runtime.cli import run_main
-from hpp.runtime.profiler import profile_model, scale_profile
+from hpp.runtime.profile.profiler import profile_model, scale_profile
 
 CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-hetero-4",
            "device_types": {"cpu": {"memory_bytes": 4 * 2**30, "gpus_per_node": 2},
@@ -62,7 +62,7 @@ def not_a_model():
 
 def other_six_layers():
     """A 6-layer model named differently from the plan's gpt-tiny."""
-    from hpp.runtime.models import LegacyGPT, ModelConfig
+    from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
     return LegacyGPT(ModelConfig("other", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256))
 
 

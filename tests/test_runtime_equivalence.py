@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import launch_forked
-from hpp.runtime.models import ModelConfig
-from hpp.runtime.reference import max_param_difference, train_reference
-from hpp.runtime.worker import WorkerConfig
+from hpp.runtime.launch.launchers import launch_forked
+from hpp.runtime.models.gpt import ModelConfig
+from hpp.runtime.exec.reference import max_param_difference, train_reference
+from hpp.runtime.exec.worker import WorkerConfig
 
 pytestmark = pytest.mark.distributed
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import LaunchResult, launch_forked, launch_torchrun
-from hpp.runtime.processes import descendants, kill_tree
-from hpp.runtime.models import ModelConfig
-from hpp.runtime.worker import WorkerConfig
+from hpp.runtime.launch.launchers import LaunchResult, launch_forked, launch_torchrun
+from hpp.runtime.launch.processes import descendants, kill_tree
+from hpp.runtime.models.gpt import ModelConfig
+from hpp.runtime.exec.worker import WorkerConfig
 
 pytestmark = pytest.mark.distributed
 

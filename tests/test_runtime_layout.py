@@ -7,9 +7,9 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan, Stage
-from hpp.runtime.layout import (block_holders, blocks, group_layout, rank_roles, split_micro_batches,
+from hpp.runtime.exec.layout import (block_holders, blocks, group_layout, rank_roles, split_micro_batches,
                                 synthetic_batch)
-from hpp.runtime.models import (IGNORE_INDEX, ModelConfig, build_stage_module, get_model_config, lm_loss,
+from hpp.runtime.models.gpt import (IGNORE_INDEX, ModelConfig, build_stage_module, get_model_config, lm_loss,
                                 tied_param_names)
 from hpp.runtime.timeline import schedule_order, simulate_pipeline
 

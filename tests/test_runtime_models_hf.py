@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.runtime.hf_models import HFModel, hf_model, load_model_file
-from hpp.runtime.stage import build_stage, StageModule
+from hpp.runtime.models.hf import HFModel, hf_model, load_model_file
+from hpp.runtime.models.stage import build_stage, StageModule
 
 transformers = pytest.importorskip("transformers")
 

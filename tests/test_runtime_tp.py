@@ -3,7 +3,7 @@
 Every launch forks at most 6 gloo ranks of a tiny Hugging Face model (hidden size 64,
 sequence 32, float64) for 3 steps and compares every parameter with single-process
 training of ``build_stage(model, 0, L)`` on the same global batches with the same
-:mod:`hpp.runtime.training` optimizer, schedule and clipping (<= 1e-9).
+:mod:`hpp.runtime.exec.training` optimizer, schedule and clipping (<= 1e-9).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from hpp.formulation.cost_model import estimate_plan
 from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.devices import DeviceType
-from hpp.runtime.data import make_batch_source
-from hpp.runtime.launch import launch_forked
-from hpp.runtime.reference import max_param_difference
-from hpp.runtime.stage import build_stage
-from hpp.runtime.tensor_parallel import shard_dim
-from hpp.runtime.training import (TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step)
-from hpp.runtime.worker import WorkerConfig
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.exec.data import make_batch_source
+from hpp.runtime.launch.launchers import launch_forked
+from hpp.runtime.exec.reference import max_param_difference
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.tensor_parallel import shard_dim
+from hpp.runtime.exec.training import (TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step)
+from hpp.runtime.exec.worker import WorkerConfig
+from hpp.runtime.models.zoo import load_runtime_model
 from hpp.scenarios import make_emulated_cluster
 
 pytestmark = pytest.mark.distributed
@@ -197,7 +197,7 @@ def test_bf16_mixed_precision_trains_fp32_masters(tmp_path):
 
 def test_a_parameter_sharded_at_one_tp_degree_and_replicated_at_another_is_refused_by_every_rank(tmp_path):
     """Vocabulary 66: the token table is sharded at TP 2 but not at TP 4; every rank stops, none waits."""
-    from hpp.runtime.models import ModelConfig
+    from hpp.runtime.models.gpt import ModelConfig
     model = ModelConfig("v66", num_blocks=1, hidden_size=32, num_heads=4, seq_len=8, vocab_size=66)
     plan = Plan("v66", 3, 2, (Pipeline((_st(0, 3, 0, 4),), 1, 1), Pipeline((_st(0, 3, 4, 2),), 1, 1)))
     cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(model), steps=1, timeout_s=60)

@@ -9,13 +9,13 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan, Stage
-from hpp.runtime.gradsync_units import _param_entries, sync_units
-from hpp.runtime.layout import ShardGroups, group_layout, rank_roles
-from hpp.runtime.stage import build_stage
-from hpp.runtime.training import (TrainingConfig, clip_by_global_norm, lr_factor, make_lr_scheduler, make_optimizer,
+from hpp.runtime.exec.sync_units import _param_entries, sync_units
+from hpp.runtime.exec.layout import ShardGroups, group_layout, rank_roles
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.training import (TrainingConfig, clip_by_global_norm, lr_factor, make_lr_scheduler, make_optimizer,
                                   measure_stage_flops)
-from hpp.runtime.worker import WorkerConfig, training_config
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.exec.worker import WorkerConfig, training_config
+from hpp.runtime.models.zoo import load_runtime_model
 
 
 def _st(lo: int, hi: int, first: int, tp: int = 1) -> Stage:

@@ -22,9 +22,9 @@ import pytest
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime import run as run_mod
 from hpp.runtime.cli import run_main
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
-from hpp.runtime.worker import WorkerConfig
+from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.worker import WorkerConfig
 
 pytestmark = pytest.mark.distributed
 

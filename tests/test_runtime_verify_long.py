@@ -3,7 +3,7 @@ TP 2, uneven splits, recomputation and mixed TP.
 
 Float64 training of these models drifts from free-running single-device training after a few hundred steps
 (as single-device training does from itself when a batch is only summed in another order), so ``--verify``
-checks each step from the run's own state (:mod:`hpp.runtime.verify_steps`); these runs check that this holds
+checks each step from the run's own state (:mod:`hpp.runtime.exec.verify_steps`); these runs check that this holds
 for 1,000 steps on every code path, and print the free-running and reversed-order drift beside it.
 
 Slow (minutes per plan on two cores): marked ``slow``, left out of the default run; ``pytest -m slow

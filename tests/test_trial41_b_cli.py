@@ -44,13 +44,13 @@ def test_warmup_steps_help_says_it_is_not_lr_warmup(capsys):
 
 
 def test_time_profile_takes_no_abbreviations_and_errs_in_one_line(capsys, tmp_path):
-    from hpp.runtime import time_profile
+    from hpp.runtime.profile import time_terms as time_profile
     with pytest.raises(SystemExit) as exc:
         time_profile.main([str(tmp_path / "p.json"), "--ou", "x.json"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err.strip() == ("python -m hpp.runtime.time_profile: error: unknown option --ou (did "
-                                               "you mean --out?). Fix: see python -m hpp.runtime.time_profile --help")
+    assert capsys.readouterr().err.strip() == ("python -m hpp.runtime.profile.time_terms: error: unknown option --ou (did "
+                                               "you mean --out?). Fix: see python -m hpp.runtime.profile.time_terms --help")
     assert time_profile.main([str(tmp_path / "p.json"), "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"python -m hpp.runtime.time_profile: error: {tmp_path / 'p.json'}: cannot read profile "
+    assert err.startswith(f"python -m hpp.runtime.profile.time_terms: error: {tmp_path / 'p.json'}: cannot read profile "
                           "file") and len(err.splitlines()) == 1, err

@@ -1,4 +1,4 @@
-"""Fresh-user trial fixes of ``python -m hpp.runtime.checkpoint_export``: an existing OUT is refused
+"""Fresh-user trial fixes of ``python -m hpp.runtime.checkpoint.export``: an existing OUT is refused
 without ``--force``, OUT gets the mode ``open()`` gives a new file, and a missing checkpoint is said
 with this command's prefix and its own argument (``DIR``), not ``hpp run``'s ``--resume``."""
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpp.runtime import checkpoint as ck
-from hpp.runtime.checkpoint_export import main
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
+from hpp.runtime.checkpoint import dcp as ck
+from hpp.runtime.checkpoint.export import main
+from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
 
-PROG = "python -m hpp.runtime.checkpoint_export"
+PROG = "python -m hpp.runtime.checkpoint.export"
 _MODEL = LegacyGPT(ModelConfig("micro", num_blocks=1, hidden_size=8, num_heads=2, seq_len=4, vocab_size=16))
 
 
@@ -63,7 +63,7 @@ def test_out_gets_the_mode_of_a_new_file_under_the_umask(saved, tmp_path, fmt, n
 
 def test_missing_checkpoint_names_this_commands_argument_with_its_prefix(tmp_path):
     missing = tmp_path / "nodir"
-    proc = subprocess.run([sys.executable, "-m", "hpp.runtime.checkpoint_export", str(missing), str(tmp_path / "m.pt")],
+    proc = subprocess.run([sys.executable, "-m", "hpp.runtime.checkpoint.export", str(missing), str(tmp_path / "m.pt")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == (f"{PROG}: error: {missing}: field 'DIR': no such checkpoint directory. "

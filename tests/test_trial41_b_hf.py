@@ -8,8 +8,8 @@ import warnings
 import pytest
 import torch
 
-from hpp.runtime.hf_models import hf_model
-from hpp.runtime.stage import build_stage
+from hpp.runtime.models.hf import hf_model
+from hpp.runtime.models.stage import build_stage
 
 pytest.importorskip("transformers")
 
@@ -28,7 +28,7 @@ def test_tiny_hf_model_forward_warns_nothing_future(name):
 def test_the_deprecated_keyword_is_what_warned():
     import inspect
 
-    from hpp.runtime import hf_layers
+    from hpp.runtime.models import hf_layers
     from transformers.masking_utils import create_causal_mask
 
     if "cache" not in inspect.signature(create_causal_mask).parameters:

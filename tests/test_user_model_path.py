@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from hpp.cli import main                                                     # noqa: E402
 from hpp.runtime.cli import profile_main, run_main                           # noqa: E402
-from hpp.runtime.zoo import portable_model_spec                              # noqa: E402
+from hpp.runtime.models.zoo import portable_model_spec                              # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "two-cpus",

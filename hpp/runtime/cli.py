@@ -1,5 +1,5 @@
 """Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`; ``hpp profile-network``'s
-is :mod:`hpp.runtime.network_cli`).
+is :mod:`hpp.runtime.network.cli`).
 
 Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
 (the line names the failed rank, or says it timed out) or a ``--verify`` that found a
@@ -18,7 +18,7 @@ from typing import Sequence
 
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
-from hpp.runtime.processes import RunInterrupted, interrupt_signals
+from hpp.runtime.launch.processes import RunInterrupted, interrupt_signals
 from hpp.runtime.step_terms import summary_lines
 from hpp.wording import count
 
@@ -337,8 +337,8 @@ def profile_main(argv: Sequence[str] | None = None) -> int:
 def _profile_command(args: argparse.Namespace) -> int:
     """Measure, write and summarise the profile."""
     # here, not on top: torch and the runtime take 2-6 s to import (-X importtime); --help stays instant
-    from hpp.runtime.profiler import profile_model, scale_profile, write_profile
-    from hpp.runtime.time_profile import add_measured_time_terms
+    from hpp.runtime.profile.profiler import profile_model, scale_profile, write_profile
+    from hpp.runtime.profile.time_terms import add_measured_time_terms
     time_terms = args.device == "cpu" if args.time_terms is None else args.time_terms
     if time_terms and args.device != "cpu":
         raise HppInputError("--time-terms with --device cuda", field="time_terms",
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "profile":
         return profile_main(argv[1:])
     if argv and argv[0] == "profile-network":
-        from hpp.runtime.network_cli import profile_network_main
+        from hpp.runtime.network.cli import profile_network_main
         return profile_network_main(argv[1:])
     sys.stderr.write("usage: python -m hpp.runtime.cli run|profile|profile-network ...\n")
     return 2

@@ -5,7 +5,7 @@ one line, exit 2 in the CLI): the plan validates against its cluster (and profil
 when it names one); the runtime model (``--model`` NAME or MODULE:FUNCTION, default
 the plan's) loads, follows the protocol, has the plan's and the profile's layer
 count and name, and its heads and MLP width split by every stage's TP degree; the
-layout is one the runtime executes (:func:`hpp.runtime.layout.rank_roles`); the
+layout is one the runtime executes (:func:`hpp.runtime.exec.layout.rank_roles`); the
 training configuration is valid; ``--data`` exists and fills at least one global
 batch; the host can run that many ranks (CUDA: one per visible GPU; CPU: at most
 :data:`MAX_RANKS_PER_CORE` per core) and, when a world size is imposed, it equals
@@ -14,17 +14,17 @@ the plan's device count.
 While the ranks run, :class:`hpp.runtime.metrics.StepMonitor` prints one line per
 step (loss, samples/s, tokens/s, MFU, peak memory) and writes ``--metrics-jsonl``.
 ``verify`` runs in float64 and compares every step with one single-device step from the
-run's own state before it (:mod:`hpp.runtime.verify_steps`: float64 training is chaotic over
+run's own state before it (:mod:`hpp.runtime.exec.verify_steps`: float64 training is chaotic over
 hundreds of steps, each step is not), and reports beside it the free-running difference
 of the final parameters from single-device training on the same global batches
-(:func:`hpp.runtime.reference.train_single_device`).
+(:func:`hpp.runtime.exec.reference.train_single_device`).
 
 Measured iteration time of a step = the slowest rank's time from the common
 barrier at the step start to the end of its optimizer step; the report gives the
 median over the steps after ``warmup_steps``.
 
 Emulated speeds (``emulate_speed``) run at a time scale ``D >= 1`` (see
-:mod:`hpp.runtime.emulation`): by default ``D = max(1, devices of the cluster /
+:mod:`hpp.runtime.host.emulation`): by default ``D = max(1, devices of the cluster /
 cores of this host)``, so that the ranks never need more cores than there are and
 every plan on one cluster runs at the same ``D`` (ratios between plans stay
 comparable). ``predicted.iteration_time_s`` is then the cost model with every
@@ -34,7 +34,7 @@ forward/backward time x ``D`` (what this run should measure);
 Several hosts (``nnodes > 1``): every host runs ``hpp run`` with its ``node_rank`` and the
 same ``rdzv_endpoint``; each checks its devices and starts its own ranks
 (:func:`hpp.runtime.run_setup.host_share`), and reports (and verifies) those ranks.
-Checkpoints: ``save`` writes ``SAVE/step-K`` (:mod:`hpp.runtime.checkpoint`) every
+Checkpoints: ``save`` writes ``SAVE/step-K`` (:mod:`hpp.runtime.checkpoint.dcp`) every
 ``save_every`` steps and after the last; ``resume`` continues from a complete checkpoint
 under this plan (any plan of the same model), the steps numbered on from the saved one;
 with ``verify`` the reference trains the saved steps plus this run's. A failed or
@@ -59,14 +59,14 @@ from hpp.fileio import write_atomic
 from hpp.plan import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
-from hpp.runtime.checkpoint_store import complete_checkpoints
-from hpp.runtime.data import data_spec, make_batch_source
-from hpp.runtime.launch import launch_forked, launch_torchrun, torchrun_command
-from hpp.runtime.host_speed import HostSpeed, bracket, calibrate_host_speed
-from hpp.runtime.layout import rank_roles
+from hpp.runtime.checkpoint.store import complete_checkpoints
+from hpp.runtime.exec.data import data_spec, make_batch_source
+from hpp.runtime.launch.launchers import launch_forked, launch_torchrun, torchrun_command
+from hpp.runtime.profile.host_speed import HostSpeed, bracket, calibrate_host_speed
+from hpp.runtime.exec.layout import rank_roles
 from hpp.runtime.metrics import StepMonitor, peak_flops_per_s, plan_peak_flops_per_s
-from hpp.runtime.processes import remove_stale_run_dirs, run_dir_prefix
-from hpp.runtime.reference import verify_run
+from hpp.runtime.launch.processes import remove_stale_run_dirs, run_dir_prefix
+from hpp.runtime.exec.reference import verify_run
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
@@ -74,8 +74,8 @@ from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, chec
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
-from hpp.runtime.host_agreement import hosts_disagree_error
-from hpp.runtime.worker import WorkerConfig, config_to_json
+from hpp.runtime.exec.host_agreement import hosts_disagree_error
+from hpp.runtime.exec.worker import WorkerConfig, config_to_json
 from hpp.wording import count, noun
 
 __all__ = ["RunReport", "RunFailedError", "run_plan", "load_run_inputs", "model_source", "resolve_run_model",
@@ -125,15 +125,15 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         A runtime model name or ``MODULE:FUNCTION`` (default: the plan's model).
     verify : bool
         Run in float64, save every rank's parameters and compare them with single-device
-        training (:mod:`hpp.runtime.reference`); the report's ``verify`` holds the result.
+        training (:mod:`hpp.runtime.exec.reference`); the report's ``verify`` holds the result.
     dtype : str, optional
         ``float32`` (default; on ``resume`` the checkpoint's), ``float64`` or ``bfloat16`` (autocast,
         fp32 master weights).
     optimizer, lr, lr_schedule, lr_warmup_steps, clip_grad_norm, weight_decay
-        The training configuration (:class:`hpp.runtime.training.TrainingConfig`); each one not
+        The training configuration (:class:`hpp.runtime.exec.training.TrainingConfig`); each one not
         given (None) is the checkpoint's on ``resume``, else the default (:func:`training_config`).
     data : path, optional
-        ``--data FILE`` (:mod:`hpp.runtime.data`); default synthetic tokens (on ``resume`` the checkpoint's).
+        ``--data FILE`` (:mod:`hpp.runtime.exec.data`); default synthetic tokens (on ``resume`` the checkpoint's).
     metrics_jsonl : path, optional
         One JSON line per step (:class:`hpp.runtime.metrics.StepMetrics`; ``step``: the 1-based global step).
     progress : bool
@@ -143,7 +143,7 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
     num_threads : int
         Each rank's torch compute threads.
     worker_options : Mapping, optional
-        Extra :class:`hpp.runtime.worker.WorkerConfig` fields (experiments and tests, e.g.
+        Extra :class:`hpp.runtime.exec.worker.WorkerConfig` fields (experiments and tests, e.g.
         ``{"skip_block_allreduce": True}``, the control that must fail ``verify``).
     nnodes, node_rank, rdzv_endpoint, node_map, emulate_node_type
         Several hosts (see :func:`hpp.runtime.run_setup.host_share`): this host starts its share.
@@ -159,8 +159,8 @@ def run_plan(plan_path: str | Path, *, steps: int, model: str | None = None, ver
         Check everything, write ``dry_run/worker_config.json`` and return this host's torchrun
         command (:attr:`RunReport.command`) without starting anything (for a launcher of your own).
     host_calibration : bool
-        CPU: predict at this host's speed (:func:`hpp.runtime.host_speed.calibrate_host_speed`, a probe of
-        under 2 s on this host before the run and one after it, :func:`~hpp.runtime.host_speed.bracket`);
+        CPU: predict at this host's speed (:func:`hpp.runtime.profile.host_speed.calibrate_host_speed`, a probe of
+        under 2 s on this host before the run and one after it, :func:`~hpp.runtime.profile.host_speed.bracket`);
         False: the profile's times as measured.
     allow_over_memory : bool
         Run a plan that the cost model predicts not to fit its devices' memory (``--allow-over-memory``; the

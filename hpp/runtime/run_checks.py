@@ -12,7 +12,7 @@ from hpp.formulation.cost_model import estimate_plan
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.runtime.layout import rank_roles
+from hpp.runtime.exec.layout import rank_roles
 from hpp.validate import check_fits_memory
 
 __all__ = ["mem_available_bytes", "check_host_memory", "check_device_memory", "check_png_path"]

@@ -1,0 +1,374 @@
+"""Predicted iteration time of a CPU run whose ranks share this host's cores (issue 17, time side).
+
+The cost model (:func:`hpp.formulation.cost_model.estimate_plan`) prices a plan on
+dedicated devices. A CPU run of ``hpp run`` puts ``R`` ranks (one compute thread each) on
+one host of ``C`` cores, which changes the time in two ways this module models:
+
+- **Sharing**: while ``n`` ranks compute at once, each gets ``min(1, C / n)`` of a core.
+- **Contention**: a CPU second buys less work while several cores compute (SMT siblings,
+  shared caches): ``kappa(b)`` = CPU time of an op while ``b`` cores are busy / alone,
+  measured by :func:`hpp.runtime.profile.host_probe.measure_contention` (``meta["host_time"]`` of
+  the profile; 1 when not measured).
+- **Other load** (``background``): processes of other users that compute all the time
+  take their share of the cores too (0 on a quiet host).
+- **Steal** (``steal``): on a virtual host the hypervisor takes a share of the time a core
+  wants to run; a computing rank gets ``1 - steal`` of its share (:mod:`hpp.runtime.host.steal`).
+- **Real-op costs** (:mod:`hpp.runtime.host.ops`, ``meta["host_time"]["op_probe"]`` when the
+  profile has it): ``kappa(n)`` measured with the model's own layer op for ``n`` *runnable*
+  processes, past the cores (oversubscription), replaces the matmul contention; and each
+  forward/backward op that starts after its rank waited (a receive, a transfer, the
+  emulation's sleep, the step's sync) costs ``wake_s(R)`` more CPU seconds (``R`` ranks on
+  the host): the op runs with caches the other ranks (and, on an idle virtual CPU, the
+  hypervisor) refilled. On Dec 1 (15:53, quiet host) the ranks used 1.13-1.60 x the
+  profiled CPU seconds, 1.0-2.1 ms more per op whatever the op's size; the profile's
+  back-to-back layer loop never pays it. A rank asleep in a receive wakes ``recv_wake_s(k)``
+  later than the uncontended transfer while ``k`` other ranks compute (gloo's thread and
+  then the rank must get a core: 1.2-2 ms on Dec 1 with the cores busy, vs 0.05-0.08 ms
+  for the profile's idle ping-pong).
+
+and, with ``--emulate-speed``, the padding of :mod:`hpp.runtime.host.emulation`: a rank of a
+device type ``k`` x slower at time scale ``D`` sleeps after each forward/backward op until
+the op lasts ``k D`` x the CPU time it used, so contention is padded too.
+
+:func:`simulate_host_run` replays one training step event by event: every rank runs its
+stage's schedule (1F1B: ``min(m, S - s)`` forwards, then one backward and one forward
+alternately; GPipe: all forwards, then all backwards); a forward waits for the previous
+stage's forward of that micro-batch and its transfer, a backward for the next stage's
+backward and its transfer; after each op that sends, the sender waits for the transfer
+(``k = 1``, as torch's schedules wait on a send with the next receive). CPU work runs at
+the shared, contended rate; paddings and transfers take wall time only. After the last
+rank's schedule, the gradient all-reduce takes the cost model's ``grad_sync_s``, then
+every rank runs its optimizer step (CPU work, shared). Per-op work is the profile's at the
+speed it was measured (the base device type of emulated types), split into the part inside
+the padded ops (layers, loss backward, the in-op share of the schedule overhead) and the
+part outside (loss forward, the rest of the overhead, the per-step overhead).
+
+On ``C >= R`` cores, without contention and emulation, the result is the 1F1B schedule's
+exact length, which the cost model's closed form approximates.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hpp.formulation.cost_model import CostModelConfig, estimate_plan, p2p_transfer_s, stage_compute_s
+from hpp.plan import Plan
+from hpp.profiles.cluster import Cluster
+from hpp.profiles.model_profile import LayerProfile, ModelProfile
+from hpp.profiles.step_time import HostTimeTerms
+from hpp.runtime.host.ops import OpProbe, op_probe_of
+from hpp.runtime.timeline import schedule_order
+
+__all__ = ["HostPrediction", "simulate_host_run", "base_entry", "host_terms", "scale_cpu_work"]
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class HostPrediction:
+    """Predicted step of a CPU run on a shared host [s].
+
+    Attributes
+    ----------
+    iteration_time_s : float
+        Start of the step to the end of the last rank's optimizer step.
+    schedule_end_s : tuple of float
+        Per rank, when its schedule ended.
+    cpu_s : tuple of float
+        Per rank, CPU seconds its forward/backward ops used (what the worker's ``cpu_s`` reports).
+    grad_sync_s : float
+    cores : int
+    emulated : bool
+    time_scale : float
+    """
+
+    iteration_time_s: float
+    schedule_end_s: tuple[float, ...]
+    cpu_s: tuple[float, ...]
+    grad_sync_s: float
+    cores: int
+    emulated: bool
+    time_scale: float
+
+
+def host_terms(profile: ModelProfile, *, cores: int) -> HostTimeTerms:
+    """The profile's ``meta["host_time"]`` (contention measured with the profile), or none (kappa = 1)."""
+    d = profile.meta.get("host_time")
+    return HostTimeTerms.from_dict(d) if d else HostTimeTerms(cores, ())
+
+
+def base_entry(profile: ModelProfile, device_type: str, tp_degree: int, micro_batch_size: int) -> LayerProfile:
+    """The entry as measured on this host: an emulated type's base entry (``meta["emulated"]``), else its own."""
+    emu = profile.meta.get("emulated", {}).get(device_type)
+    base = str(emu["base"]) if emu else device_type
+    return profile.layer_profile(base, tp_degree, micro_batch_size)
+
+
+def scale_cpu_work(profile: ModelProfile, factor: float) -> ModelProfile:
+    """Every CPU term of ``profile`` x ``factor`` (layers, optimizer, loss, schedule overheads, the op probe's
+    seconds); transfers and the probe's kappa (a ratio) unchanged.
+
+    The host's speed during a run relative to when it was profiled (``factor`` > 1: slower).
+    """
+    if not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+
+    def entry(e: LayerProfile) -> LayerProfile:
+        t = e.step_time
+        if t is not None:
+            t = replace(t, loss_forward_s=t.loss_forward_s * factor, loss_backward_s=t.loss_backward_s * factor,
+                        micro_batch_overhead_s=t.micro_batch_overhead_s * factor,
+                        step_overhead_s=t.step_overhead_s * factor, p2p_overhead_s=t.p2p_overhead_s * factor)
+        return replace(e, forward_s=tuple(v * factor for v in e.forward_s),
+                       backward_s=tuple(v * factor for v in e.backward_s),
+                       optimizer_s=tuple(v * factor for v in e.optimizer_s), step_time=t)
+
+    meta = profile.meta
+    ops = op_probe_of(meta)
+    if ops is not None:
+        scaled = replace(ops, hot_s=ops.hot_s * factor, wake_s=tuple(w * factor for w in ops.wake_s))
+        meta = {**meta, "host_time": {**meta["host_time"], "op_probe": scaled.to_dict()}}
+    return replace(profile, entries={k: entry(e) for k, e in profile.entries.items()}, meta=meta)
+
+
+@dataclass
+class _Seg:
+    kind: str                  # "cpu" (work, pad factor), "dep" (wait for key + delay), "sleep", "sync"
+    work: float = 0.0
+    pad: float = 1.0
+    key: tuple | None = None   # "cpu": op completed at its end; "dep": the op waited for
+    delay: float = 0.0
+    in_op: bool = False
+
+
+def _stage_ops(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((F in-op, F outside), (B in-op, B outside)) work per micro-batch [s]."""
+    f_layers, b_layers = stage_compute_s(replace(e, step_time=None), lo, hi, recompute)
+    t = e.step_time
+    if t is None:
+        return (f_layers, 0.0), (b_layers, 0.0)
+    last = hi == e.num_layers
+    inside = t.micro_batch_overhead_s * t.micro_batch_overhead_in_op
+    outside = t.stage_overhead_s(int(lo > 0) + int(hi < e.num_layers)) - inside
+    return ((f_layers + inside / 2, outside / 2 + (t.loss_forward_s if last else 0.0)),
+            (b_layers + inside / 2 + (t.loss_backward_s if last else 0.0), outside / 2))
+
+
+def _schedule_order(schedule: str, m: int, num_stages: int, s: int) -> list[tuple[str, int]]:
+    return schedule_order(s, num_stages, m, schedule)
+
+
+def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emulate: bool, time_scale: float
+                   ) -> tuple[list[list[_Seg]], list[float]]:
+    segs: list[list[_Seg]] = []
+    opt: list[float] = []
+    for p, pipe in enumerate(plan.pipelines):
+        S, m = pipe.num_stages, pipe.num_micro_batches
+        ents = [base_entry(profile, st.device_type, st.tp_degree, pipe.micro_batch_size) for st in pipe.stages]
+        links = [cluster.link(a.device_ids[-1], b.device_ids[0]) for a, b in zip(pipe.stages, pipe.stages[1:])]
+        c = [p2p_transfer_s(e, link, e.output_bytes[st.layer_stop - 1])
+             for e, link, st in zip(ents, links, pipe.stages)]
+        for s, (st, e) in enumerate(zip(pipe.stages, ents)):
+            c_in = c[s - 1] if s > 0 else 0.0
+            c_out = c[s] if s < S - 1 else 0.0
+            (f_in, f_out), (b_in, b_out) = _stage_ops(e, st.layer_start, st.layer_stop, st.recompute)
+            pad = cluster.device_types[st.device_type].slowdown * time_scale if emulate else 1.0
+            step_ovh = e.step_time.step_overhead_s if e.step_time is not None and m > 0 else 0.0
+            for lane in range(st.tp_degree):
+                out = [_Seg("cpu", step_ovh)]
+                for kind, i in _schedule_order(pipe.schedule, m, S, s):
+                    if kind == "F":
+                        if s > 0:
+                            out.append(_Seg("dep", key=(p, s - 1, lane, "F", i), delay=c_in))
+                        out.append(_Seg("cpu", f_in, pad, key=(p, s, lane, "F", i), in_op=True))
+                        out.append(_Seg("cpu", f_out))
+                        if s < S - 1:
+                            out.append(_Seg("sleep", delay=c_out))
+                    else:
+                        if s < S - 1:
+                            out.append(_Seg("dep", key=(p, s + 1, lane, "B", i), delay=c_out))
+                        out.append(_Seg("cpu", b_in, pad, key=(p, s, lane, "B", i), in_op=True))
+                        out.append(_Seg("cpu", b_out))
+                        if s > 0:
+                            out.append(_Seg("sleep", delay=c_in))
+                out.append(_Seg("sync"))
+                segs.append(out)
+                opt.append(sum(e.optimizer_s[st.layer_start:st.layer_stop]))
+    return segs, opt
+
+
+def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, cores: int, emulate_speed: bool,
+                      time_scale: float = 1.0, host: HostTimeTerms | None = None, background: float = 0.0,
+                      ops: OpProbe | None = None, steal: float = 0.0,
+                      config: CostModelConfig = CostModelConfig()) -> HostPrediction:
+    """One step of ``plan`` as ``hpp run`` executes it on a host of ``cores`` cores (see the module docstring).
+
+    Parameters
+    ----------
+    cores : int
+        Cores of the host (>= 1).
+    emulate_speed : bool
+        Whether ops are padded to ``slowdown x time_scale`` x their CPU time.
+    host : HostTimeTerms, optional
+        Contention factors (default: the profile's ``meta["host_time"]``, else none).
+    background : float
+        Other processes computing all the time (>= 0; 0 = a quiet host).
+    steal : float
+        Share of the time a virtual core wants to run that the hypervisor takes (in [0, 1); 0 = a
+        dedicated host; :mod:`hpp.runtime.host.steal` measures it): a computing rank's core share
+        ``min(1, C / n)`` becomes ``(1 - steal) min(1, C / n)``, in CPU seconds as in work, as
+        Linux charges stolen time to no thread.
+    ops : OpProbe, optional
+        Real-op costs (kappa past the cores, CPU per op after a wait, a receive's late wake). Default: the profile's
+        ``meta["host_time"]["op_probe"]`` when ``host`` is not given either, else none.
+
+    Raises
+    ------
+    HppInputError
+        A stage's entry is missing from the profile.
+    ValueError
+        ``cores < 1``, ``time_scale < 1``, ``background < 0`` or ``steal`` outside [0, 1).
+    """
+    if cores < 1 or not time_scale >= 1.0 or background < 0 or not 0.0 <= steal < 1.0:
+        raise ValueError(f"cores={cores}, time_scale={time_scale}, background={background}, steal={steal}")
+    if ops is None and host is None:
+        ops = op_probe_of(profile.meta)
+    host = host or host_terms(profile, cores=cores)
+    sync_s = estimate_plan(plan, cluster, profile, config=config).grad_sync_s
+    segs, opt = _rank_segments(plan, cluster, profile, emulate=emulate_speed, time_scale=time_scale)
+    R = len(segs)
+    wake = ops.wake_at(R) if ops is not None else 0.0
+    waited = [True] * R                                     # the step starts after the last one's sync
+    for r in range(R):
+        segs[r].append(_Seg("cpu", opt[r]))
+    pos = [0] * R
+    done: dict[tuple, float] = {}
+    state: list[dict[str, Any]] = [{} for _ in range(R)]   # current segment's progress
+    cpu_in_ops = [0.0] * R
+    sched_end = [math.nan] * R
+    finish = [math.nan] * R
+    sync_at: float | None = None
+    t = 0.0
+    timers: list[tuple[float, int]] = []                    # (time, rank): a wall-clock wait ends
+
+    def start(r: int) -> None:
+        nonlocal sync_at
+        while pos[r] < len(segs[r]):
+            g = segs[r][pos[r]]
+            if g.kind == "cpu":
+                work = g.work + (wake if g.in_op and waited[r] else 0.0)
+                if g.in_op:
+                    waited[r] = False
+                if work <= _EPS:
+                    _complete(r, g, t)
+                    continue
+                state[r] = {"left": work, "cpu": 0.0, "t0": t, "pad_until": None}
+                return
+            if g.kind == "dep":
+                if g.key in done:
+                    ready = done[g.key] + g.delay
+                    if ready <= t + _EPS:
+                        pos[r] += 1
+                        continue
+                    ready += recv_wake(r)                       # the rank sleeps in the receive
+                    state[r] = {"until": ready}
+                    heapq.heappush(timers, (ready, r))
+                    waited[r] = True
+                    return
+                state[r] = {"blocked": g.key}
+                waited[r] = True
+                return
+            if g.kind == "sleep":
+                if g.delay <= _EPS:
+                    pos[r] += 1
+                    continue
+                state[r] = {"until": t + g.delay}
+                heapq.heappush(timers, (t + g.delay, r))
+                waited[r] = True
+                return
+            if g.kind == "sync":
+                sched_end[r] = t
+                if sync_at is None and all(not math.isnan(x) for x in sched_end):
+                    sync_at = max(sched_end) + sync_s
+                    for q in range(R):
+                        heapq.heappush(timers, (sync_at, q))
+                if sync_at is not None and t >= sync_at - _EPS:
+                    pos[r] += 1
+                    continue
+                state[r] = {"sync": True}
+                waited[r] = True
+                return
+        finish[r] = t
+        state[r] = {"done": True}
+
+    def recv_wake(q: int) -> float:
+        """Extra wall seconds before rank ``q``, asleep in a receive, runs again (the others computing now)."""
+        if ops is None or not ops.recv_wake_s:
+            return 0.0
+        busy = sum(1 for x in range(R) if x != q and "left" in state[x] and state[x]["pad_until"] is None)
+        return ops.recv_wake_at(busy + background)
+
+    def _complete(r: int, g: _Seg, when: float) -> None:
+        if g.key is not None:
+            done[g.key] = when
+            for q in range(R):                               # release ranks waiting for this op
+                st = state[q]
+                if st.get("blocked") == g.key:
+                    until = when + segs[q][pos[q]].delay + recv_wake(q)
+                    state[q] = {"until": until}
+                    heapq.heappush(timers, (until, q))
+        pos[r] += 1
+
+    for r in range(R):
+        start(r)
+    while any(not st.get("done") for st in state):
+        computing = [r for r in range(R) if "left" in state[r] and state[r]["pad_until"] is None]
+        n = len(computing) + background
+        share = (1.0 - steal) * (min(1.0, cores / n) if n > 0 else 1.0)
+        kappa = ops.kappa_at(n) if ops is not None else host.kappa(min(n, cores))
+        rate = share / kappa                                # work [profile s] per wall s
+        t_next = math.inf
+        for r in computing:
+            t_next = min(t_next, t + state[r]["left"] / rate)
+        for r in range(R):
+            pu = state[r].get("pad_until") if "left" in state[r] else None
+            if pu is not None:
+                t_next = min(t_next, pu)
+        if timers:
+            t_next = min(t_next, timers[0][0])
+        if math.isinf(t_next):
+            raise RuntimeError("host simulation deadlocked (a dependency that no rank produces)")
+        dt = max(0.0, t_next - t)
+        for r in computing:
+            state[r]["left"] -= rate * dt
+            state[r]["cpu"] += share * dt
+        t = t_next
+        for r in range(R):
+            st = state[r]
+            if "left" in st:
+                g = segs[r][pos[r]]
+                if st["pad_until"] is None and st["left"] <= _EPS:
+                    if g.in_op:
+                        cpu_in_ops[r] += st["cpu"]
+                    target = st["t0"] + g.pad * st["cpu"] if g.pad > 1.0 else t
+                    if target > t + _EPS:
+                        st["pad_until"] = target
+                        waited[r] = True                    # the emulation's sleep
+                        continue
+                    _complete(r, g, t)
+                    start(r)
+                elif st["pad_until"] is not None and st["pad_until"] <= t + _EPS:
+                    _complete(r, g, t)
+                    start(r)
+        while timers and timers[0][0] <= t + _EPS:
+            _when, r = heapq.heappop(timers)
+            st = state[r]
+            if ("until" in st and st["until"] <= t + _EPS) or (st.get("sync") and sync_at is not None
+                                                                 and sync_at <= t + _EPS):
+                pos[r] += 1
+                start(r)
+    return HostPrediction(max(finish), tuple(sched_end), tuple(cpu_in_ops), sync_s, cores, emulate_speed,
+                          time_scale)
