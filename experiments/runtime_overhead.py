@@ -140,10 +140,11 @@ def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float)
 
 def run_hpp(plan_path: Path, *, model: str, steps: int, lr: float) -> tuple[list[float], float]:
     """Per-step times [s] of ``hpp run`` (slowest rank per step), and its ranks' CPU seconds."""
+    from hpp.runtime.config import RunConfig
     from hpp.runtime.run import run_plan
     cpu0 = _children_cpu_s()
-    rep = run_plan(plan_path, steps=steps, model=model, launcher="fork", optimizer="adamw", lr=lr,
-                   dtype="float32", warmup_steps=0)
+    rep = run_plan(RunConfig.build(plan_path, steps=steps, model=model, launcher="fork", optimizer="adamw", lr=lr,
+                                   dtype="float32", warmup_steps=0))
     return list(rep.measured["step_times_s"]), _children_cpu_s() - cpu0
 
 

@@ -95,12 +95,20 @@ def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, form
                             fix=f"use version {version}")
 
 
-def write_atomic(path: str | PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through ``path.tmp`` and a rename (a reader never sees it half-written)."""
+def write_atomic(path: str | PathLike, data: str | bytes) -> None:
+    """Write ``data`` (text or bytes) to ``path`` through ``path.tmp`` and a rename (a reader never sees it
+    half-written; a failed write leaves no ``path.tmp`` behind)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_rows_csv(rows: Iterable[Mapping[str, Any]], path: str | PathLike, *, columns: Sequence[str]) -> None:

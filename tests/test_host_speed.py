@@ -156,8 +156,8 @@ def test_cli_flag_and_summary(monkeypatch):
         def to_dict(self):
             return {}
 
-    def fake_run_plan(plan, **kw):
-        seen.update(kw)
+    def fake_run_plan(config):
+        seen["host_calibration"] = config.emulation.host_calibration
         return Rep()
     for argv, want in ((["p.json", "--steps", "2"], True), (["p.json", "--steps", "2", "--no-host-calibration"],
                                                             False)):

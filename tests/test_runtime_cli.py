@@ -15,6 +15,7 @@ import torch
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.profile_format import profile_to_dict
 from hpp.runtime import run as run_mod
+from hpp.runtime import run_setup
 from hpp.runtime.cli import run_main
 from hpp.runtime.profile.profiler import profile_model, scale_profile
 
@@ -110,9 +111,9 @@ def test_a_user_models_plan_runs_without_model_flag(tmp_path, profile_ref):
     emb["model"] = "other"
     emb.setdefault("meta", {})["runtime_model"] = "tests.test_runtime_cli:other_six_layers"
     path = _plan(tmp_path / "p.json", profile={"embedded": emb}, model="other")
-    plan, _cluster, profile = run_mod.load_run_inputs(path)
-    assert run_mod.model_source(plan, profile, None) == "tests.test_runtime_cli:other_six_layers"
-    assert run_mod.resolve_run_model(plan, profile, None, source=path).spec.name == "other"
+    plan, _cluster, profile = run_setup.load_run_inputs(path)
+    assert run_setup.model_source(plan, profile, None) == "tests.test_runtime_cli:other_six_layers"
+    assert run_setup.resolve_run_model(plan, profile, None, source=path).spec.name == "other"
 
 
 def test_more_devices_than_the_host_can_run(tmp_path, capsys, no_launch, monkeypatch):

@@ -7,11 +7,12 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Pipeline, Plan, Stage
-from hpp.runtime.exec.layout import (block_holders, blocks, group_layout, rank_roles, split_micro_batches,
-                                synthetic_batch)
-from hpp.runtime.models.gpt import (IGNORE_INDEX, ModelConfig, build_stage_module, get_model_config, lm_loss,
-                                tied_param_names)
-from hpp.runtime.timeline import schedule_order, simulate_pipeline
+from hpp.runtime.exec.layout import block_holders, blocks, group_layout, rank_roles, split_micro_batches
+from hpp.runtime.exec.training import lm_loss
+from hpp.runtime.host.time_model import schedule_order
+from hpp.runtime.models.api import IGNORE_INDEX, synthetic_batch
+from hpp.runtime.models.gpt import ModelConfig, build_stage_module, get_model_config, tied_param_names
+from hpp.runtime.timeline import simulate_pipeline
 
 CFG = ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=32)
 

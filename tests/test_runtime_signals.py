@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from hpp.runtime.checkpoint.dcp import latest_checkpoint, read_checkpoint_meta
+from hpp.runtime.checkpoint.store import latest_checkpoint, read_checkpoint_meta
 from hpp.runtime.cli import run_main
 from hpp.runtime.launch.processes import _proc_stat, descendants
 from tests.test_runtime_multihost import MODEL, ROOT, VERIFY, finish, start_hosts, two_node_plan

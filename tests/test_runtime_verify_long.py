@@ -20,6 +20,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.plan import Plan, write_plan_json
+from hpp.runtime.config import RunConfig
 from hpp.runtime.run import run_plan
 from tests.test_runtime_tp import llama_mixed_tp, neo_recompute_clip, opt_tp2_tied
 
@@ -55,8 +56,8 @@ def _hand_plan(tmp_path, plan: Plan) -> str:
 
 
 def _verify(plan_path: str, **training) -> dict:
-    rep = run_plan(plan_path, steps=STEPS, verify=True, launcher="fork", host_calibration=False,
-                   run_timeout_s=7200.0, group_timeout_s=300.0, **training)
+    rep = run_plan(RunConfig.build(plan_path, steps=STEPS, verify=True, launcher="fork", host_calibration=False,
+                                   run_timeout_s=7200.0, group_timeout_s=300.0, **training))
     v = rep.verify
     print(f"{plan_path}: {STEPS} steps, per-step max |difference| {v['max_abs_difference']:.3g} (step "
           f"{v['worst_step']}), free-running {v['free_running_difference']:.3g}, reversed-order single-device "

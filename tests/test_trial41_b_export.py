@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hpp.runtime.checkpoint import dcp as ck
+from hpp.runtime.checkpoint import store
 from hpp.runtime.checkpoint.export import main
 from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
 from hpp.runtime.models.stage import build_stage
@@ -72,10 +73,10 @@ def test_missing_checkpoint_names_this_commands_argument_with_its_prefix(tmp_pat
 
 
 def test_incomplete_checkpoint_and_missing_out_folder_are_one_line(saved, tmp_path, capsys):
-    (saved / "step-1" / ck.COMPLETE_MARKER).unlink()
+    (saved / "step-1" / store.COMPLETE_MARKER).unlink()
     assert main([str(saved / "step-1"), str(tmp_path / "m.pt")]) == 2
     assert _err_line(capsys) == (f"{PROG}: error: {saved / 'step-1'}: field 'DIR': incomplete checkpoint (no "
-                                 f"'{ck.COMPLETE_MARKER}' marker: the save did not finish). "
+                                 f"'{store.COMPLETE_MARKER}' marker: the save did not finish). "
                                  "Fix: give the last complete one, none found")
     assert main([str(saved), str(tmp_path / "no" / "m.pt")]) == 2
     assert _err_line(capsys) == (f"{PROG}: error: field 'OUT': no folder {tmp_path / 'no'} for m.pt. "

@@ -184,6 +184,7 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
                     timeline: Path | None = None) -> list[ValidationRow]:
     """Run every plan of one cluster with the runtime (fork launcher) and compare with the predictions."""
     from hpp.runtime.profile.host_probe import background_load
+    from hpp.runtime.config import RunConfig
     from hpp.runtime.run import run_plan
     cluster = build_cluster(spec)
     rows: list[ValidationRow] = []
@@ -193,9 +194,10 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
             path = Path(tmp) / f"{spec.name}-{name}.json"
             write_plan_json(plan, path)
             bg, load0 = background_load(), _load()
-            rep = run_plan(path, steps=steps, emulate_speed=spec.emulate, launcher="fork", time_scale=time_scale,
-                           timeline=timeline if (name == "hpp" and timeline is not None) else None,
-                           run_timeout_s=600.0, host_calibration=False)   # the profile is this host's, just measured
+            rep = run_plan(RunConfig.build(path, steps=steps, emulate_speed=spec.emulate, launcher="fork",
+                                           time_scale=time_scale,
+                                           timeline=timeline if (name == "hpp" and timeline is not None) else None,
+                                           run_timeout_s=600.0, host_calibration=False))   # the profile is this host's, just measured
             load1 = _load()
             m, p = rep.measured, rep.predicted
             D = float(p.get("time_scale") or 1.0)

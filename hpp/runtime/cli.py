@@ -258,22 +258,9 @@ def few_steps_note(steps: int, warmup_steps: int) -> str | None:
 
 
 def _run(args: argparse.Namespace, run_plan) -> dict:
-    """``run_plan`` with the parsed flags; the report as a dict."""
-    return run_plan(args.plan, steps=args.steps, model=args.model, verify=args.verify,
-                    emulate_speed=args.emulate_speed, naive_allreduce=args.naive_allreduce,
-                    timeline=args.timeline, launcher=args.launcher, device=args.device,
-                    warmup_steps=args.warmup_steps, world_size=args.world_size, seed=args.seed, dtype=args.dtype,
-                    optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule,
-                    lr_warmup_steps=args.lr_warmup_steps, clip_grad_norm=args.clip_grad_norm,
-                    weight_decay=args.weight_decay, data=args.data, metrics_jsonl=args.metrics_jsonl,
-                    progress=not args.quiet, group_timeout_s=args.group_timeout,
-                    run_timeout_s=args.run_timeout, time_scale=args.time_scale,
-                    num_threads=args.threads, nnodes=args.nnodes, node_rank=args.node_rank,
-                    rdzv_endpoint=args.rdzv_endpoint, node_map=args.node_map,
-                    emulate_node_type=args.emulate_node_type, save=args.save, save_every=args.save_every,
-                    resume=args.resume, lr_total_steps=args.lr_total_steps, log_dir=args.log_dir,
-                    dry_run=args.dry_run, host_calibration=args.host_calibration,
-                    allow_over_memory=args.allow_over_memory).to_dict()
+    """``run_plan`` over the run configuration of the parsed flags; the report as a dict."""
+    from hpp.runtime.config import RunConfig
+    return run_plan(RunConfig.from_args(args)).to_dict()
 
 
 def _profile_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ deep inside the ranks:
   checking its devices (CUDA: the GPUs' types and count; CPU: ``--emulate-node-type``
   or ``$HPP_EMULATE_NODE_TYPE`` plays a node of a type, else nothing to check);
 - :func:`check_resume`: ``--resume DIR`` names a complete checkpoint of this model
-  (name and layer count) and optimizer (:func:`hpp.runtime.checkpoint.dcp.read_checkpoint_meta`);
+  (name and layer count) and optimizer (:func:`hpp.runtime.checkpoint.store.read_checkpoint_meta`);
 - :func:`prepare_save_dir`: ``--save DIR`` can be created and written;
 - :func:`clean_partial_checkpoints`: after a failed or interrupted run, the host of plan
   rank 0 (the only rank that renames checkpoints into place) removes what an unfinished
@@ -38,7 +38,7 @@ from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
-from hpp.runtime.launch.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
+from hpp.runtime.launch.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_endpoint, parse_node_map
 from hpp.runtime.checkpoint.store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
                                           read_checkpoint_meta, stored_entries)
 from hpp.runtime.models.api import RuntimeModel, check_tp_degree
@@ -47,7 +47,7 @@ from hpp.runtime.models.zoo import canonical_model_name, check_layers_match, loa
 from hpp.wording import count
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
-           "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
+           "training_config", "open_metrics", "HostShare", "host_share", "check_resume",
            "resume_notes", "prepare_save_dir", "clean_partial_checkpoints"]
 
 logger = logging.getLogger(__name__)
@@ -221,23 +221,6 @@ class HostShare:
     def whole(self) -> bool:
         """This host runs every rank of the plan."""
         return self.nnodes == 1
-
-
-def parse_endpoint(text: str) -> str:
-    """Check ``HOST:PORT`` (port 1-65535) and return it.
-
-    >>> parse_endpoint("10.0.0.1:29500")
-    '10.0.0.1:29500'
-
-    Raises
-    ------
-    HppInputError
-    """
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise HppInputError(f"--rdzv-endpoint {text!r} is not HOST:PORT", field="--rdzv-endpoint",
-                            fix="give node rank 0's address and a free port, e.g. 10.0.0.1:29500")
-    return text
 
 
 def host_share(plan: Plan, cluster: Cluster, *, nnodes: int = 1, node_rank: int = 0,

@@ -50,16 +50,13 @@ import torch.distributed as dist
 from torch import nn
 
 from hpp.errors import HppInputError
-from hpp.runtime.checkpoint.export import export_checkpoint
 from hpp.runtime.checkpoint.store import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, COMPLETE_MARKER, META_FILE,
                                           MODEL_PREFIX, OPTIM_PREFIX, dcp_io, fsync_dir, is_distributed,
-                                          latest_checkpoint, other_model_error, read_checkpoint_meta, resolve_checkpoint,
+                                          other_model_error, read_checkpoint_meta, resolve_checkpoint,
                                           step_dir,
                                           stored_entries, tmp_step_dir, write_synced)
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "META_FILE", "COMPLETE_MARKER", "MODEL_PREFIX", "OPTIM_PREFIX",
-           "step_dir", "latest_checkpoint", "resolve_checkpoint", "read_checkpoint_meta", "stored_entries",
-           "save_checkpoint", "load_checkpoint", "export_checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint"]
 
 logger = logging.getLogger(__name__)
 

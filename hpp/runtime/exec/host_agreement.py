@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-
-if TYPE_CHECKING:                           # the worker imports this module
-    from hpp.runtime.exec.worker import WorkerConfig
+from hpp.runtime.config import RunConfig, RunFacts
 
 __all__ = ["AGREED_FLAGS", "HOSTS_DISAGREE", "check_hosts_agree", "hosts_disagree_error"]
 
-#: What every host of a multi-host run must be given alike: a :class:`WorkerConfig` field (``training.<key>``: a
-#: key of its ``training`` dict) -> the flag of ``hpp run`` that sets it. A host with another ``--save`` would
+#: What every host of a multi-host run must be given alike: a :class:`~hpp.runtime.config.RunFacts` field or a
+#: :class:`~hpp.runtime.config.RunConfig` ``section.field`` (``training.<key>``: a key of the facts' resolved
+#: ``training`` dict) -> the flag of ``hpp run`` that sets it. A host with another ``--save`` would
 #: write half a checkpoint, another ``--steps`` would leave its peers waiting, another ``--dtype`` or ``--seed``
 #: would train another model: the ranks compare them first (:func:`check_hosts_agree`).
 AGREED_FLAGS: dict[str, str] = {
-    "plan": "PLAN.json (its content)", "model_name": "--model", "steps": "--steps", "seed": "--seed",
+    "plan": "PLAN.json (its content)", "model": "--model", "steps": "--steps", "seed": "--seed",
     "dtype": "--dtype", "data": "--data", "save_dir": "--save", "save_every": "--save-every", "resume": "--resume",
-    "save_params": "--verify", "naive_allreduce": "--naive-allreduce", "device": "--device",
+    "verify": "--verify", "naive_allreduce": "--naive-allreduce", "device": "--device",
     "training.optimizer": "--optimizer", "training.lr": "--lr", "training.weight_decay": "--weight-decay",
     "training.lr_schedule": "--lr-schedule", "training.warmup_steps": "--lr-warmup-steps",
     "training.min_lr_ratio": "the LR schedule's min_lr_ratio", "training.total_steps": "--lr-total-steps",
@@ -39,22 +38,27 @@ AGREED_FLAGS: dict[str, str] = {
 HOSTS_DISAGREE = "the hosts of this run were started with different flags"
 
 
-def _agreed_values(cfg: "WorkerConfig") -> dict[str, Any]:
+def _agreed_values(config: RunConfig, facts: RunFacts) -> dict[str, Any]:
     """This host's value of every :data:`AGREED_FLAGS` entry (the plan as a digest of its JSON)."""
+    from_config = {"steps": config.training.steps, "save_every": config.checkpoint.save_every,
+                   "verify": config.verify.enabled, "naive_allreduce": config.parallelism.naive_allreduce,
+                   "device": config.launch.device, "dtype": facts.training.get("dtype")}
     out: dict[str, Any] = {}
     for key in AGREED_FLAGS:
         if key == "plan":
-            out[key] = hashlib.sha256(json.dumps(cfg.plan, sort_keys=True).encode()).hexdigest()[:12]
+            out[key] = hashlib.sha256(json.dumps(facts.plan, sort_keys=True).encode()).hexdigest()[:12]
         elif key.startswith("training."):
-            out[key] = (cfg.training or {}).get(key.split(".", 1)[1])
+            out[key] = facts.training.get(key.split(".", 1)[1])
+        elif key in from_config:
+            out[key] = from_config[key]
         else:
-            out[key] = getattr(cfg, key)
+            out[key] = getattr(facts, key)
     return out
 
 
-def check_hosts_agree(cfg: "WorkerConfig", *, node_rank: int) -> None:
+def check_hosts_agree(config: RunConfig, facts: RunFacts, *, node_rank: int) -> None:
     """Refuse, on every rank of every host, a run whose hosts were given different :data:`AGREED_FLAGS` (collective
-    over the world when ``cfg.nnodes > 1``: every rank's values are gathered, so every rank raises the same error and
+    over the world when ``config.launch.nnodes > 1``: every rank's values are gathered, so every rank raises the same error and
     none goes on; one host: nothing to compare).
 
     Raises
@@ -62,10 +66,10 @@ def check_hosts_agree(cfg: "WorkerConfig", *, node_rank: int) -> None:
     HppInputError
         Starting with :data:`HOSTS_DISAGREE`: the first differing flag with each host's value, and how many more.
     """
-    if cfg.nnodes <= 1:                          # one host: one config for every rank
+    if config.launch.nnodes <= 1:                # one host: one config for every rank
         return
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (node_rank, _agreed_values(cfg)))
+    dist.all_gather_object(gathered, (node_rank, _agreed_values(config, facts)))
     hosts = dict(sorted(gathered))                                # node rank -> its values (one per host)
     differ = [k for k in AGREED_FLAGS if len({json.dumps(v[k], sort_keys=True) for v in hosts.values()}) > 1]
     if not differ:

@@ -44,11 +44,10 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.plan import Plan
-from hpp.runtime.models.api import synthetic_batch  # noqa: F401 - re-exported (reference.py, tests)
 from hpp.runtime.models.stage import check_recompute
 
 __all__ = ["RankRole", "ShardGroups", "GroupLayout", "rank_roles", "blocks", "block_holders", "group_layout",
-           "synthetic_batch", "split_micro_batches"]
+           "split_micro_batches"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ run's ranks sum to.
 reference (tied copies included); :func:`verify_against` puts that free-running comparison
 beside the per-step check that decides ``--verify`` (:mod:`hpp.runtime.exec.verify_steps`: float64
 training amplifies rounding over hundreds of steps, each step does not).
-:func:`train_reference` is the legacy entry point for :class:`hpp.runtime.models.gpt.ModelConfig` models.
 """
 
 from __future__ import annotations
@@ -25,34 +24,16 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from hpp.errors import HppInputError
-from hpp.runtime.models.api import IGNORE_INDEX, RuntimeModel, synthetic_batch
-from hpp.runtime.models.gpt import build_stage_module, tied_param_names
+from hpp.runtime.models.api import RuntimeModel
 from hpp.runtime.models.stage import build_stage
-from hpp.runtime.exec.training import make_lr_scheduler, make_optimizer as make_opt, single_device_step
+from hpp.runtime.exec.training import make_lr_scheduler, make_optimizer, single_device_step
 
-__all__ = ["make_optimizer", "train_reference", "train_single_device", "max_param_difference",
+__all__ = ["train_single_device", "max_param_difference",
            "VerifyResult", "verify_against", "verify_run", "VERIFY_TOLERANCE"]
 
 #: ``--verify`` fails above this max absolute parameter difference (float64).
 VERIFY_TOLERANCE = 1e-9
-
-
-def make_optimizer(name: str, params: Sequence[torch.nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
-    """SGD (no momentum) or AdamW (weight decay 0.01): the legacy runtime's two optimizers.
-
-    Raises
-    ------
-    HppInputError
-        Unknown name.
-    """
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    raise HppInputError(f"unknown optimizer {name!r}", field="optimizer", fix="use sgd or adamw")
 
 
 def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: int, training: Any,
@@ -77,7 +58,7 @@ def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: i
     """
     module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=dtype)
     named = [(name, p) for _l, name, p in module.layer_parameters()]
-    opt = make_opt([p for _n, p in named], training)
+    opt = make_optimizer([p for _n, p in named], training)
     sched = make_lr_scheduler(opt, training)
     for step in range(steps):
         inputs, targets = source.batch(step)
@@ -88,27 +69,6 @@ def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: i
     for first, second in model.tied_parameters():       # one parameter here; the ranks may hold two copies
         if first in out:
             out.setdefault(second, out[first])
-    return out
-
-
-def train_reference(cfg: Any, *, global_batch_size: int, steps: int, seed: int = 0,
-                    dtype: torch.dtype = torch.float64, tie_embeddings: bool = False, optimizer: str = "sgd",
-                    lr: float = 0.1) -> dict[str, torch.Tensor]:
-    """Legacy entry point: a :class:`hpp.runtime.models.gpt.ModelConfig` on synthetic batches, SGD or AdamW."""
-    model = build_stage_module(cfg, 0, cfg.num_layers, seed=seed, dtype=dtype, tie_embeddings=tie_embeddings)
-    opt = make_optimizer(optimizer, list(model.parameters()), lr=lr)
-    for step in range(steps):
-        x, y = synthetic_batch(step, seed=seed, global_batch_size=global_batch_size, seq_len=cfg.seq_len,
-                               vocab_size=cfg.vocab_size)
-        opt.zero_grad()
-        logits = model(x)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                        reduction="sum").div(int((y != IGNORE_INDEX).sum())).backward()
-        opt.step()
-    out = {name: p.detach().clone() for _l, name, p in model.layer_parameters()}
-    if tie_embeddings:
-        emb, head = tied_param_names(cfg)
-        out[head] = out[emb]
     return out
 
 

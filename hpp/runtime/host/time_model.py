@@ -60,9 +60,8 @@ from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.step_time import HostTimeTerms
 from hpp.runtime.host.ops import OpProbe, op_probe_of
-from hpp.runtime.timeline import schedule_order
 
-__all__ = ["HostPrediction", "simulate_host_run", "base_entry", "host_terms", "scale_cpu_work"]
+__all__ = ["schedule_order", "HostPrediction", "simulate_host_run", "base_entry", "host_terms", "scale_cpu_work"]
 
 _EPS = 1e-12
 
@@ -157,8 +156,25 @@ def _stage_ops(e: LayerProfile, lo: int, hi: int, recompute: str) -> tuple[tuple
             (b_layers + inside / 2 + (t.loss_backward_s if last else 0.0), outside / 2))
 
 
-def _schedule_order(schedule: str, m: int, num_stages: int, s: int) -> list[tuple[str, int]]:
-    return schedule_order(s, num_stages, m, schedule)
+def schedule_order(stage: int, num_stages: int, num_micro_batches: int, schedule: str) -> list[tuple[str, int]]:
+    """The op order ``[("F"|"B", micro_batch), ...]`` of ``stage`` under ``schedule``.
+
+    >>> schedule_order(0, 2, 3, "1F1B")
+    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+    """
+    m = num_micro_batches
+    if schedule == "GPipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(num_stages - stage, m)
+    order = [("F", i) for i in range(warm)]
+    nf, nb = warm, 0
+    while nb < m:
+        order.append(("B", nb))
+        nb += 1
+        if nf < m:
+            order.append(("F", nf))
+            nf += 1
+    return order
 
 
 def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emulate: bool, time_scale: float
@@ -179,7 +195,7 @@ def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emula
             step_ovh = e.step_time.step_overhead_s if e.step_time is not None and m > 0 else 0.0
             for lane in range(st.tp_degree):
                 out = [_Seg("cpu", step_ovh)]
-                for kind, i in _schedule_order(pipe.schedule, m, S, s):
+                for kind, i in schedule_order(s, S, m, pipe.schedule):
                     if kind == "F":
                         if s > 0:
                             out.append(_Seg("dep", key=(p, s - 1, lane, "F", i), delay=c_in))

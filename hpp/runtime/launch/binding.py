@@ -45,7 +45,7 @@ from hpp.profiles.cluster_format import cluster_from_dict
 __all__ = ["RankBinding", "NodeDevices", "DeviceRule", "BUNDLED_DEVICE_RULES", "EMULATE_ENV", "TABLE_ENV",
            "plan_cluster", "rank_bindings", "host_nodes", "parse_node_map", "node_bindings", "host_ranks",
            "worker_binding", "load_device_rules", "device_type_of", "detect_node_devices", "check_node_devices",
-           "check_host"]
+           "check_host", "parse_endpoint"]
 
 #: Environment variable naming the node type (``TYPE`` or ``TYPE:COUNT``) a CPU host plays.
 EMULATE_ENV = "HPP_EMULATE_NODE_TYPE"
@@ -386,3 +386,20 @@ def check_host(plan: Plan, found: NodeDevices | None, *, nnodes: int = 1, node_r
             f"this host (plan nodes {','.join(map(str, sorted({b.node for b in mine})))})"
         _check_devices(mine, **found.check_args(), where=where)
     return mine
+
+
+def parse_endpoint(text: str) -> str:
+    """Check ``HOST:PORT`` (port 1-65535) and return it.
+
+    >>> parse_endpoint("10.0.0.1:29500")
+    '10.0.0.1:29500'
+
+    Raises
+    ------
+    HppInputError
+    """
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise HppInputError(f"--rdzv-endpoint {text!r} is not HOST:PORT", field="--rdzv-endpoint",
+                            fix="give node rank 0's address and a free port, e.g. 10.0.0.1:29500")
+    return text

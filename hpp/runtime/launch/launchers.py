@@ -44,7 +44,9 @@ from typing import Any, Callable, Sequence
 
 from hpp.fileio import write_atomic
 from hpp.runtime.launch.processes import INTERRUPT_GRACE_S, die_with_parent, free_port, kill_tree, libc_prctl
-from hpp.runtime.exec.worker import WorkerConfig, config_to_json, worker_main
+from hpp.runtime.config import RunConfig, RunFacts
+from hpp.runtime.exec.worker import worker_main
+from hpp.runtime.launch.rank_entry import MODULE as RANK_ENTRY, rank_binding
 from hpp.wording import count
 
 __all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "host_label", "POLL_INTERVAL_S"]
@@ -166,8 +168,8 @@ def _collect(out_dir: Path, ranks: Sequence[int], codes: Sequence[int | None], w
                         () if whole else tuple(ranks), host, torchrun_failures)
 
 
-def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, port: int, log_file: str | None,
-                parent: int) -> None:
+def _fork_child(config: RunConfig, facts: RunFacts, rank: int, world_size: int, out_dir: str, port: int,
+                log_file: str | None, parent: int) -> None:
     die_with_parent(signal.SIGKILL, parent=parent)   # the launcher gone (even SIGKILLed): this rank goes too
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -180,7 +182,9 @@ def _fork_child(cfg: WorkerConfig, rank: int, world_size: int, out_dir: str, por
         os.close(fd)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    code = worker_main(cfg, rank=rank, world_size=world_size, out_dir=Path(out_dir))
+    cuda_index = rank_binding(config, facts, local_rank=rank, node_rank=0)[1] if config.launch.device == "cuda" \
+        else None
+    code = worker_main(config, facts, rank=rank, world_size=world_size, out_dir=Path(out_dir), cuda_index=cuda_index)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -200,7 +204,7 @@ def _stop_forked(procs: Sequence[Any], grace_s: float) -> None:
             p.join(5)
 
 
-def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_s: float,
+def launch_forked(config: RunConfig, facts: RunFacts, *, world_size: int, out_dir: Path, timeout_s: float,
                   poll: Callable[[], Any] | None = None, log_dir: Path | None = None) -> LaunchResult:
     """Fork ``world_size`` ranks of :func:`hpp.runtime.exec.worker.run_worker` and wait at most ``timeout_s``.
 
@@ -214,7 +218,7 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
     ctx = mp.get_context("fork")
     port = free_port()
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=_fork_child, args=(cfg, r, world_size, str(out_dir), port,
+    procs = [ctx.Process(target=_fork_child, args=(config, facts, r, world_size, str(out_dir), port,
                                                    str(log_dir / f"rank{r}.log") if log_dir is not None else None,
                                                    os.getpid()),
                          daemon=True)
@@ -251,8 +255,8 @@ def launch_forked(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_
 
 def torchrun_command(config_path: str | Path, out_dir: str | Path, *, nproc: int, nnodes: int = 1,
                      node_rank: int = 0, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None,
-                     module: str = "hpp.runtime.exec.worker") -> list[str]:
-    """The torchrun command line of one host (``python -m torch.distributed.run ... -m hpp.runtime.exec.worker``;
+                     module: str = RANK_ENTRY) -> list[str]:
+    """The torchrun command line of one host (``python -m torch.distributed.run ... -m hpp.runtime.launch.rank_entry``;
     ``module``: another entry point taking ``CONFIG.json OUT_DIR``, e.g. ``hpp.runtime.network.measure``).
 
     One host without an endpoint: ``--standalone``. Otherwise a static rendezvous at
@@ -262,7 +266,7 @@ def torchrun_command(config_path: str | Path, out_dir: str | Path, *, nproc: int
     >>> " ".join(torchrun_command("o/worker_config.json", "o", nproc=2, nnodes=2, node_rank=1,
     ...                           rdzv_endpoint="10.0.0.1:29500")[1:])
     '-m torch.distributed.run --nnodes=2 --node-rank=1 --rdzv-backend=static --rdzv-endpoint=10.0.0.1:29500 \
---nproc-per-node=2 --max-restarts=0 -m hpp.runtime.exec.worker o/worker_config.json o'
+--nproc-per-node=2 --max-restarts=0 -m hpp.runtime.launch.rank_entry o/worker_config.json o'
     """
     if nnodes == 1 and rdzv_endpoint is None:
         where = ["--standalone"]
@@ -308,11 +312,11 @@ def _keep_logs(log_dir: Path, out_dir: Path, local_ranks: Sequence[int], node_ra
         logger.warning("could not keep the logs in %s: %s", log_dir, exc)
 
 
-def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeout_s: float,
+def launch_torchrun(config_json: str, *, num_threads: int, world_size: int, out_dir: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, poll: Callable[[], Any] | None = None,
                     nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
                     local_ranks: Sequence[int] | None = None, log_dir: Path | None = None,
-                    module: str = "hpp.runtime.exec.worker") -> LaunchResult:
+                    module: str = RANK_ENTRY) -> LaunchResult:
     """Start this host's ranks with torchrun (:func:`torchrun_command`) and wait at most ``timeout_s``.
 
     torchrun's own agent stops every local rank when one fails; ``timeout_s`` bounds the whole
@@ -332,21 +336,22 @@ def launch_torchrun(cfg: WorkerConfig, *, world_size: int, out_dir: Path, timeou
     log_dir : Path, optional
         Keep torchrun's output (``torchrun-node<R>.log``) and each rank's (``rank<r>.log``) here.
     module : str
-        The ranks' entry point (``python -m MODULE CONFIG.json OUT_DIR``); ``cfg`` is any dataclass of JSON data
-        with a ``num_threads`` field that the module reads back (default: the training worker's
-        :class:`~hpp.runtime.exec.worker.WorkerConfig`).
+        The ranks' entry point (``python -m MODULE CONFIG.json OUT_DIR``), which reads ``config_json`` back
+        (default: the training ranks', :mod:`hpp.runtime.launch.rank_entry`).
+    num_threads : int
+        Each rank's ``OMP_NUM_THREADS``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     ranks = tuple(range(world_size)) if local_ranks is None else tuple(local_ranks)
     cfg_path = out_dir / "worker_config.json"
-    write_atomic(cfg_path, config_to_json(cfg))
+    write_atomic(cfg_path, config_json)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(cfg_path, out_dir, nproc=len(ranks), nnodes=nnodes, node_rank=node_rank,
                            rdzv_endpoint=rdzv_endpoint,
                            log_dir=log_dir / f"torchrun-node{node_rank}" if log_dir is not None else None,
                            module=module)
-    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.num_threads), **(extra_env or {}))
+    env = dict(os.environ, OMP_NUM_THREADS=str(num_threads), **(extra_env or {}))
     if log_dir is not None:                           # a kept log says what each rank did (checkpoints, ...)
         env.setdefault("HPP_LOG_LEVEL", "INFO")
     logger.info("launching: %s", " ".join(cmd))

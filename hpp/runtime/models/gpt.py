@@ -2,10 +2,9 @@
 
 Layer 0 is the embedding (token + position), layers ``1 .. N`` are transformer
 blocks and layer ``N + 1`` is the head (final LayerNorm + output projection).
-The loss is applied outside the layers (:func:`lm_loss`), so a pipeline stage
+The loss is applied outside the layers (:func:`hpp.runtime.exec.training.lm_loss`), so a pipeline stage
 that holds layers ``[lo, hi)`` is just those layers applied in order
-(:class:`hpp.runtime.models.stage.StageModule`, re-exported here with
-``check_recompute``; recomputation is documented there).
+(:class:`hpp.runtime.models.stage.StageModule`; recomputation is documented there).
 
 :class:`LegacyGPT` wraps a :class:`ModelConfig` in the runtime model protocol
 (:mod:`hpp.runtime.models.api`), so the stage builder, the zoo and the profiler
@@ -33,12 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpp.errors import HppInputError
-from hpp.runtime.models.api import IGNORE_INDEX, ModelSpec, check_tp_degree, layer_generator
-from hpp.runtime.models.stage import RUNTIME_RECOMPUTE_MODES, StageModule, build_stage, check_recompute
+from hpp.runtime.models.api import ModelSpec, check_tp_degree, layer_generator
+from hpp.runtime.models.stage import StageModule, build_stage
 
 __all__ = ["ModelConfig", "MODEL_CONFIGS", "get_model_config", "Embedding", "Block", "Head",
-           "build_layer", "LegacyGPT", "StageModule", "build_stage_module", "lm_loss", "tied_param_names", "IGNORE_INDEX",
-           "RUNTIME_RECOMPUTE_MODES", "check_recompute"]
+           "build_layer", "LegacyGPT", "build_stage_module", "tied_param_names"]
 
 _INIT_STD = 0.02
 @dataclass(frozen=True, slots=True)
@@ -245,16 +243,3 @@ def build_stage_module(cfg: ModelConfig, layer_start: int, layer_stop: int, *, s
     """
     return build_stage(LegacyGPT(cfg, tie_embeddings=tie_embeddings), layer_start, layer_stop, seed=seed,
                        dtype=dtype, device=device, recompute=recompute)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, denominator: int) -> torch.Tensor:
-    """Summed next-token cross-entropy divided by ``denominator`` (scalar).
-
-    logits : (b, s, V); targets : (b, s) int64, ``IGNORE_INDEX`` on padded rows.
-    With ``denominator = global batch size * seq_len`` the sum over all
-    micro-batches of all pipelines equals the full-batch mean loss, so gradients
-    add up across pipelines without any rescaling.
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float() if logits.dtype == torch.float16
-                           else logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum") / denominator

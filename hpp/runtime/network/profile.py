@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.fileio import folder_writable, write_atomic
-from hpp.runtime.launch.binding import EMULATE_ENV, TABLE_ENV, detect_node_devices
+from hpp.runtime.launch.binding import EMULATE_ENV, TABLE_ENV, detect_node_devices, parse_endpoint
 from hpp.runtime.network.hosts import HostInfo, Rendezvous
 from hpp.runtime.network.links import cluster_file, fit_links, link_summary
 from hpp.runtime.network.measure import MeasureConfig, link_tasks, node_offsets
@@ -192,7 +192,6 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
     """
     # here, not on top: both import torch (2-6 s, -X importtime), which a bad flag or the roll call never needs
     from hpp.runtime.launch.launchers import launch_torchrun
-    from hpp.runtime.run_setup import parse_endpoint
 
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -252,8 +251,9 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
                     raise _AnotherHostEnded()       # would wait for it until the group timeout
 
             try:
-                res = launch_torchrun(cfg, world_size=sum(devices), out_dir=Path(tmp), timeout_s=run_timeout_s,
-                                      poll=poll, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=endpoint,
+                res = launch_torchrun(json.dumps(asdict(cfg)), num_threads=cfg.num_threads, world_size=sum(devices),
+                                      out_dir=Path(tmp), timeout_s=run_timeout_s, poll=poll, nnodes=nnodes,
+                                      node_rank=node_rank, rdzv_endpoint=endpoint,
                                       local_ranks=range(offset, offset + ndev), module="hpp.runtime.network.measure")
                 line = None if res.ok else res.failure_message()
             except _AnotherHostEnded:               # this host's ranks were stopped at once (launch_torchrun)
