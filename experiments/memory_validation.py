@@ -115,9 +115,9 @@ def _measure_job(name: str, spec_fields: dict) -> tuple[int, dict, float]:
 
 def _legacy_job(waste: bool) -> int:
     from hpp.runtime.profile.stage_memory import StepSpec, measure_stage_step
-    from hpp.runtime.models.gpt import MODEL_CONFIGS, LegacyGPT
+    from hpp.runtime.models.gpt import MODEL_CONFIGS, GPT
 
-    model = LegacyGPT(MODEL_CONFIGS["opt-350"])
+    model = GPT(MODEL_CONFIGS["opt-350"])
     spec = StepSpec(0, model.spec.num_layers, 0, 1, 8, 4, optimizer="sgd", device="cuda")
     return measure_stage_step(model, spec, legacy_waste=waste).peak_bytes
 

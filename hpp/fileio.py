@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 
@@ -95,33 +95,39 @@ def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, form
                             fix=f"use version {version}")
 
 
-def write_atomic(path: str | PathLike, data: str | bytes) -> None:
-    """Write ``data`` (text or bytes) to ``path`` through ``path.tmp`` and a rename (a reader never sees it
-    half-written; a failed write leaves no ``path.tmp`` behind)."""
+def write_atomic(path: str | PathLike, data: str | bytes | Callable[[Path], None]) -> None:
+    """Write ``path`` through ``path.tmp`` and a rename: a reader never sees it half-written, and a failed write
+    leaves neither ``path.tmp`` nor a changed ``path`` behind.
+
+    ``data``: the text or bytes, or a function that writes the file at the temporary path it is given (a CSV
+    writer, ``torch.save``, a figure's ``savefig`` with an explicit format).
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         if isinstance(data, bytes):
             tmp.write_bytes(data)
-        else:
+        elif isinstance(data, str):
             tmp.write_text(data)
+        else:
+            data(tmp)
         tmp.replace(path)
-    except BaseException:
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_rows_csv(rows: Iterable[Mapping[str, Any]], path: str | PathLike, *, columns: Sequence[str]) -> None:
     """Write ``rows`` (mappings with the keys ``columns``) as CSV, header ``columns``, via a temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns))
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
-    tmp.replace(path)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(columns))
+            w.writeheader()
+            for r in rows:
+                w.writerow(r)
+    write_atomic(path, write)
 
 
 def write_dataclass_csv(rows: Sequence[Any], path: str | PathLike, *, row_type: type | None = None) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_header, check_keys, read_json
+from hpp.fileio import check_header, check_keys, read_json, write_atomic
 
 __all__ = ["Stage", "Pipeline", "Plan", "RECOMPUTE_MODES", "SCHEDULES", "PLAN_FORMAT", "PLAN_VERSION",
            "plan_from_dict", "plan_to_dict", "read_plan_json", "write_plan_json", "default_schedule",
@@ -391,7 +391,4 @@ def read_plan_json(path: str | Path) -> dict[str, Any]:
 
 def write_plan_json(plan: Plan, path: str | Path) -> None:
     """Write ``plan`` as JSON; via a temporary file and a rename, so never half-written."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(plan_to_dict(plan), indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")

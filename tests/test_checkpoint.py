@@ -27,14 +27,14 @@ from hpp.runtime.checkpoint.export import export_checkpoint
 from hpp.runtime.checkpoint import store
 from hpp.runtime.launch.processes import free_port
 from hpp.runtime.models.api import synthetic_batch
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.stage import build_stage
 from hpp.runtime.exec.training import TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step
 
 pytestmark = pytest.mark.distributed
 
 CFG = ModelConfig("micro", num_blocks=4, hidden_size=32, num_heads=2, seq_len=16, vocab_size=64)
-MODEL = LegacyGPT(CFG, tie_embeddings=True)
+MODEL = GPT(CFG, tie_embeddings=True)
 L = CFG.num_layers                                   # 6
 TRAIN = TrainingConfig(optimizer="adamw", lr=1e-2, lr_schedule="cosine", warmup_steps=1, total_steps=8,
                        dtype="float64")
@@ -289,7 +289,7 @@ def test_checkpoint_of_another_model_or_optimizer_is_refused(tmp_path: Path) -> 
         "Fix: resume from a checkpoint of gpt-tiny, or resume this one with a plan of micro (hpp plan --model micro ...)")
     with pytest.raises(HppInputError, match="not of 'micro' \\(8 layers\\)"):
         ck.load_checkpoint(root, module=module, optimizer=opt, model_name="micro", num_layers=8)
-    wider = LegacyGPT(ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=16, vocab_size=64))
+    wider = GPT(ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=16, vocab_size=64))
     small = build_stage(wider, 0, L, seed=0, dtype=torch.float64)
     with pytest.raises(HppInputError, match=r"stores \(64, 32\) for parameter layers.0.wte.weight \(64, 16\)"):
         ck.load_checkpoint(root, module=small, model_name="micro", num_layers=L)

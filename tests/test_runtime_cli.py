@@ -63,8 +63,8 @@ def not_a_model():
 
 def other_six_layers():
     """A 6-layer model named differently from the plan's gpt-tiny."""
-    from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
-    return LegacyGPT(ModelConfig("other", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256))
+    from hpp.runtime.models.gpt import GPT, ModelConfig
+    return GPT(ModelConfig("other", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256))
 
 
 @pytest.mark.parametrize("case,args,needle", [

@@ -15,7 +15,7 @@ from hpp.plan import Pipeline, Plan, Stage
 from hpp.runtime.exec.data import make_batch_source
 from hpp.runtime.exec.reference import max_param_difference, train_single_device
 from hpp.runtime.exec.training import TrainingConfig
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from tests.rank_launch import fork_ranks, sgd
 
 pytestmark = pytest.mark.distributed
@@ -25,14 +25,14 @@ STEPS = 3
 TOL = 1e-6
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model (``tests.test_runtime_equivalence:micro``)."""
-    return LegacyGPT(CFG)
+    return GPT(CFG)
 
 
-def micro_tied() -> LegacyGPT:
+def micro_tied() -> GPT:
     """The same model with the head tied to the token table."""
-    return LegacyGPT(CFG, tie_embeddings=True)
+    return GPT(CFG, tie_embeddings=True)
 
 
 def _st(lo: int, hi: int, dev: int, recompute: str = "none") -> Stage:

@@ -14,7 +14,7 @@ import pytest
 from hpp.plan import Pipeline, Plan, Stage
 from hpp.runtime.launch.launchers import LaunchResult
 from hpp.runtime.launch.processes import descendants, kill_tree
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from tests.rank_launch import fork_ranks, torchrun_ranks
 
 pytestmark = pytest.mark.distributed
@@ -23,9 +23,9 @@ CFG = ModelConfig("micro", num_blocks=2, hidden_size=16, num_heads=2, seq_len=8,
 MODEL = "tests.test_runtime_faults:micro"
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model (:data:`MODEL`)."""
-    return LegacyGPT(CFG)
+    return GPT(CFG)
 
 
 def _plan() -> Plan:

@@ -11,7 +11,7 @@ import torch
 
 from hpp.errors import HppInputError
 from hpp.runtime.models.api import check_protocol
-from hpp.runtime.models.gpt import MODEL_CONFIGS, LegacyGPT, build_stage_module
+from hpp.runtime.models.gpt import MODEL_CONFIGS, GPT, build_stage_module
 from hpp.runtime.models.stage import build_stage
 from hpp.runtime.models.zoo import check_layers_match, load_runtime_model, runtime_model_names
 
@@ -85,12 +85,12 @@ def test_legacy_adapter_builds_what_build_stage_module_built():
     cfg = MODEL_CONFIGS["gpt-tiny"]
     for tie in (False, True):
         old = build_stage_module(cfg, 0, 6, seed=2, dtype=torch.float64, tie_embeddings=tie)
-        new = build_stage(LegacyGPT(cfg, tie_embeddings=tie), 0, 6, seed=2, dtype=torch.float64)
+        new = build_stage(GPT(cfg, tie_embeddings=tie), 0, 6, seed=2, dtype=torch.float64)
         a = [(n, p) for _l, n, p in old.layer_parameters()]
         b = [(n, p) for _l, n, p in new.layer_parameters()]
         assert [n for n, _ in a] == [n for n, _ in b] and all(torch.equal(p, q) for (_, p), (_, q) in zip(a, b))
-    assert LegacyGPT(cfg).tp_plan(1, 2) == {"fc": "colwise", "out": "rowwise"}
-    assert LegacyGPT(cfg).tp_plan(0, 2) == {"wte": "embedding"}
+    assert GPT(cfg).tp_plan(1, 2) == {"fc": "colwise", "out": "rowwise"}
+    assert GPT(cfg).tp_plan(0, 2) == {"wte": "embedding"}
 
 
 def test_stage_ties_a_pair_it_holds_and_yields_it_once():

@@ -26,7 +26,7 @@ import pytest
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
 from hpp.runtime.launch.processes import free_port
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.stage import build_stage
 
 pytestmark = pytest.mark.distributed
@@ -45,9 +45,9 @@ VERIFY = re.compile(r"^verify: max \|difference\| (\S+) over (\d+) parameters .*
 LAUNCH_TIMEOUT_S = 150
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model (``--model tests.test_runtime_multihost:micro``): 4 layers, hidden 16."""
-    return LegacyGPT(CFG)
+    return GPT(CFG)
 
 
 def two_node_plan(path: Path) -> str:

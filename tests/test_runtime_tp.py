@@ -194,8 +194,8 @@ def test_bf16_mixed_precision_trains_fp32_masters(tmp_path):
 
 def v66():
     """A GPT whose vocabulary (66) splits at TP 2 but not at TP 4 (``tests.test_runtime_tp:v66``)."""
-    from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
-    return LegacyGPT(ModelConfig("v66", num_blocks=1, hidden_size=32, num_heads=4, seq_len=8, vocab_size=66))
+    from hpp.runtime.models.gpt import GPT, ModelConfig
+    return GPT(ModelConfig("v66", num_blocks=1, hidden_size=32, num_heads=4, seq_len=8, vocab_size=66))
 
 
 def test_a_parameter_sharded_at_one_tp_degree_and_replicated_at_another_is_refused_by_every_rank(tmp_path):

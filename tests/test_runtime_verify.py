@@ -21,7 +21,7 @@ import pytest
 
 from hpp.plan import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.stage import build_stage
 from hpp.runtime.config import Controls, RunConfig
 
@@ -35,14 +35,14 @@ CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-4",
 VERIFY = re.compile(r"^verify: max \|difference\| (\S+) over (\d+) parameters")
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model (``--model tests.test_runtime_verify:micro``)."""
-    return LegacyGPT(_CFG)
+    return GPT(_CFG)
 
 
-def micro_tied() -> LegacyGPT:
+def micro_tied() -> GPT:
     """The same model with the head tied to the token table (named ``micro`` too)."""
-    return LegacyGPT(_CFG, tie_embeddings=True)
+    return GPT(_CFG, tie_embeddings=True)
 
 
 def _controls(monkeypatch, **controls) -> None:

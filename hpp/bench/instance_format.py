@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_header, read_json
+from hpp.fileio import check_header, read_json, write_atomic
 from hpp.formulation.candidates import SearchSpace
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
@@ -278,7 +278,5 @@ def save_instance(inst: Instance, path: str | Path, *, embed_profile: bool | Non
     """Write ``inst`` as JSON (via a temporary file: never half-written)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(instance_to_dict(inst, embed_profile=embed_profile), separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(instance_to_dict(inst, embed_profile=embed_profile), separators=(",", ":")) + "\n")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_header, read_json
+from hpp.fileio import check_header, read_json, write_atomic
 from hpp.profiles.model_profile import (_OPTIONAL_PER_LAYER_FIELDS, _OPTIONAL_SCALAR_FIELDS, _PER_LAYER_FIELDS,
                                         PROFILE_FORMAT, PROFILE_VERSION, Key, LayerProfile, ModelProfile)
 from hpp.profiles.step_time import StepTimeTerms
@@ -141,7 +141,4 @@ def load_profile(path: str | Path) -> ModelProfile:
 
 def save_profile(p: ModelProfile, path: str | Path) -> None:
     """Write ``p`` as native JSON (written to a temporary file, then renamed: never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(profile_to_dict(p), separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(profile_to_dict(p), separators=(",", ":")) + "\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from hpp.fileio import write_atomic
 from hpp.plan import Plan
 from hpp.runtime.host.time_model import schedule_order
 
@@ -119,8 +120,6 @@ def write_timeline_png(path: Path, *, plan: Plan, results: list[dict[str, Any] |
             f"; on this host's shared cores: {host:.3f} s" if host is not None and "host_model" in predicted else ""))
     _draw(axes[0][-1], measured_rows, "measured (last step)")
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
-    tmp.replace(path)
     return fig

@@ -32,6 +32,7 @@ import torch
 
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
+from hpp.fileio import write_atomic
 from hpp.runtime.checkpoint.store import MODEL_PREFIX, read_checkpoint_meta, resolve_checkpoint, stored_entries
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint", "main"]
@@ -100,8 +101,8 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str | N
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=CheckedFileSystemReader(p), no_dist=True)   # one process, even inside a group
     tensors = {k[len(MODEL_PREFIX):]: v.to(dtype).contiguous() for k, v in sorted(state.items())}
-    tmp = out.with_name(out.name + ".tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         if format == "torch":
             torch.save(tensors, tmp)
         else:
@@ -110,9 +111,7 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str | N
                                                    "hpp_step": str(meta.get("step")),
                                                    "names": "hpp global names layers.<l>.<path>, not Hugging Face's"})
         os.chmod(tmp, 0o666 & ~_umask())   # safetensors creates 0600: give what open() gives a new file
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)          # no half-written file left behind
+    write_atomic(out, write)               # no half-written file left behind
     logger.info("exported %d tensors of %s (step %s) to %s", len(tensors), meta.get("model"), meta.get("step"), out)
     return {k: tuple(v.shape) for k, v in tensors.items()}
 

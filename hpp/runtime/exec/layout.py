@@ -271,7 +271,7 @@ def group_layout(plan: Plan, *, tie_embeddings: bool = False,
     Parameters
     ----------
     tie_embeddings : bool
-        Shorthand for ``tied_layers=((0, L - 1),)`` (the legacy GPT's tied embedding).
+        Shorthand for ``tied_layers=((0, L - 1),)`` (the GPT's tied embedding).
     tied_layers : tuple of (layer, layer)
         The layer indices of each tied parameter pair (``RuntimeModel.tied_parameters``).
     """

@@ -18,7 +18,7 @@ profiled, which no per-op padding can undo. A run at time scale ``D`` is
 predicted with every forward/backward time x ``D`` (:func:`hpp.runtime.run`).
 
 Measured on this project's 2-core host, sleep padding tracks the intended ratio
-within a few percent once one op lasts >= 5 ms (see issue 5).
+within a few percent once one op lasts >= 5 ms.
 
 The same wrapper records ``(kind, micro_batch, start_s, stop_s)`` events on a
 monotonic clock, the raw material of the measured timeline.

@@ -1,4 +1,4 @@
-"""What running a real layer op costs on this host when ranks share its cores (issue 17, time side).
+"""What running a real layer op costs on this host when ranks share its cores.
 
 Measured (:func:`hpp.runtime.profile.host_probe.measure_host_ops`) by running the model's own
 layer op (forward + backward of one gpt-tiny block, one compute thread) in ``n = 1 .. N``

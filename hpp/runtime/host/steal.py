@@ -1,4 +1,4 @@
-"""Time a virtual machine's hypervisor takes from its cores while a CPU run computes (issue 17, time side).
+"""Time a virtual machine's hypervisor takes from its cores while a CPU run computes.
 
 A virtual host's cores are themselves shared: while a virtual CPU wants to run, the
 hypervisor may run another guest instead. Linux counts that time as *steal* (the 8th field

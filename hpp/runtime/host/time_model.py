@@ -1,4 +1,4 @@
-"""Predicted iteration time of a CPU run whose ranks share this host's cores (issue 17, time side).
+"""Predicted iteration time of a CPU run whose ranks share this host's cores.
 
 The cost model (:func:`hpp.formulation.cost_model.estimate_plan`) prices a plan on
 dedicated devices. A CPU run of ``hpp run`` puts ``R`` ranks (one compute thread each) on

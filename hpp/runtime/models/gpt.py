@@ -1,4 +1,4 @@
-"""The legacy GPT-style decoders (``gpt-tiny``, ``gpt-small``) and their protocol adapter.
+"""The GPT-style decoders (``gpt-tiny``, ``gpt-small``) and their protocol adapter.
 
 Layer 0 is the embedding (token + position), layers ``1 .. N`` are transformer
 blocks and layer ``N + 1`` is the head (final LayerNorm + output projection).
@@ -6,7 +6,7 @@ The loss is applied outside the layers (:func:`hpp.runtime.exec.training.lm_loss
 that holds layers ``[lo, hi)`` is just those layers applied in order
 (:class:`hpp.runtime.models.stage.StageModule`; recomputation is documented there).
 
-:class:`LegacyGPT` wraps a :class:`ModelConfig` in the runtime model protocol
+:class:`GPT` wraps a :class:`ModelConfig` in the runtime model protocol
 (:mod:`hpp.runtime.models.api`), so the stage builder, the zoo and the profiler
 treat these models like any other; :func:`build_stage_module` is the old entry
 point, kept for callers that hold a :class:`ModelConfig`.
@@ -36,7 +36,7 @@ from hpp.runtime.models.api import ModelSpec, check_tp_degree, layer_generator
 from hpp.runtime.models.stage import StageModule, build_stage
 
 __all__ = ["ModelConfig", "MODEL_CONFIGS", "get_model_config", "Embedding", "Block", "Head",
-           "build_layer", "LegacyGPT", "build_stage_module", "tied_param_names"]
+           "build_layer", "GPT", "build_stage_module", "tied_param_names"]
 
 _INIT_STD = 0.02
 @dataclass(frozen=True, slots=True)
@@ -184,7 +184,7 @@ def tied_param_names(cfg: ModelConfig) -> tuple[str, str]:
     return ("layers.0.wte.weight", f"layers.{cfg.num_layers - 1}.lm_head.weight")
 
 
-class LegacyGPT:
+class GPT:
     """A :class:`ModelConfig` as a runtime model (:class:`hpp.runtime.models.api.RuntimeModel`).
 
     Parameters
@@ -230,9 +230,9 @@ class LegacyGPT:
 def build_stage_module(cfg: ModelConfig, layer_start: int, layer_stop: int, *, seed: int,
                        dtype: torch.dtype = torch.float32, tie_embeddings: bool = False,
                        device: torch.device | str = "cpu", recompute: str = "none") -> StageModule:
-    """A stage holding layers ``[layer_start, layer_stop)`` of ``cfg`` (the legacy entry point).
+    """A stage holding layers ``[layer_start, layer_stop)`` of ``cfg`` (shorthand for a config).
 
-    Same as ``build_stage(LegacyGPT(cfg, tie_embeddings=...), layer_start, layer_stop, ...)``:
+    Same as ``build_stage(GPT(cfg, tie_embeddings=...), layer_start, layer_stop, ...)``:
     if the stage holds both layer 0 and the head and ``tie_embeddings`` is set, the two
     share one parameter. ``recompute``: ``"none"`` or ``"full"``.
 
@@ -241,5 +241,5 @@ def build_stage_module(cfg: ModelConfig, layer_start: int, layer_stop: int, *, s
     HppInputError
         Layers outside the model, or a recompute mode the runtime does not execute.
     """
-    return build_stage(LegacyGPT(cfg, tie_embeddings=tie_embeddings), layer_start, layer_stop, seed=seed,
+    return build_stage(GPT(cfg, tie_embeddings=tie_embeddings), layer_start, layer_stop, seed=seed,
                        dtype=dtype, device=device, recompute=recompute)

@@ -8,7 +8,7 @@ Bundled names (case-insensitive; the profiles' names ``OPT-350``, ``GPT-Neo-2.7`
   initialisation, no download; :mod:`hpp.runtime.models.hf`);
 - ``opt-tiny``, ``gpt-neo-tiny``, ``llama-tiny``: small variants of the same
   classes for CPU tests and demos;
-- ``gpt-tiny``, ``gpt-small``: the legacy GPT decoders of :mod:`hpp.runtime.models.gpt`.
+- ``gpt-tiny``, ``gpt-small``: the GPT decoders of :mod:`hpp.runtime.models.gpt`.
 
 Anything else of the form ``MODULE:FUNCTION`` is a user's model: ``MODULE`` is an
 importable module (``examples.user_model``; the current directory is searched
@@ -30,20 +30,20 @@ from typing import Callable
 from hpp.errors import HppInputError
 from hpp.runtime.models.hf import hf_model
 from hpp.runtime.models.api import RuntimeModel, check_protocol
-from hpp.runtime.models.gpt import MODEL_CONFIGS, LegacyGPT
+from hpp.runtime.models.gpt import MODEL_CONFIGS, GPT
 
-__all__ = ["HF_MODEL_NAMES", "LEGACY_MODEL_NAMES", "runtime_model_names", "load_runtime_model",
+__all__ = ["HF_MODEL_NAMES", "GPT_MODEL_NAMES", "runtime_model_names", "load_runtime_model",
            "canonical_model_name", "check_layers_match", "portable_model_spec"]
 
 #: Models built with ``transformers`` (:mod:`hpp.runtime.models.hf`).
 HF_MODEL_NAMES = ("opt-tiny", "gpt-neo-tiny", "llama-tiny", "opt-350", "gpt-neo-2.7", "llama-3-8")
-#: The legacy GPT decoders (:mod:`hpp.runtime.models.gpt`).
-LEGACY_MODEL_NAMES = ("gpt-tiny", "gpt-small")
+#: The GPT decoders (:mod:`hpp.runtime.models.gpt`).
+GPT_MODEL_NAMES = ("gpt-tiny", "gpt-small")
 
 
 def runtime_model_names() -> tuple[str, ...]:
     """The bundled runtime models' names (``gpt-tiny`` ... ``llama-3-8``)."""
-    return LEGACY_MODEL_NAMES + HF_MODEL_NAMES
+    return GPT_MODEL_NAMES + HF_MODEL_NAMES
 
 
 def canonical_model_name(name: str) -> str | None:
@@ -73,8 +73,8 @@ def portable_model_spec(name: str) -> str:
     return f"{Path(module).expanduser().resolve()}:{func}"
 
 
-def _load_legacy(name: str) -> RuntimeModel:
-    return LegacyGPT(MODEL_CONFIGS[name])
+def _load_gpt(name: str) -> RuntimeModel:
+    return GPT(MODEL_CONFIGS[name])
 
 
 def _load_hf(name: str) -> RuntimeModel:
@@ -137,7 +137,7 @@ def _load_user(spec: str) -> RuntimeModel:
 
 
 _LOADERS: dict[str, Callable[[str], RuntimeModel]] = {
-    **{n: _load_legacy for n in LEGACY_MODEL_NAMES}, **{n: _load_hf for n in HF_MODEL_NAMES}}
+    **{n: _load_gpt for n in GPT_MODEL_NAMES}, **{n: _load_hf for n in HF_MODEL_NAMES}}
 
 
 def load_runtime_model(name: str) -> RuntimeModel:

@@ -1,4 +1,4 @@
-"""Host-level time probes: the backend's send/recv, CPU contention, other processes' load (issue 17).
+"""Host-level time probes: the backend's send/recv, CPU contention, other processes' load.
 
 - :func:`measure_p2p`: one-way time of a send/recv pair between two gloo ranks on this host
   (round trip / 2, ``isend``/``irecv`` + ``wait`` as torch's pipeline schedules post them),

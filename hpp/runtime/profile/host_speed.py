@@ -1,4 +1,4 @@
-"""This host's CPU speed relative to the host a CPU profile was measured on (issue 17, time truth).
+"""This host's CPU speed relative to the host a CPU profile was measured on.
 
 A CPU profile of ``hpp profile`` (:func:`hpp.runtime.profile.profiler.profile_model`) records CPU
 seconds of one compute thread on the host and the day it ran. Virtual hosts change speed

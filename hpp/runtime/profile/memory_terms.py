@@ -1,4 +1,4 @@
-"""Per-layer memory terms of a runtime model, measured in the runtime's own conditions (issue 17.2).
+"""Per-layer memory terms of a runtime model, measured in the runtime's own conditions.
 
 For each layer ``l`` of a model, at micro-batch size ``b``, training dtype and TP
 degree ``t`` (one device of the TP group), under ``FakeTensorMode`` and MemTracker

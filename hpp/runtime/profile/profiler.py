@@ -2,7 +2,7 @@
 
 Any runtime model is profiled through its protocol (:mod:`hpp.runtime.models.api`):
 a bundled name or ``MODULE:FUNCTION`` (:func:`hpp.runtime.models.zoo.load_runtime_model`),
-a legacy :class:`~hpp.runtime.models.gpt.ModelConfig`, or a model object. Each layer is
+a :class:`~hpp.runtime.models.gpt.ModelConfig`, or a model object. Each layer is
 built once (``build_layer``) and measured at every micro-batch size ``b`` (one layer
 at a time, on random inputs of the right shape):
 
@@ -46,7 +46,7 @@ from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import save_profile
 from hpp.runtime.models.api import RuntimeModel, check_protocol
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.zoo import canonical_model_name, load_runtime_model, portable_model_spec
 
 __all__ = ["profile_model", "scale_profile", "dilate_profile", "write_profile", "measure_layer", "resolve_model"]
@@ -134,7 +134,7 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel, str]:
-    """``(runtime model, the name to record)``: a zoo name or ``MODULE:FUNCTION``, a legacy config or a model.
+    """``(runtime model, the name to record)``: a zoo name or ``MODULE:FUNCTION``, a GPT config or a model.
 
     The recorded name is what :func:`hpp.runtime.models.zoo.load_runtime_model` loads the model
     from again (the canonical zoo name, or the ``MODULE:FUNCTION`` string, a file path made absolute:
@@ -146,7 +146,7 @@ def resolve_model(model: str | ModelConfig | RuntimeModel) -> tuple[RuntimeModel
         Unknown name, import failure, or an object that does not follow the protocol.
     """
     if isinstance(model, ModelConfig):
-        return LegacyGPT(model), model.name
+        return GPT(model), model.name
     if isinstance(model, str):
         loaded = load_runtime_model(model)
         return loaded, canonical_model_name(model) or portable_model_spec(model)
@@ -165,7 +165,7 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
     ----------
     model : str, ModelConfig or RuntimeModel
         A runtime model name (``hpp.runtime.models.zoo.runtime_model_names()``, case-insensitive),
-        ``MODULE:FUNCTION``, a legacy config, or an object following the protocol.
+        ``MODULE:FUNCTION``, a GPT config, or an object following the protocol.
     device : ``"cpu"`` or ``"cuda"``
     micro_batch_sizes : sequence of int, each >= 1
     device_type : str, optional

@@ -203,7 +203,7 @@ def _instrument(tracker: StepTracker, events: list[StepEvent], kind: str,
 
 
 def _legacy_schedule(module: torch.nn.Module, spec: StepSpec, model: RuntimeModel, loss_fn: Callable[..., Any]):
-    """The stage and schedule as the runtime built them before issue 17: real placeholders, outputs kept."""
+    """The stage and schedule with real placeholders and kept outputs (what a naive build holds), for comparison."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     ms, b = model.spec, spec.micro_batch_size
@@ -231,8 +231,8 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
     seed : int
         Initialisation seed (fake tensors: only shapes matter).
     legacy_waste : bool
-        Run the step as the runtime did before issue 17 (real ``(b, s, V)`` output
-        placeholder, ``return_outputs=True``, fp32 only): reproduces the H200 measurement.
+        Run the step with a real ``(b, s, V)`` output placeholder and ``return_outputs=True`` (fp32 only), the
+        memory a naive build wastes: reproduces the H200 measurement of that build.
     isolate : bool
         Measure in a forked child process (:func:`isolated`), so that nothing of the fake
         world stays in this process.
@@ -260,7 +260,7 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
     loss_fn = lambda out, tgt: lm_loss(out, tgt, denominator=b * m * s)   # noqa: E731 - the worker's
     t = spec.tp_degree
     if t > 1 and legacy_waste:
-        raise HppInputError("legacy_waste with TP > 1", field="tp_degree", fix="the old runtime ran TP 1 only")
+        raise HppInputError("legacy_waste with TP > 1", field="tp_degree", fix="measure the naive build at TP 1")
     with fake_world(spec.num_stages * t, spec.position * t):     # rank = TP rank 0 of the stage
         lane = tp_group = None                                    # TP 1: the world is the pipeline
         if t > 1:

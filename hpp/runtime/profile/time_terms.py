@@ -1,4 +1,4 @@
-"""Time the runtime's step spends outside the per-layer forward/backward (issue 17, time side).
+"""Time the runtime's step spends outside the per-layer forward/backward.
 
 A per-layer profile (:mod:`hpp.runtime.profile.profiler`) times each layer alone. The runtime's
 step also runs the loss, the bookkeeping of ``torch.distributed.pipelining`` for every

@@ -1,5 +1,5 @@
-"""Fresh-user trial fixes of the command line: hpp's parsers take no abbreviated options
-(``--step 2`` was run as ``--steps 2``), and ``hpp run --warmup-steps`` says it is not LR warm-up."""
+"""hpp's parsers take no abbreviated options (``--step 2`` must not run as ``--steps 2``), and
+``hpp run --warmup-steps`` says it is not LR warm-up."""
 
 from __future__ import annotations
 

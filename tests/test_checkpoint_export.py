@@ -1,4 +1,4 @@
-"""Fresh-user trial fixes of ``python -m hpp.runtime.checkpoint.export``: an existing OUT is refused
+"""``python -m hpp.runtime.checkpoint.export``: an existing OUT is refused
 without ``--force``, OUT gets the mode ``open()`` gives a new file, and a missing checkpoint is said
 with this command's prefix and its own argument (``DIR``), not ``hpp run``'s ``--resume``."""
 
@@ -17,11 +17,11 @@ import torch
 from hpp.runtime.checkpoint import dcp as ck
 from hpp.runtime.checkpoint import store
 from hpp.runtime.checkpoint.export import main
-from hpp.runtime.models.gpt import LegacyGPT, ModelConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.stage import build_stage
 
 PROG = "python -m hpp.runtime.checkpoint.export"
-_MODEL = LegacyGPT(ModelConfig("micro", num_blocks=1, hidden_size=8, num_heads=2, seq_len=4, vocab_size=16))
+_MODEL = GPT(ModelConfig("micro", num_blocks=1, hidden_size=8, num_heads=2, seq_len=4, vocab_size=16))
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def test_incomplete_checkpoint_and_missing_out_folder_are_one_line(saved, tmp_pa
 
 
 def test_format_follows_the_suffix_unless_given(saved, tmp_path):
-    """``OUT.safetensors`` without ``--format`` was a torch zip under that name (unreadable by safetensors:
-    fresh-user trial 43); now the suffix decides, and ``--format`` still overrides it (the control)."""
+    """``OUT.safetensors`` without ``--format`` is a safetensors file (a torch zip under that name would be
+    unreadable by safetensors): the suffix decides, and ``--format`` still overrides it (the control)."""
     from safetensors.torch import load_file
     names = {n for _l, n, _p in build_stage(_MODEL, 0, 3, seed=0).layer_parameters()}
     assert main([str(saved), str(tmp_path / "m.safetensors")]) == 0

@@ -1,11 +1,10 @@
-"""Fresh-user trial fix: ``--metrics-jsonl``'s ``step`` is the 1-based global step, the number the
+"""``--metrics-jsonl``'s ``step`` is the 1-based global step, the number the
 progress line (``step 1/2``), a resumed run's summary (``steps 3..4``) and the checkpoints (``step-K``)
 use; the ranks' own ``rank<r>.steps.jsonl`` lines still count from 0."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

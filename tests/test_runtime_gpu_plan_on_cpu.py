@@ -1,6 +1,5 @@
-"""A GPU plan run on CPU (fresh-user trial 41): MFU is n/a (it was reported against the A100's peak, 0.19 %) and a
-note says the measured and predicted times are not comparable (the note used to blame tiny ops); a plan of CPU
-devices (the control) gets neither."""
+"""A GPU plan run on CPU: MFU is n/a (against the A100's peak it would read 0.19 %) and a note says the
+measured and predicted times are not comparable; a plan of CPU devices (the control) gets neither."""
 
 from __future__ import annotations
 
@@ -38,7 +37,8 @@ def test_gpu_plan_on_cpu_has_no_mfu_and_says_why(tmp_path, capsys, device_type, 
 @pytest.mark.parametrize("verify", [True, False])
 def test_a_float64_verify_run_says_the_prediction_is_float32(tmp_path, capsys, verify):
     """--verify computes in float64; the bundled gpt-tiny profile was measured in float32: the summary says so
-    (fresh-user trial 41: 0.275 s predicted vs 0.92 s measured, without a word); the float32 run (control) does not."""
+    (unsaid, 0.275 s predicted beside 0.92 s measured reads as a cost-model error); the float32 run (control)
+    does not."""
     from hpp.cli import main
     assert main(["plan", "--scenario", "cpu-hetero-4", "--quiet", "--no-baselines", "--out", str(tmp_path / "p.json")]) == 0
     capsys.readouterr()
