@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from hpp.gcpause import gc_paused
+from hpp.gcfreeze import gc_frozen
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates_bounded, stage_kinds
@@ -258,7 +258,7 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
            f"{best[0] / 2**30:.2f} GiB ({best[1]})"
 
 
-@gc_paused()
+@gc_frozen()
 def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
              config: PlannerConfig | CostModelConfig | None = None, space: SearchSpace | None = None,
              pruning: PruningOptions | None = None, settings: SolverSettings | None = None,

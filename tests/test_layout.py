@@ -4,7 +4,7 @@ Rules (README "Layout"):
 
 1. The core -- ``hpp.profiles``, ``hpp.formulation``, ``hpp.pruning``, ``hpp.runtime`` and the top-level
    ``planner``, ``plan``, ``validate``, ``resolve``, ``replan``, ``scenarios``, ``interop``, ``errors``,
-   ``fileio``, ``forkshare``, ``gcpause`` -- imports nothing from the harness (``hpp.bench``,
+   ``fileio``, ``forkshare``, ``gcfreeze`` -- imports nothing from the harness (``hpp.bench``,
    ``hpp.baselines``), directly or through another module.
 2. The runtime imports no planner code: of the planner's model it may use only the cost model
    (:mod:`hpp.formulation.cost_model` and what that imports), never the search (planner, composition,
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent / "hpp"
 
 CORE_PREFIXES = ("hpp.profiles", "hpp.formulation", "hpp.pruning", "hpp.runtime", "hpp.interop")
 CORE_MODULES = {"hpp.planner", "hpp.plan", "hpp.validate", "hpp.resolve", "hpp.replan", "hpp.scenarios",
-                "hpp.interop", "hpp.errors", "hpp.fileio", "hpp.forkshare", "hpp.gcpause"}
+                "hpp.interop", "hpp.errors", "hpp.fileio", "hpp.forkshare", "hpp.gcfreeze"}
 HARNESS_PREFIXES = ("hpp.bench", "hpp.baselines")
 SEARCH_PREFIXES = ("hpp.planner", "hpp.replan", "hpp.formulation.composition", "hpp.formulation.candidates",
                    "hpp.formulation.stage_balance", "hpp.formulation.stage_costs", "hpp.formulation.binding",

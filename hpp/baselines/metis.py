@@ -56,7 +56,7 @@ from hpp.baselines.shapes import group_orders
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.cost_model import CostModelConfig
-from hpp.gcpause import gc_paused
+from hpp.gcfreeze import gc_frozen
 from hpp.planner import check_micro_batch_sizes
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
@@ -279,7 +279,7 @@ def _intra_stage_walk(pricer: MetisPricer, ns, dg, types_of_stage, m: int, globa
     return best, attempts, False
 
 
-@gc_paused()
+@gc_frozen()
 def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                  space: SearchSpace = SearchSpace(allow_recompute=False),
                  config: CostModelConfig = CostModelConfig(), variance: float = METIS_VARIANCE,

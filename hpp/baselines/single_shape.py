@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator, Mapping
 from hpp.baselines.shapes import group_splits, lazy_product, min_groups
 from hpp.baselines.uniform import BaselineResult, _Clock, _even_split, _fmt_s, _make_plan, _price, uniform_baseline
 from hpp.errors import HppInputError
-from hpp.gcpause import gc_paused
+from hpp.gcfreeze import gc_frozen
 from hpp.formulation.binding import bind_devices
 from hpp.formulation.candidates import Candidate, SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.space_limits import space_violations
@@ -122,7 +122,7 @@ def shape_label(shape: tuple[StageKind, ...]) -> str:
     return "+".join(f"{n}x{k.device_type}" + (f"(tp{k.tp_degree})" if k.tp_degree > 1 else "") for k, n in runs)
 
 
-@gc_paused()
+@gc_frozen()
 def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                           space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
                           max_candidates: int | None = None, time_budget_s: float | None = None,
