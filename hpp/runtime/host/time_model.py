@@ -255,136 +255,164 @@ def simulate_host_run(plan: Plan, cluster: Cluster, profile: ModelProfile, *, co
     host = host or host_terms(profile, cores=cores)
     sync_s = estimate_plan(plan, cluster, profile, config=config).grad_sync_s
     segs, opt = _rank_segments(plan, cluster, profile, emulate=emulate_speed, time_scale=time_scale)
-    R = len(segs)
-    wake = ops.wake_at(R) if ops is not None else 0.0
-    waited = [True] * R                                     # the step starts after the last one's sync
-    for r in range(R):
-        segs[r].append(_Seg("cpu", opt[r]))
-    pos = [0] * R
-    done: dict[tuple, float] = {}
-    state: list[dict[str, Any]] = [{} for _ in range(R)]   # current segment's progress
-    cpu_in_ops = [0.0] * R
-    sched_end = [math.nan] * R
-    finish = [math.nan] * R
-    sync_at: float | None = None
-    t = 0.0
-    timers: list[tuple[float, int]] = []                    # (time, rank): a wall-clock wait ends
+    sim = _HostSim(segs, opt, sync_s=sync_s, cores=cores, host=host, ops=ops, background=background, steal=steal)
+    sim.run()
+    return HostPrediction(max(sim.finish), tuple(sim.sched_end), tuple(sim.cpu_in_ops), sync_s, cores, emulate_speed,
+                          time_scale)
 
-    def start(r: int) -> None:
-        nonlocal sync_at
-        while pos[r] < len(segs[r]):
-            g = segs[r][pos[r]]
+
+class _HostSim:
+    """The event simulation of :func:`simulate_host_run`: ranks walk their segments; computing ranks share the
+    cores (``rate`` = core share / kappa profile seconds per wall second); waits end on timers or on the op a
+    rank depends on; the gradient sync starts when every rank's schedule has ended."""
+
+    def __init__(self, segs: list[list[_Seg]], opt: list[float], *, sync_s: float, cores: int, host: HostTimeTerms,
+                 ops: OpProbe | None, background: float, steal: float) -> None:
+        self.R = R = len(segs)
+        self.segs, self.sync_s, self.cores, self.host, self.ops = segs, sync_s, cores, host, ops
+        self.background, self.steal = background, steal
+        self.wake = ops.wake_at(R) if ops is not None else 0.0
+        self.waited = [True] * R                                # the step starts after the last one's sync
+        for r in range(R):
+            segs[r].append(_Seg("cpu", opt[r]))
+        self.pos = [0] * R
+        self.done: dict[tuple, float] = {}
+        self.state: list[dict[str, Any]] = [{} for _ in range(R)]   # current segment's progress
+        self.cpu_in_ops = [0.0] * R
+        self.sched_end = [math.nan] * R
+        self.finish = [math.nan] * R
+        self.sync_at: float | None = None
+        self.t = 0.0
+        self.timers: list[tuple[float, int]] = []                # (time, rank): a wall-clock wait ends
+
+    def _wait(self, r: int, until: float) -> None:
+        self.state[r] = {"until": until}
+        heapq.heappush(self.timers, (until, r))
+        self.waited[r] = True
+
+    def start(self, r: int) -> None:
+        """Walk rank ``r`` forward from its current segment until it computes, waits or is done."""
+        segs, pos, t = self.segs[r], self.pos, self.t
+        while pos[r] < len(segs):
+            g = segs[pos[r]]
             if g.kind == "cpu":
-                work = g.work + (wake if g.in_op and waited[r] else 0.0)
+                work = g.work + (self.wake if g.in_op and self.waited[r] else 0.0)
                 if g.in_op:
-                    waited[r] = False
+                    self.waited[r] = False
                 if work <= _EPS:
-                    _complete(r, g, t)
+                    self._complete(r, g, t)
                     continue
-                state[r] = {"left": work, "cpu": 0.0, "t0": t, "pad_until": None}
+                self.state[r] = {"left": work, "cpu": 0.0, "t0": t, "pad_until": None}
                 return
             if g.kind == "dep":
-                if g.key in done:
-                    ready = done[g.key] + g.delay
+                if g.key in self.done:
+                    ready = self.done[g.key] + g.delay
                     if ready <= t + _EPS:
                         pos[r] += 1
                         continue
-                    ready += recv_wake(r)                       # the rank sleeps in the receive
-                    state[r] = {"until": ready}
-                    heapq.heappush(timers, (ready, r))
-                    waited[r] = True
+                    self._wait(r, ready + self.recv_wake(r))     # the rank sleeps in the receive
                     return
-                state[r] = {"blocked": g.key}
-                waited[r] = True
+                self.state[r] = {"blocked": g.key}
+                self.waited[r] = True
                 return
             if g.kind == "sleep":
                 if g.delay <= _EPS:
                     pos[r] += 1
                     continue
-                state[r] = {"until": t + g.delay}
-                heapq.heappush(timers, (t + g.delay, r))
-                waited[r] = True
+                self._wait(r, t + g.delay)
                 return
             if g.kind == "sync":
-                sched_end[r] = t
-                if sync_at is None and all(not math.isnan(x) for x in sched_end):
-                    sync_at = max(sched_end) + sync_s
-                    for q in range(R):
-                        heapq.heappush(timers, (sync_at, q))
-                if sync_at is not None and t >= sync_at - _EPS:
+                self.sched_end[r] = t
+                if self.sync_at is None and all(not math.isnan(x) for x in self.sched_end):
+                    self.sync_at = max(self.sched_end) + self.sync_s
+                    for q in range(self.R):
+                        heapq.heappush(self.timers, (self.sync_at, q))
+                if self.sync_at is not None and t >= self.sync_at - _EPS:
                     pos[r] += 1
                     continue
-                state[r] = {"sync": True}
-                waited[r] = True
+                self.state[r] = {"sync": True}
+                self.waited[r] = True
                 return
-        finish[r] = t
-        state[r] = {"done": True}
+        self.finish[r] = t
+        self.state[r] = {"done": True}
 
-    def recv_wake(q: int) -> float:
+    def recv_wake(self, q: int) -> float:
         """Extra wall seconds before rank ``q``, asleep in a receive, runs again (the others computing now)."""
-        if ops is None or not ops.recv_wake_s:
+        if self.ops is None or not self.ops.recv_wake_s:
             return 0.0
-        busy = sum(1 for x in range(R) if x != q and "left" in state[x] and state[x]["pad_until"] is None)
-        return ops.recv_wake_at(busy + background)
+        busy = sum(1 for x, st in enumerate(self.state) if x != q and "left" in st and st["pad_until"] is None)
+        return self.ops.recv_wake_at(busy + self.background)
 
-    def _complete(r: int, g: _Seg, when: float) -> None:
+    def _complete(self, r: int, g: _Seg, when: float) -> None:
         if g.key is not None:
-            done[g.key] = when
-            for q in range(R):                               # release ranks waiting for this op
-                st = state[q]
-                if st.get("blocked") == g.key:
-                    until = when + segs[q][pos[q]].delay + recv_wake(q)
-                    state[q] = {"until": until}
-                    heapq.heappush(timers, (until, q))
-        pos[r] += 1
+            self.done[g.key] = when
+            for q in range(self.R):                              # release ranks waiting for this op
+                if self.state[q].get("blocked") == g.key:
+                    until = when + self.segs[q][self.pos[q]].delay + self.recv_wake(q)
+                    self.state[q] = {"until": until}
+                    heapq.heappush(self.timers, (until, q))
+        self.pos[r] += 1
 
-    for r in range(R):
-        start(r)
-    while any(not st.get("done") for st in state):
-        computing = [r for r in range(R) if "left" in state[r] and state[r]["pad_until"] is None]
-        n = len(computing) + background
-        share = (1.0 - steal) * (min(1.0, cores / n) if n > 0 else 1.0)
-        kappa = ops.kappa_at(n) if ops is not None else host.kappa(min(n, cores))
-        rate = share / kappa                                # work [profile s] per wall s
+    def run(self) -> None:
+        for r in range(self.R):
+            self.start(r)
+        while any(not st.get("done") for st in self.state):
+            self._advance()
+            self._settle_computing()
+            self._fire_timers()
+
+    def _advance(self) -> None:
+        """Move the clock to the next event; computing ranks progress at the shared rate meanwhile."""
+        state, t = self.state, self.t
+        computing = [r for r in range(self.R) if "left" in state[r] and state[r]["pad_until"] is None]
+        n = len(computing) + self.background
+        share = (1.0 - self.steal) * (min(1.0, self.cores / n) if n > 0 else 1.0)
+        kappa = self.ops.kappa_at(n) if self.ops is not None else self.host.kappa(min(n, self.cores))
+        rate = share / kappa                                    # work [profile s] per wall s
         t_next = math.inf
         for r in computing:
             t_next = min(t_next, t + state[r]["left"] / rate)
-        for r in range(R):
+        for r in range(self.R):
             pu = state[r].get("pad_until") if "left" in state[r] else None
             if pu is not None:
                 t_next = min(t_next, pu)
-        if timers:
-            t_next = min(t_next, timers[0][0])
+        if self.timers:
+            t_next = min(t_next, self.timers[0][0])
         if math.isinf(t_next):
             raise RuntimeError("host simulation deadlocked (a dependency that no rank produces)")
         dt = max(0.0, t_next - t)
         for r in computing:
             state[r]["left"] -= rate * dt
             state[r]["cpu"] += share * dt
-        t = t_next
-        for r in range(R):
-            st = state[r]
+        self.t = t_next
+
+    def _settle_computing(self) -> None:
+        """Ranks whose work ran out: pad (the emulation's sleep) or complete the segment and walk on."""
+        t = self.t
+        for r in range(self.R):
+            st = self.state[r]
             if "left" in st:
-                g = segs[r][pos[r]]
+                g = self.segs[r][self.pos[r]]
                 if st["pad_until"] is None and st["left"] <= _EPS:
                     if g.in_op:
-                        cpu_in_ops[r] += st["cpu"]
+                        self.cpu_in_ops[r] += st["cpu"]
                     target = st["t0"] + g.pad * st["cpu"] if g.pad > 1.0 else t
                     if target > t + _EPS:
                         st["pad_until"] = target
-                        waited[r] = True                    # the emulation's sleep
+                        self.waited[r] = True                  # the emulation's sleep
                         continue
-                    _complete(r, g, t)
-                    start(r)
+                    self._complete(r, g, t)
+                    self.start(r)
                 elif st["pad_until"] is not None and st["pad_until"] <= t + _EPS:
-                    _complete(r, g, t)
-                    start(r)
-        while timers and timers[0][0] <= t + _EPS:
-            _when, r = heapq.heappop(timers)
-            st = state[r]
-            if ("until" in st and st["until"] <= t + _EPS) or (st.get("sync") and sync_at is not None
-                                                                 and sync_at <= t + _EPS):
-                pos[r] += 1
-                start(r)
-    return HostPrediction(max(finish), tuple(sched_end), tuple(cpu_in_ops), sync_s, cores, emulate_speed,
-                          time_scale)
+                    self._complete(r, g, t)
+                    self.start(r)
+
+    def _fire_timers(self) -> None:
+        t = self.t
+        while self.timers and self.timers[0][0] <= t + _EPS:
+            _when, r = heapq.heappop(self.timers)
+            st = self.state[r]
+            if ("until" in st and st["until"] <= t + _EPS) or (st.get("sync") and self.sync_at is not None
+                                                                 and self.sync_at <= t + _EPS):
+                self.pos[r] += 1
+                self.start(r)
