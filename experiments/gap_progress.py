@@ -54,7 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "2types-8,3types-12,4types-16; --quick: all; '' : all)")
     ap.add_argument("--max-exact-candidates", type=int, default=MAX_EXACT_CANDIDATES,
                     help="skip CP-SAT and the MILP above this many presolved candidates")
-    ap.add_argument("--wall-cap", type=float, default=90.0, help="safety wall-clock cap per exact solve [s]")
     ap.add_argument("--workers", type=int, default=2, help="CP-SAT workers (deterministic per count)")
     ap.add_argument("--out", type=Path, help="CSV to write (default results/gap_progress.csv; "
                                               "--quick: results/gap_progress_quick.csv)")
@@ -86,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         measure_inputs(points, exact_up_to=args.exact_up_to, large_on=opt["large_on"] or None,
                        cpsat_budgets=opt["cpsat_budgets"], milp_budget=opt["milp_budget"] or None,
                        max_exact_candidates=args.max_exact_candidates, workers=args.workers,
-                       wall_cap_s=args.wall_cap, on_row=keep)
+                       on_row=keep)
     except InfeasibleError as exc:
         print(f"gap_progress: stopped, no feasible plan ({exc.message}); the rows so far are in {partial}",
               file=sys.stderr)

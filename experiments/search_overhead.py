@@ -49,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default="OPT-350", help="bundled model of the sweep (default OPT-350)")
     ap.add_argument("--repeats", type=int, help="HPP runs per input, median reported (default 5; --quick 3); "
                                                  "the ablations and references run once")
-    ap.add_argument("--time-limit", type=float, default=5.0, help="HPP solver time limit [s]")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="HPP's wall-clock search budget [s] (default: none, the default deterministic budget)")
     ap.add_argument("--single-shape-budget", type=float, help="cap on the single-shape enumeration [s]")
     ap.add_argument("--single-shape-permute-len", type=int,
                     help="add Metis's group-order permutations to the single-shape search (Metis uses 4; "
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     permute = args.single_shape_permute_len
     bad = [(flag, value, fix) for flag, value, ok, fix in [
         ("--repeats", repeats, repeats >= 1, "give an integer >= 1"),
-        ("--time-limit", args.time_limit, args.time_limit > 0, "give seconds > 0"),
+        ("--time-limit", args.time_limit, args.time_limit is None or args.time_limit > 0, "give seconds > 0"),
         ("--single-shape-budget", budget, budget > 0 and math.isfinite(budget), "give finite seconds > 0"),
         ("--metis-budget", metis_budget, metis_budget > 0 and math.isfinite(metis_budget), "give finite seconds > 0"),
         ("--single-shape-permute-len", permute, permute is None or permute >= 1,

@@ -151,7 +151,8 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
         ``mixed_tp_pipelines``: stages of one pipeline may have different TP degrees, which
         ``hpp run`` refuses).
     time_limit_s : float or None
-        Wall-clock limit [s] of the exact solver; None (default): none, the search stops at a
+        Wall-clock budget [s] of the search: it improves the plan and the bound until then and returns the
+        best found (``hpp plan --time-limit``); None (default): none, the search stops at a small
         deterministic work limit, so the same input, seed and workers give the same plan.
     workers : int
         CP-SAT workers and stage-balance processes (0 = one per core).

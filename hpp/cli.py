@@ -80,7 +80,6 @@ def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
 def cmd_plan(args) -> int:
     from hpp.baselines.single_shape import run_baselines      # lazy: numpy/OR-Tools (see the module top)
     from hpp.formulation.candidates import SearchSpace
-    from hpp.formulation.composition.settings import parse_cpsat_params
     from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
     from hpp.replan import SEED_NAME
 
@@ -119,14 +118,9 @@ def cmd_plan(args) -> int:
     base_s = time.perf_counter() - t_base
     seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
     seed_s = _seed_from_previous(inp, seeds, say)
-    det = settings.deterministic_time
-    if settings.cpsat_params:                            # the override's limit is the one CP-SAT applies
-        params = parse_cpsat_params(settings.cpsat_params)
-        if params.HasField("max_deterministic_time"):
-            det = params.max_deterministic_time
-    say(f"HPP search ({settings.solver}; " + (f"wall-clock limit {args.time_limit:g} s)" if args.time_limit else
-        (f"deterministic: a budget of {det:g} work units" if settings.solver == "cp-sat" else
-         "deterministic: no wall-clock limit") + "; --time-limit S sets a wall limit)"))
+    det = settings.work_budget                          # the --cpsat-params override's limit where it sets one
+    say(f"HPP search ({settings.solver}; " + (f"wall-clock budget {args.time_limit:g} s)" if args.time_limit else
+        f"deterministic: a budget of {det:g} work units; --time-limit S or --work-limit UNITS: more)"))
     res = plan_hpp(cluster, profile, gbs, config=planner, profile_ref=profile_ref_for(profile), progress=progress,
                    seed_plans=seeds)
     validate_plan(res.plan, cluster, profile, source="<planner output>")
@@ -244,9 +238,8 @@ defaults: with no arguments, the bundled scenario opt350-a100x8-v100x8 (OPT-350,
 1024, 8 A100-40 + 8 V100-16); --model/--profile with --scenario replace its model; with
 --cluster FILE, --model NAME or --profile FILE is required and --gbs defaults to 1024. The
 first progress lines name every default in use. Time limits: --baseline-time-limit bounds both baselines together
-(about S + 1 s), --time-limit sets a wall-clock limit on the exact solver (default: none; CP-SAT
-stops at a deterministic work limit, so the same input, --seed and --workers give the same plan);
-building the candidates (seconds at 4,096 GPUs) is outside both.
+(about S + 1 s); --time-limit S is the search's wall-clock budget from its start (default none: a small deterministic
+work limit, so the same input, --seed and --workers give the same plan), --work-limit UNITS a deterministic one.
 
 """
 
@@ -277,8 +270,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-stages", type=int, default=8, help="most stages per pipeline")
     p.add_argument("--max-types-per-pipeline", type=int, default=2, help="most GPU types in one pipeline (3: far more shapes)")
     p.add_argument("--time-limit", type=float, default=None,
-                   help="wall-clock limit [s] of the exact solver (default: none, deterministic; with a limit the "
-                        "answer can depend on the machine's load, and the result says when it was hit)")
+                   help="wall-clock budget [s]: the search improves plan and bound until then, with progress lines "
+                        "(default none: a small deterministic budget; with one the answer can depend on the load)")
+    p.add_argument("--work-limit", type=float, default=None, metavar="UNITS",
+                   help="a deterministic budget instead: UNITS of CP-SAT work per exact solver (HiGHS: 2,000 nodes "
+                        "per unit) and as much for the cost-model local search")
     p.add_argument("--workers", type=int, default=0,
                    help="CP-SAT workers and stage-balance processes (0 = one per core)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed")

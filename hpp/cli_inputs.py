@@ -10,7 +10,8 @@ the search's settings. Every refusal is an :class:`~hpp.errors.HppInputError` na
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -83,6 +84,11 @@ def check_plan_args(args) -> None:
     for flag, value, minimum in checks:
         if value is not None and value < minimum:
             raise HppInputError(f"{flag} {value}", field=flag, fix=f"give an integer >= {minimum}")
+    if getattr(args, "work_limit", None) is not None and args.time_limit is not None:
+        raise HppInputError("--time-limit and --work-limit both given", field="--work-limit",
+                            fix="give one: --time-limit S (wall clock) or --work-limit UNITS (deterministic)")
+    if getattr(args, "work_limit", None) is not None and not (args.work_limit > 0 and math.isfinite(args.work_limit)):
+        raise HppInputError(f"--work-limit {args.work_limit}", field="--work-limit", fix="give a positive number")
     if args.time_limit is not None and not args.time_limit > 0:
         raise HppInputError(f"--time-limit {args.time_limit}", field="--time-limit",
                             fix="give a positive number of seconds")
@@ -242,10 +248,14 @@ def solver_settings(args):
     from hpp.formulation.composition.settings import DEFAULT_SOLVER, MAX_CANDIDATES, SolverSettings  # lazy: OR-Tools
 
     named_exact = args.solver in ("cp-sat", "milp")
-    return SolverSettings(solver=args.solver or DEFAULT_SOLVER, max_time_in_seconds=args.time_limit,
-                          num_workers=args.workers, random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
-                          cpsat_params=args.cpsat_params or "", max_candidates=MAX_CANDIDATES if named_exact else None,
-                          type_classes=bool(getattr(args, "type_classes", False)))
+    work = getattr(args, "work_limit", None)
+    settings = SolverSettings(solver=args.solver or DEFAULT_SOLVER, max_time_in_seconds=args.time_limit,
+                              num_workers=args.workers, random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
+                              cpsat_params=args.cpsat_params or "", type_classes=bool(getattr(args, "type_classes", False)),
+                              **({"deterministic_time": work} if work is not None else {}))
+    if named_exact and not settings.budgeted:       # with a budget the exact solver sees every candidate anyway
+        settings = replace(settings, max_candidates=MAX_CANDIDATES)
+    return settings
 
 
 def estimate_inputs(args) -> tuple[Any, Any, Any]:

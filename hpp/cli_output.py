@@ -206,7 +206,9 @@ def plan_source(stats: Mapping[str, Any], comp) -> tuple[str, str]:
         return (src, f"plan returned: the {name} baseline's, which the cost model prices below the search's best; "
                      f"objective, bound and gap above are this plan's")
     what = {"cp-sat": "CP-SAT's solution", "milp": "the MILP's solution",
-            "lp-rounding": "a rounded solution of the bound's LP, improved by a local search"}.get(src, "the heuristic incumbent")
+            "lp-rounding": "a rounded solution of the bound's LP, improved by a local search",
+            "local-search": "a neighbour of the best plan that the cost model itself prices lower (local search)"
+            }.get(src, "the heuristic incumbent")
     return src, f"plan returned: the search's, {what}"
 
 

@@ -304,6 +304,9 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         settings = SolverSettings(**{**settings.__dict__, "solver": solver})
     if not pruning.incumbent_bound and settings.warm_start:
         settings = SolverSettings(**{**settings.__dict__, "warm_start": False})
+    if settings.budgeted and settings.solver != "heuristic" and not settings.portfolio:
+        # with a budget, the other exact solver too (each from the same start): never worse than either alone
+        settings = replace(settings, portfolio=tuple(x for x in ("cp-sat", "milp") if x != settings.solver))
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     problem, stats = make_problem(cluster, profile, global_batch_size, config=cfg,
@@ -311,9 +314,12 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     if stats.get("types_left_out"):
         say(f"left out (no profile at micro-batch sizes {','.join(map(str, space.micro_batch_sizes or ()))}): "
             f"{', '.join(stats['types_left_out'])}")
+    heur = stats.get("heuristic_candidates", len(problem.candidates))
     say(f"{count(len(problem.candidates), 'candidate pipeline')} from {count(stats['shapes'], 'shape')} "
-        f"({stats['candidates_s']:.2f} s)")
-    res = solve(problem, settings, progress=progress)
+        f"({stats['candidates_s']:.2f} s)" + (f"; the heuristics walk the {heur} no other dominates"
+                                              if heur < len(problem.candidates) else ""))
+    deadline = t0 + settings.max_time_in_seconds if settings.max_time_in_seconds is not None else None
+    res = solve(problem, settings, progress=progress, deadline=deadline)
     stats["solve_s"] = res.wall_s
     stats["num_candidates"] = len(problem.candidates)
     stats["plan_from"] = res.source

@@ -22,7 +22,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
                  "--out", str(prof), "--emulate", "cpu-slow=2", "--repeats", "3", "--warmup", "1",
                  "--no-time-terms"]) == 0
     capsys.readouterr()
-    assert main(["plan", "--cluster", str(cl), "--profile", str(prof), "--gbs", "12", "--time-limit", "5",
+    assert main(["plan", "--cluster", str(cl), "--profile", str(prof), "--gbs", "12",
                  "--out", str(plan), "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     # OPTIMAL needs the bound to meet the returned plan's predicted time, which the valid bound (issue 21)
@@ -65,7 +65,7 @@ def test_cpu_hetero_4_scenario_plans_from_bundled_profile(capsys):
     assert cluster.device_types["cpu-2x"].memory_bytes < cluster.device_types["cpu"].memory_bytes
     assert set(profile.device_types) == {"cpu", "cpu-2x"} and profile.model == "gpt-tiny"
     assert {"machine", "torch", "date"} <= set(profile.meta) and "hpp profile" in profile.source
-    assert main(["plan", "--scenario", "cpu-hetero-4", "--time-limit", "5", "--json"]) == 0
+    assert main(["plan", "--scenario", "cpu-hetero-4", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert planned["plan"]["profile"] == {"name": "gpt-tiny"}
     assert sum(p["num_samples"] for p in planned["plan"]["pipelines"]) == sc.global_batch_size
@@ -79,7 +79,7 @@ def test_cpu_hetero_4_scenario_plans_from_bundled_profile(capsys):
 def test_cpu_hetero_4_plan_then_run(tmp_path, capsys):
     """`hpp plan --scenario cpu-hetero-4 --out p.json && hpp run p.json --steps N` (fork here, to stay fast)."""
     plan = tmp_path / "p.json"
-    assert main(["plan", "--scenario", "cpu-hetero-4", "--time-limit", "5", "--out", str(plan), "--quiet"]) == 0
+    assert main(["plan", "--scenario", "cpu-hetero-4", "--out", str(plan), "--quiet"]) == 0
     capsys.readouterr()
     png = tmp_path / "t.png"
     assert main(["run", str(plan), "--steps", "3", "--launcher", "fork", "--emulate-speed", "--time-scale", "2",

@@ -164,42 +164,48 @@ def test_cpsat_is_skipped_above_the_candidate_limit_with_the_same_plan():
     assert skip.search.bound_s == run.search.bound_s and run.search.bound_method == "lp"
     assert run.search.objective_s <= skip.search.objective_s
     assert skip.search.status in ("OPTIMAL", "FEASIBLE")
-    # below the limit CP-SAT runs on all candidates
-    small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=10**6,
-                                                                              deterministic_time=0.2))
+    # below the limit CP-SAT runs on all candidates (with a budget of 0.3 units its model may hold 600)
+    small = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(
+        num_workers=1, max_candidates=10**6, deterministic_time=0.3, portfolio=("cp-sat",)))
     assert small.search.solver_status != "" and " saw " not in small.search.note
     assert small.stats["plan_from"] in ("cp-sat", "heuristic")
 
 
 def test_cpsat_limit_depends_on_its_budget():
     # at the default budget CP-SAT runs only on small inputs (its presolve takes the budget on larger ones,
-    # experiments/cpsat_budget.py); a larger budget, given either way, or an explicit limit restores 200
-    from hpp.formulation.composition.settings import MAX_CANDIDATES, SMALL_BUDGET_MAX_CANDIDATES
+    # experiments/cpsat_budget.py); with any larger budget, given either way, it sees every candidate; an explicit
+    # limit is kept
+    from hpp.formulation.composition.settings import NO_CANDIDATE_LIMIT, SMALL_BUDGET_MAX_CANDIDATES
     assert SolverSettings().candidate_limit == SMALL_BUDGET_MAX_CANDIDATES == 16
-    assert SolverSettings(deterministic_time=0.5).candidate_limit == MAX_CANDIDATES == 200
-    assert SolverSettings(cpsat_params="max_deterministic_time:2").candidate_limit == 200
+    assert SolverSettings(deterministic_time=0.5).candidate_limit == NO_CANDIDATE_LIMIT
+    assert SolverSettings(max_time_in_seconds=1.0).candidate_limit == NO_CANDIDATE_LIMIT
+    assert SolverSettings(cpsat_params="max_deterministic_time:2").candidate_limit == NO_CANDIDATE_LIMIT
     assert SolverSettings(cpsat_params="num_workers:1").candidate_limit == 16
     assert SolverSettings(max_candidates=5, deterministic_time=9.0).candidate_limit == 5
-    sc = get_scenario("llama8-3types-40")          # 182 candidates left after the presolve
+    sc = get_scenario("llama8-3types-40")          # 284 candidates left after the presolve
     cl, prof = sc.cluster(), load_bundled_profile(sc.model)
     default = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
-    forced = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, max_candidates=200))
-    assert default.search.solver_status == "" and "skipped: 182 candidates > 16" in default.search.note
-    assert forced.search.solver_status != ""               # the control: it does run when allowed
-    # CP-SAT moved nothing there: the same plan, bound and gap either way
-    assert (default.search.objective_s, default.search.bound_s) == (forced.search.objective_s, forced.search.bound_s)
-    assert plan_to_dict(default.plan) == plan_to_dict(forced.plan)
+    budget = plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1, deterministic_time=0.2))
+    assert default.search.solver_status == "" and "skipped: 284 candidates > 16" in default.search.note
+    assert budget.search.solver_status != "" and "cp-sat saw" not in budget.search.note    # every candidate, no subset
+    assert re.search(r"cp-sat on \d+ of \d+ candidates \(the others dominated in its model\)", budget.search.note)
+    # more budget never gives a worse plan or bound
+    assert budget.search.objective_s <= default.search.objective_s
+    assert budget.search.bound_s >= default.search.bound_s
 
 
-def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_on_request(capsys):
+def test_plan_cli_says_when_cpsat_was_skipped_and_runs_it_with_a_budget(capsys):
     from hpp.cli import main
     assert main(["plan", "--no-baselines", "--workers", "1"]) == 0
     out = capsys.readouterr()
     assert "solver cp-sat" in out.out and "cp-sat skipped: " in out.out and "the LP and copy bound cover all" in out.out
     assert "(the returned plan's predicted time)" in out.out
-    assert main(["plan", "--no-baselines", "--workers", "1", "--cpsat-on-subset", "--time-limit", "2"]) == 0
+    # a deterministic budget (a wall-clock one would depend on the host's load)
+    assert main(["plan", "--scenario", "opt350-a100x4-v100x4", "--no-baselines", "--workers", "1",
+                 "--work-limit", "0.5"]) == 0
     out = capsys.readouterr()
-    assert "solver cp-sat" in out.out and re.search(r"cp-sat saw \d+ of \d+ candidates", out.out)
+    assert "solver cp-sat" in out.out and re.search(r"cp-sat on \d+ of \d+ candidates", out.out)
+    assert re.search(r"\[hpp plan\] \d+\.\d s: cost-model local search \(\d+ plans priced\); plan ", out.err)
     assert "plan returned: the search's, " in out.out
 
 

@@ -169,7 +169,7 @@ def test_verbose_before_the_dispatched_commands_reaches_their_parser(command, ca
 @pytest.mark.distributed
 def test_verbose_run_of_a_plan(tmp_path, capsys):
     plan = tmp_path / "p.json"
-    assert main(["plan", "--scenario", "cpu-hetero-4", "--time-limit", "2", "--no-baselines", "--quiet",
+    assert main(["plan", "--scenario", "cpu-hetero-4", "--no-baselines", "--quiet",
                  "--out", str(plan)]) == 0
     capsys.readouterr()
     assert main(["-v", "run", str(plan), "--steps", "1", "--launcher", "fork", "--json"]) == 0

@@ -106,7 +106,7 @@ def test_cli_type_classes_flag_reaches_the_solve(capsys):
         got[bool(extra)] = json.loads(out[out.index("{"):])
     assert got[True]["bound_s"] >= got[False]["bound_s"] and got[True]["objective_s"] == got[False]["objective_s"]
     # there the classes prove no more than the copy bound (class B is the least): the note says so
-    assert got[True]["bound_method"] == "lp" and got[True]["note"] == "type-class bound 39.1274 s, no stronger"
+    assert got[True]["bound_method"] == "lp" and got[True]["note"] == "type-class bound 39.1303 s, no stronger"
     assert "type-class" not in got[False]["note"]
 
 

@@ -139,7 +139,7 @@ def instances_main(argv: Sequence[str]) -> int:
             print(path)
             if args.cpsat_model:
                 # local (here and below): the solve path loads OR-Tools and SciPy, ~0.6 s of `hpp instances list`
-                from hpp.formulation.composition.solve import export_cpsat_model
+                from hpp.formulation.composition.exact_step import export_cpsat_model
 
                 problem, _ = inst.problem()
                 desc = export_cpsat_model(problem, args.out / f"{inst.name}.cpsat.pb")

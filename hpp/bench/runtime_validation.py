@@ -147,7 +147,7 @@ def profile_for(specs: Sequence[EmulatedCluster], *, model: str = "gpt-tiny", mi
     return add_measured_time_terms(prof, model=model, quick=quick) if time_terms else prof
 
 
-def plan_all(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *, time_limit_s: float = 5.0,
+def plan_all(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *, time_limit_s: float | None = None,
              seed: int = 0, baselines: bool = True) -> dict[str, tuple[Plan, str]]:
     """HPP, uniform and single-shape plans (name -> (plan, description)); every plan embeds ``profile``."""
     ref = {"embedded": profile_to_dict(profile)}
@@ -232,7 +232,7 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
 
 
 def validate(specs: Sequence[EmulatedCluster] = DEFAULT_CLUSTERS, *, steps: int = 8, time_scale: float | None = None,
-             repeats: int = 10, time_limit_s: float = 5.0, seed: int = 0, timeline: Path | None = None,
+             repeats: int = 10, time_limit_s: float | None = None, seed: int = 0, timeline: Path | None = None,
              closed_loop: bool = True, quick: bool = False, profile_out: Path | None = None) -> list[ValidationRow]:
     """Profile once, then plan and run every cluster of ``specs`` (and :data:`CLOSED_LOOP`); all rows in order.
 

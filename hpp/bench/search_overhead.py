@@ -144,7 +144,7 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
-def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float = 5.0, ablations: Iterable[str] = ABLATIONS,
+def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float | None = None, ablations: Iterable[str] = ABLATIONS,
                   ablation_repeats: int = 1, single_shape: bool = True, single_shape_budget_s: float | None = 60.0,
                   num_workers: int = 0, on_row: Callable[[SearchRow], None] | None = None,
                   single_shape_permute_len: int | None = None, metis: bool = True,

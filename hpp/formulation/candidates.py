@@ -19,7 +19,7 @@ import logging
 import time
 
 import numpy as np
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from hpp.errors import HppInputError
@@ -53,6 +53,10 @@ class Candidate:
         Devices of each type one copy uses.
     tp_groups : dict[tuple[str, int], int]
         TP groups of each (type, size) one copy uses.
+    pruned_by : str
+        ``""``: the search's heuristics use it; else the heuristic pruning rule that leaves it out of their
+        set (``"dominated"``, ``"canonical_order"``). Every candidate counts for the bound and the exact
+        solvers, whatever this says (:mod:`hpp.pruning.rules`).
     """
 
     shape: tuple[StageKind, ...]
@@ -60,6 +64,7 @@ class Candidate:
     partition: Partition
     devices: dict
     tp_groups: dict
+    pruned_by: str = ""
 
     @property
     def num_devices(self) -> int:
@@ -92,6 +97,12 @@ def enumerate_shapes(cluster: Cluster, kinds: dict[str, tuple[StageKind, ...]], 
                     count_of = dict(zip(subset, counts))
                     for order in orders:
                         yield tuple(k for t in order for k in [by_type[t]] * count_of[t])
+
+
+def _is_canonical(shape: tuple[StageKind, ...], memory_bytes: dict[str, int]) -> bool:
+    """True if the shape's type groups are in the canonical order (largest memory first, ties by name)."""
+    order = list(dict.fromkeys(k.device_type for k in shape))
+    return order == sorted(order, key=lambda t: (-memory_bytes[t], t))
 
 
 def _balance_shapes(shapes: list[tuple[StageKind, ...]], sizes: list[list[int]], balancer: StageBalancer,
@@ -174,10 +185,13 @@ def _undominated(batch: PartitionBatch, usage: DominanceKeys) -> np.ndarray:
     return undominated_mask(batch.micro_batch_size, usage.keyset[si], usage.subsets, feat, pos)
 
 
-def _candidates(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys) -> list[Candidate]:
-    """The rows of ``batch`` as candidates, in row order."""
-    return [Candidate(shapes[i], b, part, *usage.of[i])
-            for i, b, part in zip(batch.shape_index.tolist(), batch.micro_batch_size.tolist(), batch.partitions())]
+def _candidates(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys,
+                why: np.ndarray | None = None) -> list[Candidate]:
+    """The rows of ``batch`` as candidates, in row order (``why``: their :attr:`Candidate.pruned_by`)."""
+    marks = why.tolist() if why is not None else [""] * len(batch)
+    return [Candidate(shapes[i], b, part, *usage.of[i], w)
+            for i, b, part, w in zip(batch.shape_index.tolist(), batch.micro_batch_size.tolist(), batch.partitions(),
+                                     marks)]
 
 
 #: Bound model: candidates -> the same candidates with lower-bound times (same order), e.g.
@@ -185,31 +199,39 @@ def _candidates(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usag
 BoundFn = Callable[[Sequence[Candidate]], Sequence[Candidate]]
 
 
-def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys, bound: BoundFn | None = None):
-    """One worker's share: its sizes balanced, then (rule on) its dominated rows removed, then (``bound``
-    given) each row's lower-bound (bottleneck, fill, optimizer step) [s] as an (R, 3) array (else None).
+def _marks(batch: PartitionBatch, usage: DominanceKeys, pruning: PruningOptions, canonical: np.ndarray) -> np.ndarray:
+    """(R,) object array: per row ``""`` (the heuristics use it) or the heuristic rule that leaves it out of their set
+    (:attr:`Candidate.pruned_by`). Dominance compares rows of one micro-batch size only, so a share of the sizes
+    marks exactly what one pass over all of them marks."""
+    why = np.full(len(batch), "", dtype=object)
+    if pruning.canonical_order:
+        why[~canonical[batch.shape_index]] = "canonical_order"
+    if pruning.dominated and len(batch):
+        why[~_undominated(batch, usage) & (why == "")] = "dominated"
+    return why
 
-    Dominance compares candidates of the same micro-batch size only, so removing it per share of
-    the sizes drops exactly the candidates that one pass over all of them drops. The bound model prices
-    each candidate on its own (its memos only cache), so any split gives the same values.
+
+def _share(shapes, sizes, balancer, pruning, keep_b, usage: DominanceKeys, canonical: np.ndarray,
+           bound: BoundFn | None = None):
+    """One worker's share: its sizes balanced, its rows marked (:func:`_marks`), then (``bound`` given) each row's
+    lower-bound (bottleneck, fill, optimizer step) [s] as an (R, 3) array (else None).
+
+    Every feasible row is kept: the heuristic rules (``dominated``, ``canonical_order``) only mark rows. The bound
+    model prices each candidate on its own (its memos only cache), so any split gives the same values.
     """
     batch, stats = _balance_shapes(shapes, sizes, balancer, pruning, keep_b)
-    stats["dominated"] = 0
-    if pruning.dominated:
-        keep = _undominated(batch, usage)
-        stats["dominated"] = int(len(batch) - keep.sum())
-        batch = batch.take(keep)
+    why = _marks(batch, usage, pruning, canonical)
     lb = None
     if bound is not None:
         t0 = time.process_time()
         lb = np.array([(c.partition.bottleneck_s, c.partition.fill_s, c.partition.optimizer_s)
-                       for c in bound(_candidates(batch, shapes, usage))], dtype=np.float64).reshape(-1, 3)
+                       for c in bound(_candidates(batch, shapes, usage, why))], dtype=np.float64).reshape(-1, 3)
         stats["bound_model_s"] = time.process_time() - t0
-    return batch, stats, lb
+    return batch, stats, lb, why
 
 
-def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: DominanceKeys, finish,
-                        bound: BoundFn | None = None):
+def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset], usage: DominanceKeys,
+                        canonical: np.ndarray, finish, bound: BoundFn | None = None):
     """The shares of ``groups`` side by side (:func:`hpp.forkshare.run_shares`); ``finish(batch, stats, lb)``
     of their rows, counters and lower-bound rows, merged (it runs while the children exit)."""
     def counters():
@@ -217,38 +239,45 @@ def _balance_in_workers(shapes, sizes, balancer, pruning, groups: list[frozenset
 
     def share(keep_b):      # the counters it adds, so that a child's reach the parent
         before = counters()
-        batch, stats, lb = _share(shapes, sizes, balancer, pruning, keep_b, usage, bound)
-        return batch, stats, [a - b for a, b in zip(counters(), before)], lb
+        batch, stats, lb, why = _share(shapes, sizes, balancer, pruning, keep_b, usage, canonical, bound)
+        return batch, stats, [a - b for a, b in zip(counters(), before)], lb, why
 
     def merge(results):
         total = [s + sum(r[2][i] for r in results) for i, s in enumerate(start)]
         balancer.rows_computed, balancer.rows_reused, balancer.cache.hits, balancer.cache.misses = total
         stats = dict(results[0][1])
-        for _, got, _, _ in results[1:]:
+        for _, got, _, _, _ in results[1:]:
             for k, v in got.items():
                 stats[k] += v
         lb = None if bound is None else np.concatenate([r[3] for r in results])
-        return finish(PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats, lb)
+        why = np.concatenate([r[4] for r in results])
+        return finish(PartitionBatch.concat([r[0] for r in results], balancer.num_layers), stats, lb, why)
 
     start = counters()
     return run_shares(share, groups, merge=merge)
 
 
 def _in_one_process_order(batch: PartitionBatch, shapes: list[tuple[StageKind, ...]], usage: DominanceKeys,
-                          dominated: bool, lb: np.ndarray | None, bound: BoundFn | None,
-                          stats: dict) -> tuple[list[Candidate], list[Candidate]]:
-    """The candidates in the order one pass gives: the dominance visiting order with the rule on
-    (ties by enumeration order), else enumeration order (shape, micro-batch size, variant); and the same
-    candidates with lower-bound times: from the workers' rows ``lb`` (R, 3), else from ``bound`` run here on
-    them (its CPU seconds added to ``stats``), else []."""
-    if dominated:
+                          pruning: PruningOptions, why: np.ndarray, lb: np.ndarray | None,
+                          bound: BoundFn | None, stats: dict) -> tuple[list[Candidate], list[Candidate]]:
+    """Every candidate, marked (``why``, :func:`_marks`) and ordered: first those the heuristics use, then those a
+    heuristic rule leaves out of their set (:attr:`Candidate.pruned_by`), each part in the dominance visiting
+    order with the rule on (ties by enumeration order), else in enumeration order (shape, micro-batch size,
+    variant); and the same candidates with lower-bound times: from the workers' rows ``lb`` (R, 3), else from
+    ``bound`` run here on them (its CPU seconds added to ``stats``), else [].
+    """
+    stats["dominated"] = int((why == "dominated").sum())
+    stats["heuristic_candidates"] = int((why == "").sum())
+    if pruning.dominated:
         order = _visit_order(batch, usage.num_devices)
     else:
         order = np.lexsort((batch.variant, batch.micro_batch_size, batch.shape_index))
-    cands = _candidates(batch.take(order), shapes, usage)
+    order = np.concatenate([order[why[order] == ""], order[why[order] != ""]])
+    cands = _candidates(batch.take(order), shapes, usage, why[order])
     if lb is not None:
         return cands, [Candidate(c.shape, c.micro_batch_size,
-                                 c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups)
+                                 c.partition._replace(bottleneck_s=t, fill_s=f, optimizer_s=o), c.devices, c.tp_groups,
+                                 c.pruned_by)
                        for c, (t, f, o) in zip(cands, lb[order].tolist())]
     if bound is None:
         return cands, []
@@ -295,14 +324,20 @@ def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: 
     Returns
     -------
     (candidates, bound_candidates, stats)
-        Feasible candidates (dominated ones removed if the rule is on); ``bound(candidates)`` (same
-        order; [] without ``bound``); counters: shapes, shapes_pruned_memory, infeasible, dominated,
-        workers, and with ``bound`` bound_model_s (CPU seconds of the bound model, summed over workers).
+        Every feasible candidate of the space (the ``memory_infeasible`` rule is exact): first those the
+        heuristics use, then those a heuristic rule (``dominated``, ``canonical_order``) leaves out of their
+        set, marked (:attr:`Candidate.pruned_by`); ``bound(candidates)`` (same order; [] without ``bound``);
+        counters: shapes, shapes_pruned_memory, infeasible, dominated, heuristic_candidates, workers, and
+        with ``bound`` bound_model_s (CPU seconds of the bound model, summed over workers).
     """
     if workers < 0:
         raise HppInputError(f"workers={workers}", field="--workers", fix="give 0 (one per core) or more")
     kinds = stage_kinds(cluster, profile, space)
-    shapes = list(enumerate_shapes(cluster, kinds, space, pruning, profile.num_layers))
+    # every order of the type groups: ``canonical_order`` only marks the others (heuristic, see PruningOptions)
+    shapes = list(enumerate_shapes(cluster, kinds, space, replace(pruning, canonical_order=False),
+                                   profile.num_layers))
+    memory = {t: cluster.device_types[t].memory_bytes for t in cluster.device_types}
+    canonical = np.array([_is_canonical(s, memory) for s in shapes], dtype=bool)
     by_kinds: dict[frozenset, list[int]] = {}          # shapes of one kind set share their sizes
     sizes = [by_kinds[ks] if ks in by_kinds else by_kinds.setdefault(ks, common_micro_batch_sizes(profile, s, space))
              for s in shapes for ks in [frozenset(s)]]
@@ -311,13 +346,14 @@ def build_candidates_bounded(cluster: Cluster, profile: ModelProfile, balancer: 
     groups = _split_sizes(sizes, n) if n > 1 else []
     parallel = len(groups) > 1 and sum(map(len, sizes)) >= PARALLEL_MIN_PAIRS and can_fork()
 
-    def finish(batch: PartitionBatch, part_stats: dict[str, int], lb: np.ndarray | None):
-        return _in_one_process_order(batch, shapes, usage, pruning.dominated, lb, bound, part_stats), part_stats
+    def finish(batch: PartitionBatch, part_stats: dict[str, int], lb: np.ndarray | None, why: np.ndarray):
+        return _in_one_process_order(batch, shapes, usage, pruning, why, lb, bound, part_stats), part_stats
 
     if parallel:
-        (out, out_lb), part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, finish, bound)
+        (out, out_lb), part_stats = _balance_in_workers(shapes, sizes, balancer, pruning, groups, usage, canonical,
+                                                        finish, bound)
     else:           # no share to split: the bound model runs once, on the final candidates (finish)
-        (out, out_lb), part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage))
+        (out, out_lb), part_stats = finish(*_share(shapes, sizes, balancer, pruning, None, usage, canonical))
     stats = {"shapes": len(shapes), **part_stats, "workers": len(groups) if parallel else 1}
     log.debug("candidates: %s", stats)
     return out, out_lb, stats

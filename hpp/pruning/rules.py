@@ -1,40 +1,50 @@
 """Named pruning rules of the HPP search, each switchable for ablation.
 
-Each rule says why it cannot remove the optimum of the planner's model, or says
-that it can, and names the function the search calls for it. "The planner's model" is the
-search space of :class:`hpp.formulation.space_limits.SearchSpace` costed as in
-:mod:`hpp.formulation.composition.problem`. Each rule is switched by the field of
-:class:`PruningOptions` of its name. The functions take plain arrays, tuples and callables:
-this module imports nothing from :mod:`hpp.formulation`.
+What the search certifies (``OPTIMAL``, ``bound_s``) is about the cost model's predicted iteration time
+(:func:`hpp.formulation.cost_model.estimate_plan`, gradient sync on the bound devices' links and blocks and
+point-to-point on theirs included) of every plan of the search space: every composition of the candidates
+(:mod:`hpp.formulation.candidates`) bound to devices. A rule is either **exact** (it never removes every optimum
+of that model: its docstring gives the argument) and may shrink what the bounds and the exact solvers see, or
+**heuristic** (no such argument holds): it only shrinks the set the search's heuristics walk
+(:attr:`hpp.formulation.candidates.Candidate.pruned_by`), while the bounds and the exact solvers keep every
+candidate, so that nothing a heuristic rule removes can make a bound or an OPTIMAL false. Each rule is switched
+by the field of :class:`PruningOptions` of its name. The functions take plain arrays, tuples and callables: this
+module imports nothing from :mod:`hpp.formulation`.
 
-- ``memory_infeasible``: a shape suffix that cannot hold layers [u, L) for any u
-  (with the in-flight micro-batches of its positions) makes every shape ending with
-  it infeasible: adding stages in front never changes the suffix's positions from
-  the end. Exact. :func:`holds_no_layers` (a suffix's DP row), :func:`dead_suffix_mask`
-  (the batched search's trie level), :func:`ends_with_dead_suffix` (the one-shape-at-a-time
-  ablation: a shape is skipped when a proper suffix was found dead at its micro-batch size).
-- ``dominated``: candidate c dominates c' when both have the same micro-batch size,
-  c uses no more devices of any type and no more TP groups of any size, and c is no
-  worse in bottleneck, fill, optimizer step and per-stage gradient bytes. Replacing
-  every copy of c' by a copy of c keeps the plan feasible and no slower. Exact.
-  :func:`dominates` (one pair), :func:`undominated_mask` (all rows at once, visited in
-  :func:`dominance_order`, keys from :class:`DominanceKeys`).
-- ``incumbent_bound``: a candidate whose single-micro-batch time (its fill) already
-  exceeds the incumbent iteration time cannot be in a better plan (every used
-  pipeline gets >= 1 micro-batch, and sync and optimizer time are >= 0). Exact.
-  :func:`exceeds_incumbent`.
-- ``symmetry``: identical pipelines are one integer count instead of one boolean per
-  copy, and devices of one type are counted, not enumerated (devices of a type are
-  interchangeable up to the node packing, which is checked exactly). Exact.
-  :func:`copy_order_pairs` (the copies' order in a model with variables per copy).
-- ``canonical_order``: a shape orders its device types by memory capacity, largest
-  first (the first stage holds the most in-flight micro-batches). This CAN remove
-  the optimum in rare cases (e.g. when the head layer's memory makes a small device
-  better at the front); switch it off to search every order of the type groups.
-  :func:`type_group_orders`.
-- ``memoise`` (not a pruning rule): stage-cost tables and DP rows are cached; the DP rows
-  of all shapes' shared suffixes are computed once, together (batched). Off, each shape
-  is balanced on its own with nothing shared (the ablation).
+- ``memory_infeasible`` (exact): a shape suffix that cannot hold layers [u, L) for any u (with the in-flight
+  micro-batches of its positions) makes every shape ending with it infeasible: a stage's memory depends on its
+  own layers, micro-batch size, recomputation and position from the end only (the cost model's memory formula:
+  no link, binding or other pipeline enters it), and adding stages in front never changes the suffix's
+  positions from the end. So no candidate is lost, and with it no plan. :func:`holds_no_layers` (a suffix's DP
+  row), :func:`dead_suffix_mask` (the batched search's trie level), :func:`ends_with_dead_suffix` (the
+  one-shape-at-a-time ablation: a shape is skipped when a proper suffix was found dead at its micro-batch size).
+- ``dominated`` (heuristic): candidate c dominates c' when both have the same micro-batch size, c uses no more
+  devices of any type and no more TP groups of any size, and c is no worse in the search model's bottleneck,
+  fill, optimizer step and largest stage gradient. Replacing every copy of c' by a copy of c keeps the plan
+  feasible and no slower *in the search model*, but not in the cost model: a copy's point-to-point time depends
+  on the links its binding gives it (two stages of a type on one node, or not), and the plan's gradient sync on
+  which device types hold which layer blocks, on the links between the holders' nodes and on the blocks the
+  union of all pipelines' boundaries cuts, none of which the rule compares (found by the differential test
+  against the exhaustive oracle, ``tests/test_search_truth.py``: instance ``inverted`` seed 68 at 4 GPUs per
+  type, where c' = T0 then 2 x T1 costs 3.905 s and its dominator, the same stages in the other order, 4.015 s).
+  So the rule only marks c' for the heuristics. :func:`dominates` (one pair), :func:`undominated_mask` (all rows
+  at once, visited in :func:`dominance_order`, keys from :class:`DominanceKeys`).
+- ``incumbent_bound`` (exact): a candidate whose lower-bound single-micro-batch time (its fill on the bound
+  problem, :mod:`hpp.formulation.composition.bound_model`: at most the cost model's pipeline time with one
+  micro-batch under any binding) exceeds the incumbent's predicted iteration time cannot be in a better plan:
+  every pipeline of a plan gets >= 1 micro-batch (pipelines the data split leaves empty are dropped), a
+  pipeline's time grows with its micro-batches, and sync and optimizer time are >= 0; a network model that
+  only raises link prices keeps it so. :func:`exceeds_incumbent`.
+- ``symmetry`` (exact): identical pipelines are one integer count instead of one boolean per copy, and devices of
+  one type are counted, not enumerated (devices of a type are interchangeable up to the node packing, which the
+  binding does exactly). :func:`copy_order_pairs` (the copies' order in a model with variables per copy).
+- ``canonical_order`` (heuristic, off by default): the heuristics see only shapes whose device-type groups are
+  ordered by memory capacity, largest first (the first stage holds the most in-flight micro-batches). It can
+  remove every optimum (e.g. when the head layer's memory makes a small device better at the front), so the
+  bounds and the exact solvers still see every order. :func:`type_group_orders`.
+- ``memoise`` (not a pruning rule): stage-cost tables and DP rows are cached; the DP rows of all shapes' shared
+  suffixes are computed once, together (batched). Off, each shape is balanced on its own with nothing shared
+  (the ablation).
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ __all__ = ["PruningOptions", "dominates", "exceeds_incumbent", "holds_no_layers"
 
 @dataclass(frozen=True, slots=True)
 class PruningOptions:
-    """Switches for the pruning rules and memoisation: the exact ones on by default, ``canonical_order`` off."""
+    """Switches for the pruning rules and memoisation (module docstring): all on by default but ``canonical_order``.
+    Exact rules shrink what the bounds and exact solvers see; heuristic ones only the heuristics' set."""
 
     memory_infeasible: bool = True
     dominated: bool = True
@@ -75,7 +86,8 @@ class PruningOptions:
 
 
 def dominates(a, b) -> bool:
-    """True if candidate ``a`` dominates candidate ``b`` (rule ``dominated``; exact).
+    """True if candidate ``a`` dominates candidate ``b`` in the search model (rule ``dominated``; heuristic: see
+    the module docstring for why the cost model can still price ``b``'s plans below ``a``'s).
 
     Both are :class:`hpp.formulation.candidates.Candidate`.
     """
@@ -91,7 +103,8 @@ def dominates(a, b) -> bool:
 
 
 def exceeds_incumbent(candidate, incumbent_s: float) -> bool:
-    """True if even one micro-batch on ``candidate`` takes longer than ``incumbent_s`` (rule ``incumbent_bound``)."""
+    """True if even one micro-batch on ``candidate`` takes longer than ``incumbent_s`` (rule ``incumbent_bound``;
+    exact when ``candidate`` has lower-bound times, from the bound problem)."""
     return candidate.partition.fill_s > incumbent_s
 
 
@@ -120,7 +133,7 @@ def ends_with_dead_suffix(dead: set, micro_batch_size: int, shape: Sequence[Hash
     return any((micro_batch_size, shape[j:]) in dead for j in range(1, len(shape)))
 
 
-# --- rule ``canonical_order`` (not exact) ----------------------------------------------------------------
+# --- rule ``canonical_order`` (heuristic) ----------------------------------------------------------------
 
 def type_group_orders(types: tuple[str, ...], memory_bytes: Callable[[str], int], canonical: bool
                 ) -> list[tuple[str, ...]]:
@@ -167,7 +180,7 @@ def dominance_order(bottleneck_s: np.ndarray, fill_s: np.ndarray, num_devices: n
 
 def undominated_mask(micro_batch_size: np.ndarray, keyset: np.ndarray, subsets: list[np.ndarray],
                      features: np.ndarray, visit_pos: np.ndarray) -> np.ndarray:
-    """(R,) bool: the rows that no row visited earlier dominates (rule ``dominated``; exact).
+    """(R,) bool: the rows that no row visited earlier dominates (rule ``dominated``; heuristic).
 
     Row x dominates row y when both have the same micro-batch size, x's key set (id ``keyset``) is a
     subset of y's (``subsets``, :class:`DominanceKeys`) and x is no larger in every column of

@@ -23,7 +23,8 @@ from hpp.formulation.composition.problem import US_PER_S, CompositionProblem, Pr
 from hpp.formulation.composition.objective import block_sync_s, composition_objective_s, pipeline_time_for_counts
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings
 from hpp.formulation.composition.sync_floor import SyncFloor
-from hpp.formulation.composition.solve import SolveResult, certify, export_cpsat_model, solve
+from hpp.formulation.composition.exact_step import export_cpsat_model
+from hpp.formulation.composition.solve import SolveResult, certify, solve
 
 __all__ = ["US_PER_S", "CompositionProblem", "ProblemCaches", "to_us", "block_sync_s", "composition_objective_s",
            "pipeline_time_for_counts", "DEFAULT_SOLVER", "SOLVER_NAMES", "SolverSettings", "SyncFloor",

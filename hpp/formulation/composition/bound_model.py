@@ -293,13 +293,16 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
 
     out = []
     corrected = 0
+    runs_of: dict[tuple, list[int | None]] = {}
     for cand in candidates:
         p = cand.partition
         shape, bnd = cand.shape, p.boundaries
         tau, phi = p.bottleneck_s, p.fill_s
         S = len(shape)
         if S > 1:
-            runs = _runs_after(shape)
+            runs = runs_of.get(shape)
+            if runs is None:
+                runs = runs_of[shape] = _runs_after(shape)
             mbs = cand.micro_batch_size
             rec = [record(shape[i], shape[i + 1], runs[i], mbs, bnd[i + 1]) for i in range(S - 1)]
             inter = [False] * (S - 1)       # the fill's choice: boundaries priced as crossings
@@ -346,6 +349,6 @@ def lower_bound_candidates(cluster: Cluster, profile: ModelProfile, candidates: 
                 tau = min(p.bottleneck_s, exact)      # never above the search's own price
         part = p._replace(bottleneck_s=max(0.0, tau) * keep, fill_s=max(0.0, phi) * keep,
                           optimizer_s=p.optimizer_s * keep)
-        out.append(Candidate(shape, cand.micro_batch_size, part, cand.devices, cand.tp_groups))
+        out.append(Candidate(shape, cand.micro_batch_size, part, cand.devices, cand.tp_groups, cand.pruned_by))
     log.debug("lower-bound candidates: %d of %d re-priced", corrected, len(candidates))
     return out

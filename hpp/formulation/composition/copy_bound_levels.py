@@ -15,7 +15,7 @@ from hpp.formulation.composition.problem import CompositionProblem
 from hpp.formulation.composition.step_lp import StepLP
 from hpp.formulation.composition.sync_floor import cluster_links, has_hierarchical, stage_sync_rates
 
-__all__ = ["Search", "Range", "few_copies_s"]
+__all__ = ["Search", "Range", "few_copies_s", "floor_tables"]
 
 _REL_TOL = 1e-9             # certification step below a found T
 
@@ -134,6 +134,23 @@ class Search:
         if not len(cap):
             return cap
         return np.maximum.reduceat(cap[self.order], self.starts)
+
+
+def floor_tables(problem: CompositionProblem, most_pipelines: int) -> np.ndarray:
+    """Per candidate of the bound problem ``problem`` and pipeline count h = 1 .. ``most_pipelines``: the copy
+    bound's sync floor of its largest stage [s], (candidates, most_pipelines); 0 for h = 1 and where no copy fits.
+
+    ``pen_c(h) - opt_c`` of :meth:`Search.penalty` on the single count [h, h]: a lower bound of the sync time of
+    any device of c's largest stage in any plan of h pipelines of these candidates (the copy bound's precondition,
+    :mod:`hpp.formulation.composition.copy_bound`), usually above the cluster-wide
+    :class:`~hpp.formulation.composition.sync_floor.SyncFloor` (per-type links, the hierarchical form only where g
+    divides h). For the exact solvers' model (:attr:`CompositionProblem.floor_table`).
+    """
+    s = Search(problem)
+    out = np.zeros((len(problem.candidates), max(1, most_pipelines)))
+    for h in range(2, most_pipelines + 1):
+        out[:, h - 1] = s.penalty(h, h) - s.opt
+    return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)
 
 
 def few_copies_s(s: Search, b: int, allowed: np.ndarray) -> float:

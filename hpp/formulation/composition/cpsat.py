@@ -63,7 +63,7 @@ class CompositionResult:
         Composition objective of ``counts`` and CP-SAT's bound of its model [s] (a raw answer: the
         solve path, :func:`hpp.formulation.composition.solve.solve`, turns it into the one :class:`~hpp.formulation.composition.solve.SolveResult`).
     gap : float
-        (objective - bound) / objective; 0 when proven optimal; nan without a bound.
+        :func:`hpp.formulation.composition.solve.gap` of the two (the one gap definition).
     wall_s : float
         CP-SAT's time (model and solve) [s]; 0 when it was skipped.
     num_candidates : int
@@ -196,7 +196,12 @@ def _time_variables(mo: _Model) -> None:
     horizon = mo.us(max(c.partition.fill_s + (-(-G // c.micro_batch_size)) * c.partition.bottleneck_s
                         for c in cands)) + 1
     mo.t_pipe = m.new_int_var(0, horizon, "t_pipe_us")
-    t_sync_max = max(mo.us(p.sync_s(c, mo.H)) for c in range(len(cands))) + 2
+    # the largest sync over every h (per-candidate floor tables need not grow with h: the hierarchical form is
+    # allowed only where the group size divides h)
+    if p.floor_table is not None:
+        t_sync_max = max((max(row) for row in p.sync_tables_us(range(len(cands)), mo.H)), default=0) + 2
+    else:
+        t_sync_max = max(mo.us(p.sync_s(c, mo.H)) for c in range(len(cands))) + 2
     mo.t_sync = m.new_int_var(0, max(t_sync_max, 1), "t_sync_us")
     mo.t_opt = m.new_int_var(0, max(mo.us(c.partition.optimizer_s) for c in cands) + 1, "t_opt_us")
 
@@ -240,8 +245,34 @@ def _pipeline_time(mo: _Model) -> None:
                  ).only_enforce_if(mo.used[c])
 
 
+_SYNC_BYTES_UNIT = 1_000_000      # bytes per unit of W in :func:`_gradient_sync_compact`
+
+
+def _gradient_sync_compact(mo: _Model) -> None:
+    """Gradient sync of a bound problem without floor tables: its floor is W_c times a factor of h (SyncFloor), so
+    t_sync >= W_max f(h), W_max >= W_c of every used candidate (whole MB) and f(h) one table (us per MB), both rounded
+    down: O(n + H) instead of n tables of H entries."""
+    m, p = mo.m, mo.problem
+    cands = p.candidates
+    per = [int(math.floor(p.sync_floor.seconds(1.0, h) * _SYNC_BYTES_UNIT * US_PER_S)) for h in range(1, mo.H + 1)]
+    w = [int(max(c.partition.stage_param_bytes, default=0.0) // _SYNC_BYTES_UNIT) for c in cands]
+    wmax = m.new_int_var(0, max(w, default=0), "sync_bytes_mb")
+    for c, wc in enumerate(w):
+        if wc > 0:
+            m.add(wmax >= wc).only_enforce_if(mo.used[c])
+    f = m.new_int_var(0, max(per, default=0), "sync_us_per_mb")
+    m.add_element(mo.h, [0] + per, f)
+    prod = m.new_int_var(0, max(w, default=0) * max(per, default=0), "sync_floor_us")
+    m.add_multiplication_equality(prod, [wmax, f])
+    m.add(mo.t_sync >= prod)
+
+
 def _gradient_sync(mo: _Model) -> None:
-    """Gradient sync: t_sync >= sync_c(h) for every used candidate, a table over the number of pipelines h."""
+    """Gradient sync: t_sync >= sync_c(h) for every used candidate, a table over the number of pipelines h (on a
+    bound problem without per-candidate floor tables and more than 256 pipelines: :func:`_gradient_sync_compact`)."""
+    if mo.problem.sync_floor is not None and mo.problem.floor_table is None and mo.H > 256:
+        _gradient_sync_compact(mo)
+        return
     m, n = mo.m, len(mo.problem.candidates)
     tables = mo.problem.sync_tables_us(range(n), mo.H)
     for c in range(n):
@@ -302,6 +333,35 @@ def build_composition_model(problem: CompositionProblem, *, settings: SolverSett
     return mo.m, mo.x
 
 
+#: CP-SAT's deterministic budget for completing a hint (the copies fixed, every other variable found).
+HINT_COMPLETION_WORK = 0.5
+
+
+def _complete_hint(m: cp_model.CpModel, x: list, hint: dict[int, int], *, wall_s: float | None = None) -> bool:
+    """Replace the hint of the copies ``x`` by a complete one: the same copies with every other variable's value
+    (micro-batches, pipelines, times), found by CP-SAT on a clone of ``m`` with the copies fixed (a small
+    deterministic budget, one worker). CP-SAT often cannot complete a hint of the copies alone within a small
+    budget (measured: no solution at all in 10 s on 216 candidates with the hint of the incumbent), and starts
+    from a complete one. Returns False (the hint kept as it was) when the clone finds none, e.g. a hint past the
+    cutoff."""
+    clone = m.clone()
+    xs = [clone.get_int_var_from_proto_index(v.index) for v in x]
+    for c, v in enumerate(xs):
+        clone.add(v == hint.get(c, 0))
+    clone.clear_hints()
+    solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = HINT_COMPLETION_WORK
+    if wall_s is not None:
+        solver.parameters.max_time_in_seconds = wall_s
+    solver.parameters.num_workers = 1
+    if solver.solve(clone) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return False
+    m.clear_hints()
+    for i in range(len(m.proto.variables)):
+        m.add_hint(m.get_int_var_from_proto_index(i), solver.value(clone.get_int_var_from_proto_index(i)))
+    return True
+
+
 def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSettings = SolverSettings(),
                             hint: dict[int, int] | None = None, symmetry: bool = True,
                             incumbent_s: float | None = None,
@@ -318,7 +378,12 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     n = len(problem.candidates)
     m, x = build_composition_model(problem, settings=settings, hint=hint, symmetry=symmetry,
                                    incumbent_s=incumbent_s, lower_bound_pipe_s=lower_bound_pipe_s)
+    if hint:
+        _complete_hint(m, x, hint, wall_s=None if settings.max_time_in_seconds is None
+                       else settings.max_time_in_seconds / 4)
     solver = cpsat_solver(settings)
+    if settings.max_time_in_seconds is not None:     # what is left of the wall limit after the model and the hint
+        solver.parameters.max_time_in_seconds = max(0.01, settings.max_time_in_seconds - (time.perf_counter() - t0))
     status = solver.solve(m, _Improvements(progress) if progress is not None else None)
     wall = time.perf_counter() - t0
     name = solver.status_name(status)
@@ -330,7 +395,6 @@ def solve_composition_cpsat(problem: CompositionProblem, *, settings: SolverSett
     else:
         counts = dict(hint or {})
         bound = solver.best_objective_bound / US_PER_S if status == cp_model.UNKNOWN else math.nan
+    from hpp.formulation.composition.solve import gap    # the one gap (solve imports this module lazily)
     obj = composition_objective_s(problem, counts) if counts else math.inf
-    gap = (obj - bound) / obj if math.isfinite(obj) and obj > 0 and bound == bound else math.nan
-    return CompositionResult(counts, name, obj, bound, max(0.0, gap) if gap == gap else gap, wall, n,
-                             hit_time_limit=hit)
+    return CompositionResult(counts, name, obj, bound, gap(obj, bound), wall, n, hit_time_limit=hit)

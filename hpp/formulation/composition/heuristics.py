@@ -16,7 +16,8 @@ from typing import Sequence
 from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.composition.problem import CompositionProblem
 
-__all__ = ["greedy_composition", "fill_heuristic", "solo_objective_s", "best_incumbent", "local_search",
+__all__ = ["greedy_composition", "fill_heuristic", "solo_objective_s", "best_incumbent", "heuristic_incumbent",
+           "local_search",
            "rounded_lp_incumbent", "ROUNDED_MAX_EVALS", "ROUNDED_POOL"]
 
 
@@ -353,3 +354,13 @@ def rounded_lp_incumbent(problem: CompositionProblem, keep: Sequence[int], cb, i
     pool = [keep[c] for c in cb.pool[:ROUNDED_POOL]]
     counts, _, _ = local_search(problem, start, cb.found_s, pool, max_evals=ROUNDED_MAX_EVALS)
     return counts
+
+
+def heuristic_incumbent(problem: CompositionProblem) -> tuple[dict[int, int], float]:
+    """The incumbent (counts, objective [s]): :func:`~hpp.formulation.composition.heuristics.best_incumbent` on the
+    candidates the heuristics use (:attr:`CompositionProblem.heuristic_indices`), as counts of ``problem``."""
+    idx = problem.heuristic_indices
+    if len(idx) == len(problem.candidates):
+        return best_incumbent(problem)
+    counts, obj = best_incumbent(problem.restricted(idx))
+    return {idx[c]: x for c, x in counts.items()}, obj

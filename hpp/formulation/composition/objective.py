@@ -12,7 +12,7 @@ The solvers' own model of it (integer microseconds, one sync table per candidate
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.collectives import ring_allreduce_s
@@ -20,7 +20,7 @@ from hpp.formulation.data_balance import least_time_s
 from hpp.formulation.composition.problem import CompositionProblem
 from hpp.formulation.composition.sync_pricing import block_rings_s
 
-__all__ = ["pipeline_time_for_counts", "block_sync_s", "composition_objective_s"]
+__all__ = ["pipeline_time_for_counts", "block_sync_s", "composition_objective_s", "judge_of"]
 
 
 def pipeline_time_for_counts(cands: Sequence[Candidate], counts: dict[int, int], global_batch_size: int) -> float:
@@ -80,3 +80,24 @@ def composition_objective_s(problem: CompositionProblem, counts: dict[int, int],
         return math.inf
     t_sync = block_sync_s(problem, list(counts), h, counts)
     return t_pipe + t_sync + t_opt
+
+
+def judge_of(problem: CompositionProblem) -> Callable[[dict], float]:
+    """counts -> the judged objective of a plan [s], memoised on the counts: the cost model's predicted iteration
+    time of its bound plan (``problem.estimator``) where the problem has one, else :func:`composition_objective_s`."""
+    memo: dict[frozenset, float] = {}
+
+    def judge(counts: dict) -> float:
+        counts = {c: x for c, x in counts.items() if x > 0}
+        if not counts:
+            return math.inf
+        key = frozenset(counts.items())
+        got = memo.get(key)
+        if got is None:
+            if problem.estimator is not None:
+                got = problem.estimator(counts)[1].iteration_time_s
+            else:
+                got = composition_objective_s(problem, counts)
+            memo[key] = got
+        return got
+    return judge

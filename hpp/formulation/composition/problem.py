@@ -87,9 +87,12 @@ class ProblemCaches:
     tp
         TP groups the nodes hold by (device type, TP degree).
     copies
-        :meth:`~CompositionProblem.max_copies` by index and by usage key.
+        :meth:`~CompositionProblem.max_copies` by index.
     rows
-        :meth:`~CompositionProblem._copy_rows` by index and by usage key.
+        :meth:`~CompositionProblem._copy_rows` by index.
+    by_usage
+        both by usage key (``("copies", key)``, ``("rows", key)``), and max_copies by candidate object (``id``):
+        shared with restrictions (same inventory, the same candidate objects).
     """
 
     solo: dict = field(default_factory=dict)
@@ -98,10 +101,12 @@ class ProblemCaches:
     tp: dict = field(default_factory=dict)
     copies: dict = field(default_factory=dict)
     rows: dict = field(default_factory=dict)
+    by_usage: dict = field(default_factory=dict)
 
     def for_restriction(self) -> "ProblemCaches":
-        """The caches of a restricted copy: ``solo`` and ``ring`` shared (the same dicts), the rest new."""
-        return ProblemCaches(solo=self.solo, ring=self.ring)
+        """The caches of a restricted copy: ``solo``, ``ring`` and ``by_usage`` shared (the same dicts), the rest
+        new."""
+        return ProblemCaches(solo=self.solo, ring=self.ring, by_usage=self.by_usage)
 
 
 _PER_COPY_MAX_VARS = 3000   # "auto": per-copy variables while sum of copy bounds stays below this
@@ -130,6 +135,10 @@ class CompositionProblem:
     caches: ProblemCaches = field(default_factory=ProblemCaches, repr=False)
     #: True: price every ring on ``sync_link`` (the version-1 rule) even on a per-pair cluster
     flat_sync: bool = False
+    #: A bound problem's stronger per-candidate sync floors [s], (candidates, H) for h = 1 .. H pipelines, or None:
+    #: where set, :meth:`sync_s` and the sync tables take the larger of them and the :class:`SyncFloor` (both are
+    #: lower bounds; :func:`~hpp.formulation.composition.copy_bound_levels.floor_tables` computes them)
+    floor_table: np.ndarray | None = field(default=None, repr=False)
     #: False: the search prices flat rings only, as the cost model with ``hierarchical_allreduce`` off
     hierarchical: bool = True
 
@@ -177,12 +186,20 @@ class CompositionProblem:
                                             sync_floor=SyncFloor.of(self.cluster))
         return self.bound
 
+    @cached_property
+    def heuristic_indices(self) -> list[int]:
+        """Indices of the candidates the search's heuristics use: those no heuristic pruning rule leaves out
+        (:attr:`~hpp.formulation.candidates.Candidate.pruned_by`). The bounds and the exact solvers use every
+        candidate."""
+        return [i for i, c in enumerate(self.candidates) if not c.pruned_by]
+
     def restricted(self, keep: Sequence[int]) -> "CompositionProblem":
         """The problem restricted to candidates ``keep`` (indices; order kept), its bound problem likewise;
         the memo of solo objectives and ring times is shared."""
         sub = CompositionProblem([self.candidates[i] for i in keep], self.cluster, self.global_batch_size,
                                  self.sync_link, sync_floor=self.sync_floor, caches=self.caches.for_restriction(),
-                                 flat_sync=self.flat_sync, hierarchical=self.hierarchical)
+                                 flat_sync=self.flat_sync, hierarchical=self.hierarchical,
+                                 floor_table=None if self.floor_table is None else self.floor_table[list(keep)])
         if self.sync_floor is None and self.bound is not None:
             sub.bound = self.bound.restricted(keep)
         if self.estimator is not None:
@@ -214,8 +231,10 @@ class CompositionProblem:
         key = (c, h)
         got = self.caches.sync.get(key)
         if got is None and self.sync_floor is not None:
-            got = self.caches.sync[key] = self.sync_floor.seconds(
-                max(self.candidates[c].partition.stage_param_bytes, default=0.0), h)
+            got = self.sync_floor.seconds(max(self.candidates[c].partition.stage_param_bytes, default=0.0), h)
+            if self.floor_table is not None and 1 <= h <= self.floor_table.shape[1]:
+                got = max(got, float(self.floor_table[c, h - 1]))
+            self.caches.sync[key] = got
         if got is None and self.per_type_sync:
             got = self.caches.sync[key] = max((self.type_ring_s(t, g, w, h) for t, g, w in self.stage_sync_specs(c)),
                                               default=0.0)
@@ -268,7 +287,11 @@ class CompositionProblem:
         if self.sync_floor is not None:        # a bound problem: floors (linear in W), rounded down
             per_byte = np.array([self.sync_floor.seconds(1.0, hh) for hh in range(1, max_pipelines + 1)])
             w = np.array([max(self.candidates[c].partition.stage_param_bytes, default=0.0) for c in cs], dtype=float)
-            return np.floor(w[:, None] * per_byte[None, :] * US_PER_S).astype(np.int64).tolist()
+            floor = w[:, None] * per_byte[None, :]
+            if self.floor_table is not None:   # the stronger per-candidate floors where given
+                H = min(max_pipelines, self.floor_table.shape[1])
+                floor[:, :H] = np.maximum(floor[:, :H], self.floor_table[list(cs), :H])
+            return np.floor(floor * US_PER_S).astype(np.int64).tolist()
         if self.per_type_sync:                 # per stage on its type's links, grouped by (type, g)
             worst = np.zeros((len(cs), max_pipelines))
             groups: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
@@ -304,15 +327,19 @@ class CompositionProblem:
         ub = self.caches.copies.get(c)
         if ub is None:
             cand = self.candidates[c]
+            ub = self.caches.by_usage.get(id(cand))           # the same candidate in a restriction
+            if ub is not None:
+                self.caches.copies[c] = ub
+                return ub
             usage = _usage_key(cand)
-            ub = self.caches.copies.get(usage)    # candidates of the same device and TP-group counts share it
+            ub = self.caches.by_usage.get(("copies", usage))    # candidates of the same counts share it
             if ub is None:
                 inv = self.inventory
                 ub = min(inv.get(t, 0) // n for t, n in cand.devices.items())
                 for (t, s), n in cand.tp_groups.items():
                     ub = min(ub, self.tp_capacity(t, s) // n)
-                self.caches.copies[usage] = ub
-            self.caches.copies[c] = ub
+                self.caches.by_usage[("copies", usage)] = ub
+            self.caches.copies[c] = self.caches.by_usage[id(cand)] = ub
         return ub
 
     def fits(self, counts: dict[int, int]) -> bool:
@@ -345,9 +372,10 @@ class CompositionProblem:
             return self.caches.rows[c]
         cand = self.candidates[c]
         usage = _usage_key(cand)
-        if usage not in self.caches.rows:      # candidates of the same device and TP-group counts share rows
-            self.caches.rows[usage] = _usage_rows(cand)
-        rows = self.caches.rows[c] = self.caches.rows[usage]
+        key = ("rows", usage)
+        if key not in self.caches.by_usage:    # candidates of the same device and TP-group counts share rows
+            self.caches.by_usage[key] = _usage_rows(cand)
+        rows = self.caches.rows[c] = self.caches.by_usage[key]
         return rows
 
 

@@ -18,7 +18,7 @@ from ortools.sat import sat_parameters_pb2
 from hpp.errors import HppInputError
 
 __all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "SMALL_BUDGET_MAX_CANDIDATES",
-           "MAX_CANDIDATES", "parse_cpsat_params", "check_cpsat_params", "bench_settings"]
+           "MAX_CANDIDATES", "NO_CANDIDATE_LIMIT", "parse_cpsat_params", "check_cpsat_params", "bench_settings"]
 
 #: The solvers of the one interface (``"greedy"`` is read as ``"heuristic"``, its old name).
 SOLVER_NAMES: tuple[str, ...] = ("cp-sat", "milp", "heuristic")
@@ -37,8 +37,10 @@ DEFAULT_DETERMINISTIC_TIME = 0.05
 #: moved the bound or the plan on 6 (``experiments/cpsat_budget.py``, results/cpsat_budget.csv, Dec 1 2026).
 #: With a larger budget the limit is :data:`MAX_CANDIDATES`.
 SMALL_BUDGET_MAX_CANDIDATES = 16
-#: The exact solver's candidate limit when its budget is larger than the default.
+#: The exact solver's candidate limit when an exact solver is named at the default budget (``hpp plan --solver``).
 MAX_CANDIDATES = 200
+#: The candidate limit with more than the default budget: none (the exact solver sees every candidate).
+NO_CANDIDATE_LIMIT = 10**9
 
 
 def parse_cpsat_params(text: str):
@@ -95,12 +97,14 @@ class SolverSettings:
         ``"cp-sat"`` (default), ``"milp"`` (HiGHS) or ``"heuristic"`` (incumbent and LP bound only).
         ``"greedy"`` is accepted as the old name of ``"heuristic"``.
     max_time_in_seconds : float or None
-        A wall-clock limit on the exact solver [s]. None (default): none; CP-SAT then stops at
-        ``deterministic_time`` only, so the same input, seed and worker count give the same answer.
-        With a limit the answer may depend on the machine's speed; the result says when it was hit
-        (``SolveResult.hit_time_limit``, ``status`` stays what the bound proves).
+        The search's wall-clock budget [s]: the solve path improves the plan and the bound until then
+        (:mod:`hpp.formulation.composition.anytime`) and returns the best found. None (default): no wall
+        limit; the search stops at ``deterministic_time`` only, so the same input, seed and worker count give
+        the same answer. With a limit the answer may depend on the machine's speed; the result says when it
+        stopped the exact solver (``SolveResult.hit_time_limit``; ``status`` stays what the bound proves).
     deterministic_time : float
-        CP-SAT's ``max_deterministic_time`` (always set).
+        The deterministic budget in work units: CP-SAT's ``max_deterministic_time`` (always set), HiGHS'
+        node limit, and above the default (:data:`DEFAULT_DETERMINISTIC_TIME`) the budgeted phase's work.
     num_workers : int
         CP-SAT workers, and processes for the stage balance and the LP bound; 0 = one per usable core.
         CP-SAT with several workers runs interleaved (``interleave_search``), which is deterministic.
@@ -131,6 +135,10 @@ class SolverSettings:
         The exact solver runs even where the incumbent already meets the bound, and the result's plan is its own
         answer (NO_SOLUTION when it found none), not the best of it and the heuristic's: to benchmark a solver
         cold (``hpp bench-solvers --no-hint``, with ``warm_start`` off). The bound is the same.
+    portfolio : tuple of str
+        With a budget (:attr:`budgeted`): more exact solvers run after ``solver``, each from the same start (hint
+        and cutoff) as a run of it alone, each followed by the same cost-model local search: the result is at
+        least as good as each of those runs would be with this budget (``hpp plan``: the other exact solver).
     """
 
     solver: str = DEFAULT_SOLVER
@@ -147,6 +155,7 @@ class SolverSettings:
     formulation: str = "auto"
     type_classes: bool = False
     solver_answer_only: bool = False
+    portfolio: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.solver == "greedy":
@@ -168,33 +177,58 @@ class SolverSettings:
                                 fix="use auto, per-copy or product")
         if self.cpsat_params:
             check_cpsat_params(self.cpsat_params)
+        bad = [x for x in self.portfolio if x not in SOLVER_NAMES]
+        if bad:
+            raise HppInputError(f"portfolio solver(s) {bad}", field="portfolio", fix=f"use some of {list(SOLVER_NAMES)}")
 
     @property
-    def candidate_limit(self) -> int:
-        """The most candidates the exact solver is run on: ``max_candidates``, or by the budget when None.
-
-        >>> SolverSettings().candidate_limit, SolverSettings(deterministic_time=1.0).candidate_limit
-        (16, 200)
-        >>> SolverSettings(cpsat_params="max_deterministic_time:5").candidate_limit
-        200
-        """
-        if self.max_candidates is not None:
-            return self.max_candidates
+    def work_budget(self) -> float:
+        """The deterministic budget in work units: ``deterministic_time``, or the ``max_deterministic_time`` of
+        ``cpsat_params`` when it sets one (the limit CP-SAT applies)."""
         budget = self.deterministic_time
         params = parse_cpsat_params(self.cpsat_params) if self.cpsat_params else None
         if params is not None and params.HasField("max_deterministic_time"):
             budget = params.max_deterministic_time
-        return SMALL_BUDGET_MAX_CANDIDATES if budget <= DEFAULT_DETERMINISTIC_TIME else MAX_CANDIDATES
+        return budget
+
+    @property
+    def budgeted(self) -> bool:
+        """More than the default budget: a wall-clock limit, or a deterministic budget above
+        :data:`DEFAULT_DETERMINISTIC_TIME`. The solve path then runs its budgeted phase
+        (:mod:`hpp.formulation.composition.anytime`) and the exact solver on every candidate.
+
+        >>> SolverSettings().budgeted, SolverSettings(max_time_in_seconds=10).budgeted
+        (False, True)
+        >>> SolverSettings(deterministic_time=1.0).budgeted
+        True
+        """
+        return self.max_time_in_seconds is not None or self.work_budget > DEFAULT_DETERMINISTIC_TIME
+
+    @property
+    def candidate_limit(self) -> int:
+        """The most candidates the exact solver is run on: ``max_candidates``, or by the budget when None:
+        :data:`SMALL_BUDGET_MAX_CANDIDATES` at the default budget, every candidate with more
+        (:attr:`budgeted`).
+
+        >>> SolverSettings().candidate_limit, SolverSettings(deterministic_time=1.0).candidate_limit
+        (16, 1000000000)
+        >>> SolverSettings(cpsat_params="max_deterministic_time:5").candidate_limit
+        1000000000
+        """
+        if self.max_candidates is not None:
+            return self.max_candidates
+        return NO_CANDIDATE_LIMIT if self.budgeted else SMALL_BUDGET_MAX_CANDIDATES
 
 
 def bench_settings(solver: str, time_limit_s: float | None, num_workers: int = 1, cpsat_params: str = "", *,
                    work_units: float | None = None) -> SolverSettings:
     """The settings of ``hpp bench-solvers`` / ``hpp instances solve``: a wall-clock limit per solver [s], CP-SAT's
-    deterministic limit and HiGHS' node limit scaled to it, the exact solvers on all candidates up to 1,000
-    (above: on the best 1,000, their bound then not used).
+    deterministic limit and HiGHS' node limit scaled to it; with more than the default budget the solve path's
+    budgeted phase (as ``hpp plan`` with that budget, without the other exact solver), at the default budget or
+    less the exact solver on all candidates up to 1,000 (above: on the best 1,000, its bound then not used).
 
     ``work_units``: instead of a wall limit, a deterministic budget per solver (CP-SAT's work units, HiGHS
-    :data:`~hpp.formulation.composition.solve.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must
+    :data:`~hpp.formulation.composition.exact_step.MILP_NODES_PER_WORK_UNIT` nodes per unit; ``time_limit_s`` must
     then be None): the same input, seed and worker count give the same rows whatever the host's speed or load.
 
     Raises
@@ -214,4 +248,6 @@ def bench_settings(solver: str, time_limit_s: float | None, num_workers: int = 1
         raise HppInputError(f"{budget:g} {'work units' if work_units is not None else 's'}", field=flag,
                             fix="give a positive number")
     return SolverSettings(solver=solver, max_time_in_seconds=time_limit_s, deterministic_time=budget,
-                          num_workers=num_workers, max_candidates=1000, cpsat_on_subset=True, cpsat_params=cpsat_params)
+                          num_workers=num_workers, cpsat_on_subset=True, cpsat_params=cpsat_params,
+                          max_candidates=None if time_limit_s is not None or budget > DEFAULT_DETERMINISTIC_TIME
+                          else 1000)

@@ -6,21 +6,26 @@ chosen by ``settings.solver``) -> bind -> estimate. ``hpp plan`` (:func:`hpp.pla
 
 What every solver does, in one place:
 
-1. Incumbent: :func:`~hpp.formulation.composition.heuristics.best_incumbent` on the search model (the best
-   of the greedy and fill heuristics, improved by a local search over copy counts).
+1. Incumbent: :func:`~hpp.formulation.composition.heuristics.heuristic_incumbent`, on the search model and the
+   candidates the heuristics walk (the heuristic pruning rules' set; :mod:`hpp.pruning.rules`).
 2. Presolve (``warm_start``): candidates whose lower-bound single micro-batch already exceeds the
-   incumbent's objective are dropped (rule ``incumbent_bound``; any plan using one is slower).
+   incumbent's objective are dropped (rule ``incumbent_bound``, exact; any plan using one is slower).
 3. Bound: the LP bound (:func:`hpp.formulation.composition.lp_bound.composition_bounds`) on the *bound problem*
    (:meth:`CompositionProblem.bound_problem`: lower-bound stage times and a sync floor valid for
-   any link model) of all candidates left. The copy bound's LP solutions, rounded, are priced by the search
-   model too: the best, where it beats the incumbent there, is improved by a local search over copy counts
-   and becomes a second answer (``lp-rounding``); the bound does not depend on it. ``type_classes``: also :mod:`.type_classes`.
-4. Exact solver (``cp-sat`` / ``milp``) on the bound problem when it can see every candidate left
-   (at most ``settings.candidate_limit``: 16 at the default budget, where CP-SAT's presolve alone takes the
-   budget on larger inputs), with the incumbent as hint and cutoff; its bound then counts.
+   any link model) of every candidate left, those a heuristic rule leaves out of the heuristics' set included.
+   The copy bound's LP solutions, rounded, are priced by the search model too: the best, where it beats the
+   incumbent there, is improved by a local search over copy counts and becomes a second answer
+   (``lp-rounding``); the bound does not depend on it. ``type_classes`` (and any budget): also :mod:`.type_classes`.
+4. Exact solver (``cp-sat`` / ``milp``) on the bound problem (:mod:`.exact_step`), from the best plan so far
+   (hint and cutoff): at the default budget when it sees every candidate left (at most 16, where CP-SAT's
+   presolve alone takes the budget on larger inputs), its bound then counting. With a budget
+   (``settings.budgeted``: a wall-clock or a larger deterministic one) the budgeted phase
+   (:mod:`.anytime`): a local search priced by the cost model, then the exact solver (and the ``portfolio``'s)
+   on every candidate of its model, then the local search again from each one's answer.
 5. Judge: every answer is priced by ``problem.estimator`` (bind + the cost model:
    :func:`~hpp.formulation.cost_model.estimate_plan`) where the problem has one, else by
-   :func:`~hpp.formulation.composition.objective.composition_objective_s`; the best is returned.
+   :func:`~hpp.formulation.composition.objective.composition_objective_s`; the best is returned. At the default
+   budget, where the cost model prices it far above the search model, a few neighbours are priced too.
 6. Figures of the returned answer: ``objective_s`` its judged time, ``bound_s`` a proven lower
    bound of the judged time over all candidates and all bindings, ``gap`` = :func:`gap`, status by
    :func:`status_of`: ``OPTIMAL`` only when objective and bound agree within the tolerance.
@@ -39,9 +44,13 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.composition.objective import composition_objective_s, pipeline_time_for_counts
+from hpp.formulation.composition.objective import composition_objective_s, judge_of, pipeline_time_for_counts
+from hpp.formulation.composition.exact_step import (MIN_EXACT_WALL_S, best_candidates, budget_of, budgeted_model,
+                                                    candidate_cap, exact_bound, exact_settings, run_exact)
 from hpp.formulation.composition.problem import CompositionProblem
-from hpp.formulation.composition.heuristics import best_incumbent, rounded_lp_incumbent, solo_objective_s
+from hpp.formulation.composition.anytime import (LOCAL_POOL, Budget, cost_model_local_search, eval_work,
+                                                 local_search_pool)
+from hpp.formulation.composition.heuristics import ROUNDED_POOL, heuristic_incumbent, rounded_lp_incumbent
 from hpp.formulation.composition.lp_bound import composition_bounds
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings, bench_settings
 from hpp.formulation.composition.type_classes import type_class_bound
@@ -49,7 +58,7 @@ from hpp.pruning.rules import exceeds_incumbent
 
 __all__ = ["SolverSettings", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S",
            "STATUSES", "solve", "bench_settings", "check_solver", "model_objective_s", "within_tolerance", "gap",
-           "status_of", "certify", "export_cpsat_model"]
+           "status_of", "certify"]
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +68,11 @@ log = logging.getLogger(__name__)
 #: every profile we ship) and HiGHS stops at a relative gap of 1e-6: 1e-3 relative covers both.
 OPTIMUM_RTOL = 1e-3
 OPTIMUM_ATOL_S = 1e-5
-#: HiGHS' relative MIP gap at which it stops and calls the answer optimal.
-MILP_REL_GAP = 1e-6
-#: HiGHS branch-and-bound nodes per unit of ``SolverSettings.deterministic_time`` (its deterministic limit).
-MILP_NODES_PER_WORK_UNIT = 2000
+#: At the default budget, when the cost model prices the best plan above this many times the search model's price, up
+#: to :data:`MISPRICED_EVALS` of its neighbours are priced by the cost model (:mod:`.anytime`'s local search): the
+#: search model misses some links (e.g. an intra-node link slower than the inter-node one: 35.5 s for a plan it
+#: priced 2.23 s, measured on instance inverted seed 246 of ``tests/search_truth.py``).
+MISPRICED_RATIO, MISPRICED_EVALS = 1.5, 20
 #: The status vocabulary of :class:`SolveResult`.
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "NO_SOLUTION")
 
@@ -188,69 +198,9 @@ def check_solver(name: str) -> str:
     return SolverSettings(solver=name).solver
 
 
-def _judge(problem: CompositionProblem) -> Callable[[dict], float]:
-    """counts -> judged objective [s] (memoised on the counts)."""
-    memo: dict[frozenset, float] = {}
-
-    def judge(counts: dict) -> float:
-        counts = {c: x for c, x in counts.items() if x > 0}
-        if not counts:
-            return math.inf
-        key = frozenset(counts.items())
-        got = memo.get(key)
-        if got is None:
-            if problem.estimator is not None:
-                got = problem.estimator(counts)[1].iteration_time_s
-            else:
-                got = composition_objective_s(problem, counts)
-            memo[key] = got
-        return got
-    return judge
-
-
-def _heuristic(problem: CompositionProblem) -> tuple[dict[int, int], float]:
-    """The incumbent (counts, objective [s]): :func:`~hpp.formulation.composition.heuristics.best_incumbent`."""
-    return best_incumbent(problem)
-
-
-def _best_candidates(problem: CompositionProblem, keep: list[int], must: set[int], limit: int) -> list[int]:
-    """Up to about ``limit`` of ``keep``: ``must``, then the best by solo objective per device-type set."""
-    groups: dict[frozenset, list[int]] = {}
-    for c in keep:
-        groups.setdefault(frozenset(problem.candidates[c].devices), []).append(c)
-    share = max(1, (limit - len(must)) // max(1, len(groups)))
-    out = set(must)
-    for members in groups.values():
-        out.update(sorted(members, key=lambda c: (solo_objective_s(problem, c), c))[:share])
-    return sorted(out)
-
-
-def _exact(name: str, sub, settings: SolverSettings, hint: dict, cutoff: float | None, lb_pipe: float,
-           progress) -> tuple[dict, str, float, float, bool, int, str]:
-    """(counts, status, bound, model objective, hit limit, nodes, note) of the exact solver on bound problem ``sub``."""
-    if name == "cp-sat":
-        # imported here: ortools' CP-SAT module costs ~0.4 s to import (measured), paid only when it runs
-        from hpp.formulation.composition.cpsat import solve_composition_cpsat
-        r = solve_composition_cpsat(sub, settings=settings, hint=hint or None, incumbent_s=cutoff,
-                                    lower_bound_pipe_s=lb_pipe, progress=progress)
-        status = {"UNKNOWN": "NO_SOLUTION", "MODEL_INVALID": "NO_SOLUTION"}.get(r.status, r.status)
-        counts = r.counts if status in ("OPTIMAL", "FEASIBLE") else {}
-        return counts, status, r.bound_s, model_objective_s(sub, counts), r.hit_time_limit, -1, ""
-    # imported here: scipy.optimize (HiGHS' milp) costs ~0.45 s to import (measured), paid only when it runs
-    from hpp.formulation.composition.milp import solve_composition_milp
-    # no wall limit: HiGHS stops at a node limit (deterministic) scaled like CP-SAT's deterministic time
-    r = solve_composition_milp(sub, time_limit_s=settings.max_time_in_seconds or 3600.0, cutoff_s=cutoff,
-                               lower_bound_pipe_s=lb_pipe, mip_rel_gap=MILP_REL_GAP,
-                               formulation=settings.formulation,
-                               node_limit=max(1, int(MILP_NODES_PER_WORK_UNIT * settings.deterministic_time)))
-    hit = r.hit_time_limit and settings.max_time_in_seconds is not None
-    return (r.counts, r.status, r.bound_s, r.model_objective_s, hit, r.nodes,
-            f"{r.num_variables} vars, {r.num_constraints} rows")
-
-
 def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings(), *,
           incumbent: SolveResult | None = None,
-          progress: Callable[[str], None] | None = None) -> SolveResult:
+          progress: Callable[[str], None] | None = None, deadline: float | None = None) -> SolveResult:
     """Solve ``problem`` with ``settings.solver`` (see the module docstring for the steps).
 
     Parameters
@@ -260,6 +210,9 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
     incumbent : SolveResult, optional
         A heuristic answer already computed on ``problem`` (its counts are the incumbent).
     progress : optional callback for one-line progress messages.
+    deadline : float, optional
+        With ``settings.max_time_in_seconds``: the :func:`time.perf_counter` value the budgeted phase ends at
+        (the caller's start + the limit; default: this call's start + the limit).
 
     Returns
     -------
@@ -277,13 +230,13 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         raise HppInputError("the composition problem has no candidate pipeline", field="candidates",
                             fix="check that some pipeline shape fits memory")
     say = progress or (lambda _msg: None)
-    judge = _judge(problem)
+    judge = judge_of(problem)
     bp = problem.bound_problem()
     if incumbent is not None and incumbent.counts:
         inc_counts = dict(incumbent.counts)
         inc_model = composition_objective_s(problem, inc_counts)
     else:
-        inc_counts, inc_model = _heuristic(problem)     # the search model's price of it
+        inc_counts, inc_model = heuristic_incumbent(problem)     # the search model's price of it
     inc_obj = judge(inc_counts)
     answers = [(inc_obj, "heuristic", inc_counts)]
     keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
@@ -308,47 +261,127 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         answers.append((judge(rounded), "lp-rounding", rounded))
     bound = float(max(lb_pipe + min(c.partition.optimizer_s for c in bsub.candidates), lb_total))
     bound_method, hit, nodes, note, solver_status, solver_model = "lp", False, -1, "", "", math.nan
-    tc = type_class_bound(bsub, cutoff_s=inc_obj if math.isfinite(inc_obj) else None) if settings.type_classes else None
+    budget = budget_of(settings, t0, deadline)
+    budgeted = budget is not None and name != "heuristic" and not settings.solver_answer_only
+
+    def best() -> tuple[float, str, dict]:
+        return min(answers, key=lambda a: a[0])          # ties: the first (the incumbent)
+
+    def report(what: str) -> None:                       # a progress line of the budgeted phase
+        o = best()[0]
+        say(f"{time.perf_counter() - t0:.1f} s: {what}; plan {o:.4f} s ({best()[1]}), bound {bound:.4f} s "
+            f"({bound_method}), gap {gap(o, bound):.2%}")
+
+    tc = None
+    if settings.type_classes or budgeted:
+        cut = best()[0]
+        tc = type_class_bound(bsub, cutoff_s=cut if math.isfinite(cut) else None)
     tc_note = "" if tc is None else f"type-class bound {tc.bound_s:.4f} s" + ("" if tc.bound_s > bound else ", no stronger")
     if tc is not None and tc.bound_s > bound:
         bound, bound_method = float(tc.bound_s), "type-classes"
-    if name != "heuristic" and status_of(inc_obj, bound) == "OPTIMAL" and not settings.solver_answer_only:
-        note = f"{name} not run: the incumbent is within the optimality tolerance of the bound"
-        if name == "cp-sat" and settings.cpsat_params:
-            note += "; --cpsat-params unused"
-    elif name != "heuristic":
-        most = min(problem.cluster.num_devices, sum(problem.max_copies(c) for c in keep))
-        limit = min(settings.candidate_limit, max(50, settings.max_table_entries // max(1, most)))
-        full = len(keep) <= limit
-        if full or settings.cpsat_on_subset:
-            sel = keep if full else _best_candidates(problem, keep, set(inc_counts), limit)
+    extra = [keep[c] for c in (copy_bounds[0].pool[:ROUNDED_POOL] if copy_bounds else [])]
+    done: set[tuple] = set()
+
+    def local_search(own: list, share: float, size: int = LOCAL_POOL) -> None:
+        """The cost-model local search from the best of ``own`` (answers), its pool (``size`` candidates) from their
+        plans: with a wall-clock budget ``share`` of what is left, else the whole work budget (each run the same)."""
+        obj0, _, start = min(own, key=lambda a: a[0])
+        pool_ls = local_search_pool(problem, [a[2] for a in own if a[2]], extra, size)
+        key = (frozenset(start.items()), tuple(pool_ls))
+        if key in done or not start or (budget.deadline is not None and budget.exhausted()):
+            return
+        done.add(key)
+        work = budget.share(share) if budget.deadline is not None else Budget(None, settings.work_budget)
+        better, v, evals = cost_model_local_search(problem, judge, dict(start), obj0, pool_ls, work)
+        if v < obj0:
+            answers.append((v, "local-search", better))
+        report(f"cost-model local search ({evals} plans priced)")
+
+    if budgeted:
+        report("type-class bound")
+        local_search(list(answers), 0.3)
+    pre_best, _, pre_counts = best()              # every exact solver starts from here (hint and cutoff)
+    solvers = [name, *(x for x in settings.portfolio if x != name and x != "heuristic")] if budgeted else [name]
+    n_pre = len(answers)
+    starts: list[list] = []                       # per exact solver run: the answers a run of it alone would have
+    model = None                                  # (candidates, bound problem) of the exact solvers with a budget
+    for i, exact in enumerate(solvers):
+        if name == "heuristic":
+            break
+        if status_of(best()[0], bound) == "OPTIMAL" and not settings.solver_answer_only:
+            if not i:
+                note = f"{name} not run: the incumbent is within the optimality tolerance of the bound"
+                if name == "cp-sat" and settings.cpsat_params:
+                    note += "; --cpsat-params unused"
+            break
+        if budgeted and budget.deadline is not None and budget.left_s() < MIN_EXACT_WALL_S:
+            note = (note + "; " if note else "") + f"{exact} not run: {budget.left_s():.2f} s left of the time limit"
+            continue
+        if budgeted and model is None:
+            model = budgeted_model(problem, keep, pre_counts)
+        pool = model[0] if budgeted else keep
+        limit = candidate_cap(problem, keep, exact, settings, budget if budgeted else None,
+                              model[1] if budgeted else None)
+        full = len(pool) <= limit
+        if full or settings.cpsat_on_subset or budgeted:
+            sel = pool if full else best_candidates(problem, pool, set(pre_counts), limit)
             remap = {old: new for new, old in enumerate(sel)}
-            hint = {remap[c]: x for c, x in inc_counts.items() if c in remap} if settings.warm_start else {}
-            cutoff = inc_obj if settings.warm_start and math.isfinite(inc_obj) else None
-            counts, solver_status, ex_bound, solver_model, hit, nodes, note = _exact(
-                name, bp.restricted(sel), settings, hint, cutoff, lb_pipe if full else None, progress)
+            hint = {remap[c]: x for c, x in pre_counts.items() if c in remap} if settings.warm_start else {}
+            cutoff = pre_best if settings.warm_start and math.isfinite(pre_best) else None
+            run = exact_settings(settings, budget, share=0.6 / (len(solvers) - i)) if budgeted else settings
+            sub = model[1] if budgeted and full else bp.restricted(sel)
+            counts, status_x, ex_bound, model_x, hit_x, nodes_x, note_x = run_exact(
+                exact, sub, run, hint, cutoff, lb_pipe if full else None, progress)
+            if exact == name:
+                solver_status, solver_model, hit, nodes, note = status_x, model_x, hit_x, nodes_x, note_x
             counts = {sel[c]: x for c, x in counts.items() if x > 0}
+            own = []
             if counts and problem.fits(counts):
-                answers.append((judge(counts), name, counts))
-            elif counts:
-                note = (note + "; " if note else "") + f"answer {counts} does not fit the inventory: dropped"
+                answers.append((judge(counts), exact, counts))
+                own = [answers[-1]]
+            starts.append(answers[:n_pre] + own)
+            if counts and not own:
+                note = (note + "; " if note else "") + f"{exact}'s answer {counts} does not fit the inventory: dropped"
             if full:
-                if solver_status == "INFEASIBLE" and cutoff is not None:
-                    ex_bound = cutoff                   # nothing's bound model beats the incumbent
-                elif cutoff is not None and ex_bound == ex_bound:
-                    ex_bound = min(ex_bound, cutoff)    # plans cut off cost more than the incumbent
+                ex_bound = exact_bound(status_x, ex_bound, cutoff)
                 if ex_bound == ex_bound and ex_bound > bound:
-                    bound, bound_method = float(ex_bound), ("cutoff" if solver_status == "INFEASIBLE" else name)
+                    bound, bound_method = float(ex_bound), ("cutoff" if status_x == "INFEASIBLE" else exact)
+                if budgeted and len(sel) < len(keep):
+                    note = (note + "; " if note else "") + (f"{exact} on {len(sel)} of {len(keep)} candidates "
+                                                            f"(the others dominated in its model)")
             else:
-                note = (note + "; " if note else "") + f"{name} saw {len(sel)} of {len(keep)} candidates"
+                note = (note + "; " if note else "") + f"{exact} saw {len(sel)} of {len(pool)} candidates"
+            if budgeted:
+                report(f"{exact} {status_x or 'done'}")
         else:
-            note = f"{name} skipped: {len(keep)} candidates > {limit}; the LP and copy bound cover all"
+            note = f"{name} skipped: {len(pool)} candidates > {limit}; the LP and copy bound cover all"
             if name == "cp-sat" and settings.cpsat_params:
                 note += "; --cpsat-params unused: --cpsat-on-subset runs CP-SAT on a subset"
+    if budgeted:
+        # from each exact solver's answer, as a run of that solver alone would continue (the same whatever else ran)
+        for k, own in enumerate(starts):
+            local_search(own, 1.0 / (len(starts) - k))
+        size = LOCAL_POOL
+        while budget.deadline is not None and not budget.exhausted() and size < len(problem.candidates):
+            size *= 2               # time left (a wall-clock budget): a wider neighbourhood from the best plan
+            local_search(list(answers), 1.0, size)
+    elif name != "heuristic" and not settings.solver_answer_only:
+        obj0, _, start = best()
+        if start and obj0 > MISPRICED_RATIO * composition_objective_s(problem, start):
+            # the search model priced the best plan far below the cost model (e.g. a slow link it does not see):
+            # a few neighbours ranked by the cost model itself, at the default budget too (a count: deterministic)
+            pool_ls = local_search_pool(problem, [a[2] for a in answers if a[2]], extra)
+            better, v, evals = cost_model_local_search(problem, judge, dict(start), obj0, pool_ls,
+                                                       Budget(None, MISPRICED_EVALS * eval_work(problem)))
+            if v < obj0:
+                answers.append((v, "local-search", better))
+            ratio = obj0 / composition_objective_s(problem, start)
+            note = (note + "; " if note else "") + (f"the cost model prices the search's plan {ratio:.1f}x its "
+                                                    f"search model: {evals} neighbours priced by the cost model")
     note = "; ".join(x for x in (note, tc_note) if x)
     if settings.solver_answer_only and name != "heuristic":     # the exact solver's own answer, or none
         answers = [a for a in answers if a[1] == name] or [(math.inf, "", {})]
-    obj, source, counts = min(answers, key=lambda a: a[0])      # ties: the first (the incumbent)
+    obj, source, counts = best()
     obj = float(obj)
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
         log.error("bound %.9g s above a feasible objective %.9g s: the bound model is wrong", bound, obj)
@@ -360,35 +393,3 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         f"gap {res.gap:.2%}{'; ' + note if note else ''}")
     log.debug("%s: %s obj %.6g bound %.6g (%.2f s)", name, res.status, obj, bound, res.wall_s)
     return res
-
-
-def export_cpsat_model(problem: CompositionProblem, path, *, settings: SolverSettings = SolverSettings()) -> dict:
-    """Write the CP-SAT model :func:`solve` would solve on ``problem`` (its bound problem, all candidates left
-    after the presolve, the warm start of ``settings``) to ``path``; returns a description.
-
-    ``.pb`` writes the binary proto, ``.pbtxt``/``.txt`` the text format. Variables ``x_<i>`` are the copies of
-    the i-th listed candidate; the objective is in integer microseconds (rounded down: a bound model).
-    """
-    # imported here: ortools' CP-SAT module costs ~0.4 s to import (measured), paid only on export
-    from hpp.formulation.composition.cpsat import build_composition_model
-
-    judge = _judge(problem)
-    bp = problem.bound_problem()
-    keep = [c for c in range(len(problem.candidates)) if problem.max_copies(c) > 0]
-    hint, inc_obj = {}, None
-    if settings.warm_start:
-        inc_counts, _ = _heuristic(problem)
-        inc_obj = judge(inc_counts)
-        keep = sorted({c for c in keep if not exceeds_incumbent(bp.candidates[c], inc_obj)} | set(inc_counts))
-        hint = {keep.index(c): x for c, x in inc_counts.items()}
-    bsub = bp.restricted(keep)
-    lb_pipe = composition_bounds(bsub)[0] if settings.warm_start else None
-    model, _ = build_composition_model(bsub, settings=settings, hint=hint or None, incumbent_s=inc_obj,
-                                       lower_bound_pipe_s=lb_pipe)
-    if not model.export_to_file(str(path)):
-        raise HppInputError("CP-SAT could not write the model", source=str(path), fix="check the path")
-    return {"path": str(path), "objective_unit": "microseconds", "num_variables": len(model.proto.variables),
-            "num_constraints": len(model.proto.constraints),
-            "candidates": [{"index": i, "problem_index": c, "label": problem.candidates[c].label(),
-                            "variable": f"x_{i}"} for i, c in enumerate(keep)],
-            "incumbent_s": inc_obj}
