@@ -312,6 +312,24 @@ def _keep_logs(log_dir: Path, out_dir: Path, local_ranks: Sequence[int], node_ra
         logger.warning("could not keep the logs in %s: %s", log_dir, exc)
 
 
+def _wait(proc: subprocess.Popen, *, deadline: float, poll: Callable[[], Any] | None) -> tuple[int | None, bool]:
+    """``(exit code, timed out)`` of torchrun's agent, polling meanwhile; past ``deadline`` (or on an exception
+    while waiting, re-raised) the agent and every worker it started are killed."""
+    try:
+        while True:
+            try:
+                return proc.wait(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter()))), False
+            except subprocess.TimeoutExpired:
+                if poll is not None:
+                    poll()
+                if time.perf_counter() >= deadline:
+                    kill_tree(proc)
+                    return None, True
+    except BaseException:
+        kill_tree(proc, grace_s=INTERRUPT_GRACE_S)
+        raise
+
+
 def launch_torchrun(config_json: str, *, num_threads: int, world_size: int, out_dir: Path, timeout_s: float,
                     extra_env: dict[str, str] | None = None, poll: Callable[[], Any] | None = None,
                     nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
@@ -357,28 +375,12 @@ def launch_torchrun(config_json: str, *, num_threads: int, world_size: int, out_
     logger.info("launching: %s", " ".join(cmd))
     log_path = out_dir / "torchrun.log"
     t0 = time.perf_counter()
-    timed_out = False
     with open(log_path, "w") as log:
         prctl, me = libc_prctl(), os.getpid()
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=lambda: die_with_parent(signal.SIGTERM, prctl=prctl, parent=me))
-        deadline = t0 + timeout_s
-        code: int | None = None
         try:
-            while True:
-                try:
-                    code = proc.wait(min(POLL_INTERVAL_S, max(0.0, deadline - time.perf_counter())))
-                    break
-                except subprocess.TimeoutExpired:
-                    if poll is not None:
-                        poll()
-                    if time.perf_counter() >= deadline:
-                        kill_tree(proc)
-                        code, timed_out = None, True
-                        break
-        except BaseException:
-            kill_tree(proc, grace_s=INTERRUPT_GRACE_S)
-            raise
+            code, timed_out = _wait(proc, deadline=t0 + timeout_s, poll=poll)
         finally:
             if log_dir is not None:
                 log.flush()

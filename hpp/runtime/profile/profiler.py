@@ -38,7 +38,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -192,6 +192,72 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
     """
     rmodel, runtime_name = resolve_model(model)
     spec = rmodel.spec
+    sizes = _check_profile_args(tp_degree=tp_degree, device=device, micro_batch_sizes=micro_batch_sizes)
+    dev = torch.device(device)
+    type_name = device_type or device
+    cpu_clock = device == "cpu" and num_threads == 1
+    load_before = _load_average()
+    old_threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(num_threads)
+    try:
+        rows = _measure_rows(rmodel, sizes, dev, seed=seed, dtype=dtype, warmup=warmup, repeats=repeats,
+                             cpu_clock=cpu_clock, mixed_precision=mixed_precision)
+    finally:
+        torch.set_num_threads(old_threads)
+    entries, spread = _entries(rows, type_name=type_name, model_name=spec.name,
+                               note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up"
+                                    + (", CPU time of the compute thread" if cpu_clock else ""))
+    meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": device if device == "cpu" else torch.cuda.get_device_name(dev), "num_threads": num_threads,
+            "clock": "thread_time (CPU time of the compute thread)" if cpu_clock else "perf_counter (wall)",
+            "load_average": {"before": load_before, "after": _load_average(), "cores": os.cpu_count()},
+            "dtype": "bfloat16 autocast, fp32 weights" if mixed_precision else str(dtype).removeprefix("torch."),
+            "warmup": warmup, "repeats": repeats,
+            "spread": spread, "spread_definition": "(max - min) / median over repeats, per layer",
+            "runtime_model": runtime_name, "hyper_parameters": _hyper_parameters(spec)}
+    profile = ModelProfile(model=spec.name, num_layers=spec.num_layers, sequence_length=spec.seq_len,
+                           entries=entries, source="measured by hpp profile (hpp.runtime.profile.profiler)",
+                           licence="MIT", meta=meta)
+    if memory_terms:
+        # not on top: torch's MemTracker and DTensor, 4-6 s to import (-X importtime), which hpp run
+        # (dilate_profile) does not need
+        from hpp.runtime.profile.memory_terms import add_memory_terms
+        profile = add_memory_terms(profile, rmodel, dtype="bfloat16" if mixed_precision else "float32", seed=seed)
+    return profile
+
+
+def _entries(rows: dict[int, list[dict]], *, type_name: str, model_name: str, note: str
+             ) -> tuple[dict[tuple[str, int, int], LayerProfile], dict[str, dict[str, list[float]]]]:
+    """Per micro-batch size, the profile entry (medians over the repeats) and the times' spread per layer."""
+    entries: dict[tuple[str, int, int], LayerProfile] = {}
+    spread: dict[str, dict[str, list[float]]] = {}
+    for b, layer_rows in rows.items():
+        med = {k: tuple(statistics.median(r[k]) for r in layer_rows)
+               for k in ("forward_s", "backward_s", "optimizer_s")}
+        entries[(type_name, 1, b)] = LayerProfile(
+            device_type=type_name, tp_degree=1, micro_batch_size=b, forward_s=med["forward_s"],
+            backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
+            param_bytes=tuple(int(r["param_bytes"]) for r in layer_rows),
+            activation_bytes=tuple(int(r["activation_bytes"]) for r in layer_rows),
+            output_bytes=tuple(int(r["output_bytes"]) for r in layer_rows), note=note)
+        spread[f"{type_name}/tp1/mb{b}"] = {k: [round(_spread(r[k]), 4) for r in layer_rows]
+                                             for k in ("forward_s", "backward_s")}
+        logger.info("profiled %s at micro-batch %d: %.2f ms forward+backward", model_name, b,
+                    1e3 * sum(med["forward_s"]) + 1e3 * sum(med["backward_s"]))
+    return entries, spread
+
+
+def _hyper_parameters(spec: Any) -> dict[str, int]:
+    """The sizes the planner checks TP degrees against (``meta["hyper_parameters"]``)."""
+    return {"num_blocks": spec.num_blocks, "hidden_size": spec.hidden_size, "num_heads": spec.num_heads,
+            "num_kv_heads": spec.num_kv_heads, "ffn_size": spec.ffn_size, "seq_len": spec.seq_len,
+            "vocab_size": spec.vocab_size}
+
+
+def _check_profile_args(*, tp_degree: int, device: str, micro_batch_sizes: Sequence[int]) -> list[int]:
+    """The sorted micro-batch sizes; :class:`HppInputError` for what :func:`profile_model` cannot measure."""
     if tp_degree != 1:
         raise HppInputError(f"--tp {tp_degree}: the profiler measures TP degree 1 only", field="tp",
                             fix="use --tp 1")
@@ -203,75 +269,36 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
     if not sizes or sizes[0] < 1:
         raise HppInputError(f"micro-batch sizes {list(micro_batch_sizes)}", field="micro_batch_sizes",
                             fix="give positive integers, e.g. 1,2,4")
-    dev = torch.device(device)
-    dtype_name = device_type or device
-    cpu_clock = device == "cpu" and num_threads == 1
-    load_before = _load_average()
-    old_threads = torch.get_num_threads()
-    if device == "cpu":
-        torch.set_num_threads(num_threads)
+    return sizes
+
+
+def _measure_rows(rmodel: RuntimeModel, sizes: list[int], dev: torch.device, *, seed: int, dtype: torch.dtype,
+                  warmup: int, repeats: int, cpu_clock: bool, mixed_precision: bool) -> dict[int, list[dict]]:
+    """Per micro-batch size, one :func:`measure_layer` record per layer (each layer built once, on ``dev``)."""
+    spec = rmodel.spec
     gen = torch.Generator().manual_seed(seed)
     rows: dict[int, list[dict]] = {b: [] for b in sizes}
-    try:
-        for l in range(spec.num_layers):
-            layer = rmodel.build_layer(l, seed=seed, dtype=dtype).to(dev)
-            for b in sizes:
-                def make_input(l: int = l, b: int = b) -> torch.Tensor:
-                    if l == 0:
-                        return torch.randint(0, spec.vocab_size, (b, spec.seq_len), generator=gen).to(dev)
-                    return torch.randn(b, spec.seq_len, spec.hidden_size, generator=gen, dtype=dtype).to(
-                        dev).requires_grad_(True)
-                try:
-                    rows[b].append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats,
-                                                 cpu_time=cpu_clock, mixed_precision=mixed_precision))
-                except torch.OutOfMemoryError:
-                    fits = [x for x in sizes if x < b]
-                    raise HppInputError(f"micro-batch size {b} runs out of memory on {device} (layer {l})",
-                                        field="micro_batch_sizes",
-                                        fix=f"the largest size that fits is {fits[-1]}" if fits
-                                        else "the largest size that fits is none") from None
-                for p in layer.parameters():
-                    p.grad = None
-            del layer
-    finally:
-        torch.set_num_threads(old_threads)
-    entries: dict[tuple[str, int, int], LayerProfile] = {}
-    spread: dict[str, dict[str, list[float]]] = {}
-    for b in sizes:
-        med = {k: tuple(statistics.median(r[k]) for r in rows[b]) for k in ("forward_s", "backward_s", "optimizer_s")}
-        entries[(dtype_name, 1, b)] = LayerProfile(
-            device_type=dtype_name, tp_degree=1, micro_batch_size=b, forward_s=med["forward_s"],
-            backward_s=med["backward_s"], optimizer_s=med["optimizer_s"],
-            param_bytes=tuple(int(r["param_bytes"]) for r in rows[b]),
-            activation_bytes=tuple(int(r["activation_bytes"]) for r in rows[b]),
-            output_bytes=tuple(int(r["output_bytes"]) for r in rows[b]),
-            note=f"measured by hpp profile: median of {repeats} after {warmup} warm-up"
-                 + (", CPU time of the compute thread" if cpu_clock else ""))
-        spread[f"{dtype_name}/tp1/mb{b}"] = {k: [round(_spread(r[k]), 4) for r in rows[b]]
-                                              for k in ("forward_s", "backward_s")}
-        logger.info("profiled %s at micro-batch %d: %.2f ms forward+backward", spec.name, b,
-                    1e3 * sum(med["forward_s"]) + 1e3 * sum(med["backward_s"]))
-    meta = {"machine": platform.node(), "processor": platform.processor() or platform.machine(),
-            "torch": torch.__version__, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "device": device if device == "cpu" else torch.cuda.get_device_name(dev), "num_threads": num_threads,
-            "clock": "thread_time (CPU time of the compute thread)" if cpu_clock else "perf_counter (wall)",
-            "load_average": {"before": load_before, "after": _load_average(), "cores": os.cpu_count()},
-            "dtype": "bfloat16 autocast, fp32 weights" if mixed_precision else str(dtype).removeprefix("torch."),
-            "warmup": warmup, "repeats": repeats,
-            "spread": spread, "spread_definition": "(max - min) / median over repeats, per layer",
-            "runtime_model": runtime_name,
-            "hyper_parameters": {"num_blocks": spec.num_blocks, "hidden_size": spec.hidden_size,
-                                 "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
-                                 "ffn_size": spec.ffn_size, "seq_len": spec.seq_len, "vocab_size": spec.vocab_size}}
-    profile = ModelProfile(model=spec.name, num_layers=spec.num_layers, sequence_length=spec.seq_len,
-                           entries=entries, source="measured by hpp profile (hpp.runtime.profile.profiler)", licence="MIT",
-                           meta=meta)
-    if memory_terms:
-        # not on top: torch's MemTracker and DTensor, 4-6 s to import (-X importtime), which hpp run
-        # (dilate_profile) does not need
-        from hpp.runtime.profile.memory_terms import add_memory_terms
-        profile = add_memory_terms(profile, rmodel, dtype="bfloat16" if mixed_precision else "float32", seed=seed)
-    return profile
+    for l in range(spec.num_layers):
+        layer = rmodel.build_layer(l, seed=seed, dtype=dtype).to(dev)
+        for b in sizes:
+            def make_input(l: int = l, b: int = b) -> torch.Tensor:
+                if l == 0:
+                    return torch.randint(0, spec.vocab_size, (b, spec.seq_len), generator=gen).to(dev)
+                return torch.randn(b, spec.seq_len, spec.hidden_size, generator=gen, dtype=dtype).to(
+                    dev).requires_grad_(True)
+            try:
+                rows[b].append(measure_layer(layer, make_input, device=dev, warmup=warmup, repeats=repeats,
+                                             cpu_time=cpu_clock, mixed_precision=mixed_precision))
+            except torch.OutOfMemoryError:
+                fits = [x for x in sizes if x < b]
+                raise HppInputError(f"micro-batch size {b} runs out of memory on {dev.type} (layer {l})",
+                                    field="micro_batch_sizes",
+                                    fix=f"the largest size that fits is {fits[-1]}" if fits
+                                    else "the largest size that fits is none") from None
+            for p in layer.parameters():
+                p.grad = None
+        del layer
+    return rows
 
 
 def scale_profile(profile: ModelProfile, slowdowns: Mapping[str, float], *, base_device_type: str) -> ModelProfile:

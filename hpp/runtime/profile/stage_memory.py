@@ -249,15 +249,10 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
     if isolate:
         return isolated(measure_stage_step, model, spec, seed=seed, legacy_waste=legacy_waste, isolate=False)
 
-    ms = model.spec
-    spec.validate(ms.num_layers)
+    spec.validate(model.spec.num_layers)
     t0 = time.perf_counter()
-    b, s, m = spec.micro_batch_size, ms.seq_len, spec.num_micro_batches
-    is_first, is_last = spec.position == 0, spec.position == spec.num_stages - 1
-    tcfg = TrainingConfig(optimizer=spec.optimizer, dtype=spec.dtype)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     events: list[StepEvent] = []
-    loss_fn = lambda out, tgt: lm_loss(out, tgt, denominator=b * m * s)   # noqa: E731 - the worker's
     t = spec.tp_degree
     if t > 1 and legacy_waste:
         raise HppInputError("legacy_waste with TP > 1", field="tp_degree", fix="measure the naive build at TP 1")
@@ -271,40 +266,8 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
         if t > 1:                   # outside the fake mode: the device mesh holds real rank numbers
             parallelize_stage(module, model, tp_group=tp_group, tp_degree=t, device=torch.device("cpu"))
         with fake_mode:
-            params = [p for _l, _n, p in module.layer_parameters()]
-            for p in params:
-                p.grad = torch.zeros_like(p)             # the runtime's gradients live all step (sync buckets)
-            optimizer = _make_optimizer(spec.optimizer, params, foreach=spec.device == "cuda")
-            optimizer.step()                              # creates the states: measure a steady-state step
-            if t > 1:
-                warm_up_sharding(module, model, micro_batch_size=b, is_first=is_first, is_last=is_last,
-                                 dtype=spec.dtype)
-            extra: tuple[torch.Tensor, ...] = ()
-            if legacy_waste:
-                stage, schedule, extra = _legacy_schedule(module, spec, model, loss_fn)
-            else:
-                stage, schedule = make_stage_schedule(
-                    module, stage_index=spec.position, num_stages=spec.num_stages, num_micro_batches=m,
-                    micro_batch_size=b, seq_len=s, hidden_size=ms.hidden_size, vocab_size=ms.vocab_size,
-                    training=tcfg, device=torch.device("cpu"), group=lane, schedule=spec.schedule, loss_fn=loss_fn)
-            schedule._warmup_p2p = _static_vote                # see _static_vote
-            inputs = torch.zeros(b * m, s, dtype=torch.long)
-            targets = torch.zeros(b * m, s, dtype=torch.long)
-            tracker = StepTracker()
-            tracker.track_external(module, optimizer, inputs, targets, *extra)
-            stage.forward_one_chunk = _instrument(tracker, events, "forward", stage.forward_one_chunk)
-            stage.backward_one_chunk = _instrument(tracker, events, "backward", stage.backward_one_chunk)
-            schedule._maybe_compute_loss = _instrument(tracker, events, "loss", schedule._maybe_compute_loss,
-                                                       chunk_arg=False)
-            with tracker:
-                start = tracker.current_bytes()
-                optimizer.zero_grad(set_to_none=False)
-                if legacy_waste:
-                    schedule.step(*((inputs,) if is_first else ()), **({"target": targets} if is_last else {}))
-                else:
-                    run_schedule_step(schedule, inputs, targets, is_first=is_first, is_last=is_last)
-                _instrument(tracker, events, "optimizer", optimizer.step, chunk_arg=False)()
-            peak_snap = tracker.get_tracker_snapshot("peak")
+            start, peak_snap = _tracked_step(model, spec, module, lane=lane, events=events,
+                                             legacy_waste=legacy_waste)
     peak = sum(snap.get("Total", 0) for snap in peak_snap.values())
     breakdown = {name: 0 for name in _CATEGORIES.values()}
     for snap in peak_snap.values():
@@ -313,5 +276,49 @@ def measure_stage_step(model: RuntimeModel, spec: StepSpec, *, seed: int = 0, le
                 breakdown[_CATEGORIES[str(getattr(key, "value", key))]] += int(value)
     wall = time.perf_counter() - t0
     logger.info("stage [%d, %d) at %d/%d, b=%d, m=%d: peak %.3f GiB (%.1f s)", spec.layer_start, spec.layer_stop,
-                spec.position, spec.num_stages, b, m, peak / 2**30, wall)
+                spec.position, spec.num_stages, spec.micro_batch_size, spec.num_micro_batches, peak / 2**30, wall)
     return StepMemory(spec, int(peak), breakdown, tuple(events), int(start), wall)
+
+
+def _tracked_step(model: RuntimeModel, spec: StepSpec, module: torch.nn.Module, *, lane: Any,
+                  events: list[StepEvent], legacy_waste: bool) -> tuple[int, dict]:
+    """Inside the fake mode: the optimizer in its steady state, the stage's schedule, one tracked step;
+    ``(bytes at the step's start, the tracker's peak snapshot)``."""
+    ms = model.spec
+    b, s, m = spec.micro_batch_size, ms.seq_len, spec.num_micro_batches
+    is_first, is_last = spec.position == 0, spec.position == spec.num_stages - 1
+    loss_fn = lambda out, tgt: lm_loss(out, tgt, denominator=b * m * s)   # noqa: E731 - the worker's
+    params = [p for _l, _n, p in module.layer_parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)             # the runtime's gradients live all step (sync buckets)
+    optimizer = _make_optimizer(spec.optimizer, params, foreach=spec.device == "cuda")
+    optimizer.step()                              # creates the states: measure a steady-state step
+    if spec.tp_degree > 1:
+        warm_up_sharding(module, model, micro_batch_size=b, is_first=is_first, is_last=is_last, dtype=spec.dtype)
+    extra: tuple[torch.Tensor, ...] = ()
+    if legacy_waste:
+        stage, schedule, extra = _legacy_schedule(module, spec, model, loss_fn)
+    else:
+        stage, schedule = make_stage_schedule(
+            module, stage_index=spec.position, num_stages=spec.num_stages, num_micro_batches=m,
+            micro_batch_size=b, seq_len=s, hidden_size=ms.hidden_size, vocab_size=ms.vocab_size,
+            training=TrainingConfig(optimizer=spec.optimizer, dtype=spec.dtype), device=torch.device("cpu"),
+            group=lane, schedule=spec.schedule, loss_fn=loss_fn)
+    schedule._warmup_p2p = _static_vote                # see _static_vote
+    inputs = torch.zeros(b * m, s, dtype=torch.long)
+    targets = torch.zeros(b * m, s, dtype=torch.long)
+    tracker = StepTracker()
+    tracker.track_external(module, optimizer, inputs, targets, *extra)
+    stage.forward_one_chunk = _instrument(tracker, events, "forward", stage.forward_one_chunk)
+    stage.backward_one_chunk = _instrument(tracker, events, "backward", stage.backward_one_chunk)
+    schedule._maybe_compute_loss = _instrument(tracker, events, "loss", schedule._maybe_compute_loss,
+                                               chunk_arg=False)
+    with tracker:
+        start = tracker.current_bytes()
+        optimizer.zero_grad(set_to_none=False)
+        if legacy_waste:
+            schedule.step(*((inputs,) if is_first else ()), **({"target": targets} if is_last else {}))
+        else:
+            run_schedule_step(schedule, inputs, targets, is_first=is_first, is_last=is_last)
+        _instrument(tracker, events, "optimizer", optimizer.step, chunk_arg=False)()
+    return start, tracker.get_tracker_snapshot("peak")
