@@ -190,27 +190,11 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
     NetworkProfileError
         The measurement failed (a host that stopped answering: ``exit_code`` 2).
     """
-    # here, not on top: both import torch (2-6 s, -X importtime), which a bad flag or the roll call never needs
-    from hpp.runtime.launch.launchers import launch_torchrun
-
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     out = Path(out)
-    sizes = sorted({max(4, -(-int(x) // 4) * 4) for x in sizes_bytes})
-    if any(x <= 0 for x in sizes_bytes) or len(sizes) < 2:
-        raise HppInputError(f"--sizes {list(sizes_bytes)}", field="--sizes",
-                            fix="give at least two different message sizes > 0, e.g. 1MB,16MB,256MB,1GB")
-    if repeats < 1 or warmup < 0:
-        raise HppInputError(f"--repeats {repeats} --warmup {warmup}", field="--repeats",
-                            fix="give --repeats >= 1 and --warmup >= 0")
-    if nnodes < 1 or not 0 <= node_rank < nnodes:
-        raise HppInputError(f"--node-rank {node_rank} of --nnodes {nnodes}", field="--node-rank",
-                            fix="give --nnodes N >= 1 and --node-rank in 0..N-1")
-    if nnodes > 1 and rdzv_endpoint is None:
-        raise HppInputError(f"--nnodes {nnodes} without --rdzv-endpoint", field="--rdzv-endpoint",
-                            fix="give HOST:PORT of the host with node rank 0 (the same on every host)")
-    if rdzv_endpoint is not None:
-        parse_endpoint(rdzv_endpoint)
+    sizes = _check_flags(sizes_bytes=sizes_bytes, repeats=repeats, warmup=warmup, nnodes=nnodes, node_rank=node_rank,
+                         rdzv_endpoint=rdzv_endpoint)
     if node_rank == 0:
         _check_out(out, force=force)
     dev, dtype, ndev, memory = detect_host(device=device, emulate=emulate_node_type)
@@ -235,38 +219,14 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
                 f"{count(len(sizes), 'message size')}, {count(repeats, 'repeat')}")
         cfg = MeasureConfig(devices=devices, tasks=[asdict(t) for t in tasks], sizes_bytes=sizes, repeats=repeats,
                             warmup=warmup, device=dev, timeout_s=group_timeout_s)
-        offset = node_offsets(devices)[node_rank]
         endpoint = None if nnodes == 1 else f"{rdzv_endpoint.rpartition(':')[0]}:{port}"
-        with tempfile.TemporaryDirectory(prefix="hpp-netprof-") as tmp:
-            seen = [0]
-
-            def poll() -> None:
-                path = Path(tmp) / "progress.jsonl"
-                lines = path.read_text().splitlines() if path.exists() else []
-                for text in lines[seen[0]:]:
-                    p = json.loads(text)
-                    say(f"measured {p['name']} ({p['task'] + 1} of {p['of']}, {p['wall_s']:.1f} s)")
-                seen[0] = len(lines)
-                if rdzv.news():                     # another host ended or stopped answering: its peers here
-                    raise _AnotherHostEnded()       # would wait for it until the group timeout
-
-            try:
-                res = launch_torchrun(json.dumps(asdict(cfg)), num_threads=cfg.num_threads, world_size=sum(devices),
-                                      out_dir=Path(tmp), timeout_s=run_timeout_s, poll=poll, nnodes=nnodes,
-                                      node_rank=node_rank, rdzv_endpoint=endpoint,
-                                      local_ranks=range(offset, offset + ndev), module="hpp.runtime.network.measure")
-                line = None if res.ok else res.failure_message()
-            except _AnotherHostEnded:               # this host's ranks were stopped at once (launch_torchrun)
-                done = all((Path(tmp) / f"rank{r}.json").exists() for r in range(offset, offset + ndev))
-                line = None if done else "this host stopped its ranks"     # done: the news came after the end
-            if line is not None:
-                raise _failure(line, hosts, rdzv.failed(line), me)
-            if node_rank != 0:
-                summary = rdzv.finish(None)
-                if summary is None:
-                    raise _failure("", hosts, rdzv.failed("no summary from node rank 0", wait_s=0.0), me, after=True)
-                return summary
-            records = json.loads((Path(tmp) / "rank0.json").read_text())["records"]
+        records = _measure(cfg, rdzv, hosts, me, say=say, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
+                           num_local=ndev, run_timeout_s=run_timeout_s)
+        if records is None:                         # another host's ranks: node rank 0 writes and summarises
+            summary = rdzv.finish(None)
+            if summary is None:
+                raise _failure("", hosts, rdzv.failed("no summary from node rank 0", wait_s=0.0), me, after=True)
+            return summary
         try:
             try:
                 fitted = fit_links(tasks, records, devices=devices)
@@ -285,3 +245,67 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
                    "links": [link_summary(*f) for f in fitted], "notes": notes,
                    "wall_s": time.perf_counter() - t0}
         return rdzv.finish(summary) or summary
+
+
+def _check_flags(*, sizes_bytes: Sequence[int], repeats: int, warmup: int, nnodes: int, node_rank: int,
+                 rdzv_endpoint: str | None) -> list[int]:
+    """The message sizes (rounded up to 4 bytes, sorted, distinct); :class:`HppInputError` for a bad flag."""
+    sizes = sorted({max(4, -(-int(x) // 4) * 4) for x in sizes_bytes})
+    if any(x <= 0 for x in sizes_bytes) or len(sizes) < 2:
+        raise HppInputError(f"--sizes {list(sizes_bytes)}", field="--sizes",
+                            fix="give at least two different message sizes > 0, e.g. 1MB,16MB,256MB,1GB")
+    if repeats < 1 or warmup < 0:
+        raise HppInputError(f"--repeats {repeats} --warmup {warmup}", field="--repeats",
+                            fix="give --repeats >= 1 and --warmup >= 0")
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise HppInputError(f"--node-rank {node_rank} of --nnodes {nnodes}", field="--node-rank",
+                            fix="give --nnodes N >= 1 and --node-rank in 0..N-1")
+    if nnodes > 1 and rdzv_endpoint is None:
+        raise HppInputError(f"--nnodes {nnodes} without --rdzv-endpoint", field="--rdzv-endpoint",
+                            fix="give HOST:PORT of the host with node rank 0 (the same on every host)")
+    if rdzv_endpoint is not None:
+        parse_endpoint(rdzv_endpoint)
+    return sizes
+
+
+def _measure(cfg: MeasureConfig, rdzv: Rendezvous, hosts: Sequence[HostInfo], me: HostInfo, *,
+             say: Callable[[str], None], nnodes: int, node_rank: int, endpoint: str | None, num_local: int,
+             run_timeout_s: float) -> list | None:
+    """Run this host's measuring ranks under torchrun; node rank 0's records (other hosts: None).
+
+    Raises
+    ------
+    NetworkProfileError
+        A rank failed, or another host ended or stopped answering before this host's ranks finished.
+    """
+    # here, not on top: it imports torch (2-6 s, -X importtime), which a bad flag or the roll call never needs
+    from hpp.runtime.launch.launchers import launch_torchrun
+
+    offset = node_offsets(cfg.devices)[node_rank]
+    with tempfile.TemporaryDirectory(prefix="hpp-netprof-") as tmp:
+        seen = [0]
+
+        def poll() -> None:
+            path = Path(tmp) / "progress.jsonl"
+            lines = path.read_text().splitlines() if path.exists() else []
+            for text in lines[seen[0]:]:
+                p = json.loads(text)
+                say(f"measured {p['name']} ({p['task'] + 1} of {p['of']}, {p['wall_s']:.1f} s)")
+            seen[0] = len(lines)
+            if rdzv.news():                     # another host ended or stopped answering: its peers here
+                raise _AnotherHostEnded()       # would wait for it until the group timeout
+
+        try:
+            res = launch_torchrun(json.dumps(asdict(cfg)), num_threads=cfg.num_threads, world_size=sum(cfg.devices),
+                                  out_dir=Path(tmp), timeout_s=run_timeout_s, poll=poll, nnodes=nnodes,
+                                  node_rank=node_rank, rdzv_endpoint=endpoint,
+                                  local_ranks=range(offset, offset + num_local), module="hpp.runtime.network.measure")
+            line = None if res.ok else res.failure_message()
+        except _AnotherHostEnded:               # this host's ranks were stopped at once (launch_torchrun)
+            done = all((Path(tmp) / f"rank{r}.json").exists() for r in range(offset, offset + num_local))
+            line = None if done else "this host stopped its ranks"     # done: the news came after the end
+        if line is not None:
+            raise _failure(line, hosts, rdzv.failed(line), me)
+        if node_rank != 0:
+            return None
+        return json.loads((Path(tmp) / "rank0.json").read_text())["records"]
