@@ -328,8 +328,9 @@ def _report(config: RunConfig, prep: _Prepared, res: Any, monitor: StepMonitor, 
                             run_cpu_s=[r["phases_s"]["cpu_s"] for r in ranks] if one_host else None)
     bg = measured.get("background_cores") if one_host and dev == "cpu" else None
     if bg is not None and bg >= BUSY_HOST_CORES:
-        notes.append(f"other processes kept about {bg:.1f} of this host's {os.cpu_count()} cores busy during the timed "
-                     "steps: the measured times are slower than on a quiet host, and the prediction assumes a quiet one")
+        notes.append(f"other processes kept about {bg:.1f} of this host's {os.cpu_count()} cores busy during the "
+                     "timed steps: the measured times are slower than on a quiet host, and the prediction assumes a "
+                     "quiet one")
     notes += [n for n in [speed_moved_note(predicted)] if n and not (dev == "cpu" and prep.gpus)]
     prof_dtype = (prep.profile.meta.get("dtype") if prep.profile is not None else None) or prep.dtype
     if predicted and prof_dtype != prep.dtype:

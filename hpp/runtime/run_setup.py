@@ -38,7 +38,8 @@ from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
-from hpp.runtime.launch.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_endpoint, parse_node_map
+from hpp.runtime.launch.binding import (EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_endpoint,
+                                        parse_node_map)
 from hpp.runtime.checkpoint.store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
                                           read_checkpoint_meta, stored_entries)
 from hpp.runtime.models.api import RuntimeModel, check_tp_degree

@@ -57,9 +57,9 @@ def _agreed_values(config: RunConfig, facts: RunFacts) -> dict[str, Any]:
 
 
 def check_hosts_agree(config: RunConfig, facts: RunFacts, *, node_rank: int) -> None:
-    """Refuse, on every rank of every host, a run whose hosts were given different :data:`AGREED_FLAGS` (collective
-    over the world when ``config.launch.nnodes > 1``: every rank's values are gathered, so every rank raises the same error and
-    none goes on; one host: nothing to compare).
+    """Refuse, on every rank of every host, a run whose hosts were given different :data:`AGREED_FLAGS`
+    (collective over the world when ``config.launch.nnodes > 1``: every rank's values are gathered, so every rank
+    raises the same error and none goes on; one host: nothing to compare).
 
     Raises
     ------

@@ -17,10 +17,9 @@ through a temporary file and a rename, or ``rank<r>.error`` with the reason when
 a half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
 
 Ranks are the plan's: the launcher hands each its plan rank and, on CUDA, the local GPU its plan device has
-(:mod:`hpp.runtime.launch.binding`). Checkpoints
-(:mod:`hpp.runtime.checkpoint.dcp`): ``facts.resume`` loads one after the optimizer is built and the steps continue from its
-step (the data position); ``facts.save_dir`` gets one every ``save_every`` steps and after the last. Steps are numbered
-globally (``steps.jsonl``'s ``step``).
+(:mod:`hpp.runtime.launch.binding`). Checkpoints (:mod:`hpp.runtime.checkpoint.dcp`): ``facts.resume`` loads
+one after the optimizer is built and the steps continue from its step (the data position); ``facts.save_dir``
+gets one every ``save_every`` steps and after the last. Steps are numbered globally (``steps.jsonl``'s ``step``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The fake-tensor world in which the runtime's own code runs without memory (for :mod:`hpp.runtime.profile.stage_memory`).
+"""The fake-tensor world in which the runtime's own code runs without memory
+(for :mod:`hpp.runtime.profile.stage_memory`).
 
 - :func:`fake_world`: a fake default process group (``torch.testing._internal.distributed.fake_pg``,
   backend ``"fake"``): collectives and point-to-point calls do nothing;

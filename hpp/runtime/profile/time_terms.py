@@ -254,7 +254,8 @@ class HostStepTerms:
 
 
 def measure_host_step_terms(*, quick: bool = False) -> HostStepTerms:
-    """:func:`measure_schedule_overhead` on 1 and 2 stages, :func:`~hpp.runtime.profile.host_probe.measure_p2p`, contention.
+    """:func:`measure_schedule_overhead` on 1 and 2 stages, :func:`~hpp.runtime.profile.host_probe.measure_p2p`,
+    contention.
 
     The per-neighbour cost ``p2p_overhead_s`` is the 2-stage fit's per-micro-batch cost minus
     the 1-stage one's (posting and completing a stage's transfers). About 60 s (``quick``: 35 s).
