@@ -10,7 +10,7 @@ from hpp.plan import Plan, plan_to_dict
 from hpp.runtime.config import RunConfig, RunFacts
 from hpp.runtime.exec.training import TrainingConfig
 from hpp.runtime.launch.launchers import LaunchResult, launch_forked, launch_torchrun
-from hpp.runtime.launch.rank_entry import worker_config_json
+from hpp.runtime.launch.launchers import worker_config_json
 
 
 def sgd(lr: float = 0.1, *, dtype: str = "float32", **kw: Any) -> TrainingConfig:

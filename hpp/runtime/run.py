@@ -75,7 +75,7 @@ from hpp.runtime.run_checks import check_device_memory, check_host_memory, check
 from hpp.runtime.timeline import write_timeline_png
 from hpp.runtime.exec.host_agreement import hosts_disagree_error
 from hpp.runtime.exec.training import TrainingConfig
-from hpp.runtime.launch.rank_entry import worker_config_json
+from hpp.runtime.launch.launchers import worker_config_json
 from hpp.wording import count, noun
 
 __all__ = ["RunFailedError", "run_plan", "default_time_scale", "BUSY_HOST_CORES"]

@@ -38,23 +38,49 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hpp.fileio import write_atomic
 from hpp.runtime.launch.processes import INTERRUPT_GRACE_S, die_with_parent, free_port, kill_tree, libc_prctl
+from hpp.plan import plan_from_dict
 from hpp.runtime.config import RunConfig, RunFacts
 from hpp.runtime.exec.worker import worker_main
-from hpp.runtime.launch.rank_entry import MODULE as RANK_ENTRY, rank_binding
+from hpp.runtime.launch.binding import worker_binding
 from hpp.wording import count
 
-__all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "host_label", "POLL_INTERVAL_S"]
+__all__ = ["LaunchResult", "launch_forked", "launch_torchrun", "torchrun_command", "host_label", "POLL_INTERVAL_S",
+           "RANK_ENTRY", "worker_config_json", "read_worker_config", "rank_binding"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two ``poll()`` calls while the ranks run.
 POLL_INTERVAL_S = 0.2
+
+
+#: The training ranks' entry point under torchrun (``python -m RANK_ENTRY CONFIG.json OUT_DIR``).
+RANK_ENTRY = "hpp.runtime.launch.rank_entry"
+
+
+def worker_config_json(config: RunConfig, facts: RunFacts) -> str:
+    """JSON text of the run for its ranks (read back by :func:`read_worker_config`)."""
+    return json.dumps({"config": config.to_dict(), "facts": asdict(facts)})
+
+
+def read_worker_config(path: str | Path) -> tuple[RunConfig, RunFacts]:
+    """Inverse of :func:`worker_config_json`."""
+    data = json.loads(Path(path).read_text())
+    return RunConfig.from_dict(data["config"]), RunFacts(**data["facts"])
+
+
+def rank_binding(config: RunConfig, facts: RunFacts, *, local_rank: int, node_rank: int
+                 ) -> tuple[int, int | None]:
+    """``(plan rank, local GPU index or None)`` of local rank ``local_rank`` on node rank ``node_rank``."""
+    plan = plan_from_dict(facts.plan)
+    b = worker_binding(plan, nnodes=config.launch.nnodes, node_rank=node_rank, local_rank=local_rank,
+                       node_map=facts.node_map)
+    return b.rank, b.local_index if config.launch.device == "cuda" else None
 
 
 def host_label(node_rank: int | None = None) -> str:

@@ -1,59 +1,34 @@
 """What torchrun starts on every host: ``python -m hpp.runtime.launch.rank_entry CONFIG.json OUT_DIR``.
 
 ``CONFIG.json`` holds the run's :class:`~hpp.runtime.config.RunConfig` and :class:`~hpp.runtime.config.RunFacts`
-(:func:`worker_config_json`). This entry point resolves what only this process knows, its binding
-(:func:`hpp.runtime.launch.binding.worker_binding`): under torchrun across several hosts (``nnodes > 1``, static
-rendezvous) local rank ``j`` of node rank ``R`` (torchrun's ``GROUP_RANK``) runs as the binding's plan rank, not
-torchrun's ``RANK``, and a CUDA rank uses the local GPU its plan device has; then it runs
+(:func:`hpp.runtime.launch.launchers.worker_config_json`). This entry point resolves what only this process knows,
+its binding (:func:`hpp.runtime.launch.binding.worker_binding`): under torchrun across several hosts
+(``nnodes > 1``, static rendezvous) local rank ``j`` of node rank ``R`` (torchrun's ``GROUP_RANK``) runs as the
+binding's plan rank, not torchrun's ``RANK``, and a CUDA rank uses the local GPU its plan device has; then it runs
 :func:`hpp.runtime.exec.worker.worker_main`. It dies with torchrun's agent (no orphan rank after a killed launcher).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from hpp.errors import HppInputError
 from hpp.plan import plan_from_dict
-from hpp.runtime.config import RunConfig, RunFacts
 from hpp.runtime.exec.worker import worker_main
-from hpp.runtime.launch.binding import worker_binding
+from hpp.runtime.launch.launchers import RANK_ENTRY, rank_binding, read_worker_config
 from hpp.runtime.launch.processes import die_with_parent
 
-__all__ = ["worker_config_json", "read_worker_config", "rank_binding"]
-
-MODULE = "hpp.runtime.launch.rank_entry"
-
-
-def worker_config_json(config: RunConfig, facts: RunFacts) -> str:
-    """JSON text of the run for its ranks (read back by :func:`read_worker_config`)."""
-    return json.dumps({"config": config.to_dict(), "facts": asdict(facts)})
-
-
-def read_worker_config(path: str | Path) -> tuple[RunConfig, RunFacts]:
-    """Inverse of :func:`worker_config_json`."""
-    data = json.loads(Path(path).read_text())
-    return RunConfig.from_dict(data["config"]), RunFacts(**data["facts"])
-
-
-def rank_binding(config: RunConfig, facts: RunFacts, *, local_rank: int, node_rank: int
-                 ) -> tuple[int, int | None]:
-    """``(plan rank, local GPU index or None)`` of local rank ``local_rank`` on node rank ``node_rank``."""
-    plan = plan_from_dict(facts.plan)
-    b = worker_binding(plan, nnodes=config.launch.nnodes, node_rank=node_rank, local_rank=local_rank,
-                       node_map=facts.node_map)
-    return b.rank, b.local_index if config.launch.device == "cuda" else None
+__all__: list[str] = []          # an entry point: python -m hpp.runtime.launch.rank_entry
 
 
 def _main(argv: list[str]) -> int:
     die_with_parent(signal.SIGKILL)                   # torchrun's agent gone (killed launcher): no orphan rank
     if len(argv) != 2:
-        sys.stderr.write(f"usage: python -m {MODULE} CONFIG.json OUT_DIR\n")
+        sys.stderr.write(f"usage: python -m {RANK_ENTRY} CONFIG.json OUT_DIR\n")
         return 2
     config, facts = read_worker_config(argv[0])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -10,8 +10,8 @@ Every host runs it with its node rank (one host: no flags). In order:
    with torchrun like ``hpp run``'s (:func:`hpp.runtime.launch.launchers.launch_torchrun`, static rendezvous on node
    rank 0's host, ``module=hpp.runtime.network.measure``); node rank 0 prints the measurements as they end;
 4. node rank 0 fits every link (:func:`hpp.runtime.network.links.fit_links`) and writes a version-2 cluster
-   file (:func:`hpp.runtime.network.links.cluster_file`: the hosts as nodes, ``links.intra_node`` per type, ``links.inter_node`` per pair of
-   types, ``links.zones``), read back by :func:`hpp.profiles.cluster_format.cluster_from_dict` before it is
+   file (:func:`hpp.runtime.network.links.cluster_file`: the hosts as nodes, ``links.intra_node`` per type,
+   ``links.inter_node`` per pair of types, ``links.zones``), read back by :func:`hpp.profiles.cluster_format.cluster_from_dict` before it is
    written through a temporary file and a rename; the other hosts get the summary.
 
 A host whose ranks fail learns from the roll call's connections whether another host stopped answering
@@ -170,12 +170,10 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
     emulate_node_type : ``TYPE:COUNT``, CPU only.
     zone : str, optional
         This host's zone (all hosts or none).
-    force : bool
-        Replace an existing ``out``.
+    force : bool, replace an existing ``out``.
     rendezvous_timeout_s, run_timeout_s, group_timeout_s : float
         The roll call's wait for every host, the whole measurement's limit, the process groups' timeout [s].
-    progress : callable, optional
-        Called with each progress line.
+    progress : callable, optional, called with each progress line.
 
     Returns
     -------
@@ -197,22 +195,15 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
                          rdzv_endpoint=rdzv_endpoint)
     if node_rank == 0:
         _check_out(out, force=force)
-    dev, dtype, ndev, memory = detect_host(device=device, emulate=emulate_node_type)
-    if dev == "cpu" and ndev * max(sizes) > _CPU_MEMORY_SHARE * _host_memory_bytes():
-        raise HppInputError(f"{count(ndev, 'rank')} x {max(sizes)} bytes of message buffers exceed half of this "
-                            "host's memory", field="--sizes", fix="give smaller --sizes on CPU")
-    backend = "nccl" if dev == "cuda" else "gloo"
-    settings = {"--sizes": sizes, "--repeats": repeats, "--warmup": warmup, "--nnodes": nnodes, "backend": backend}
-    me = HostInfo(node_rank, socket.gethostname(), dtype, ndev, zone, memory, settings)
+    dev, me = _this_host(device=device, emulate_node_type=emulate_node_type, zone=zone, node_rank=node_rank,
+                         settings={"--sizes": sizes, "--repeats": repeats, "--warmup": warmup, "--nnodes": nnodes})
+    backend, ndev = me.settings["backend"], me.num_devices
     with Rendezvous(rdzv_endpoint, nnodes=nnodes, node_rank=node_rank, timeout_s=rendezvous_timeout_s) as rdzv:
         if nnodes > 1:
             say(f"{me.label}: waiting up to {rendezvous_timeout_s:g} s for the other hosts at {rdzv_endpoint}")
         hosts, port = rdzv.gather(me)
         devices = [h.num_devices for h in hosts]
-        tasks = link_tasks([(h.device_type, h.num_devices, h.zone) for h in hosts])
-        if not tasks:
-            raise HppInputError(f"the cluster has {count(sum(devices), 'device')}: nothing to measure",
-                                field="hosts", fix="measure two devices of one node, or two nodes")
+        tasks = _link_tasks(hosts)
         if node_rank == 0:
             say(f"{count(len(hosts), 'host')} ({', '.join(f'{h.device_type}:{h.num_devices}' for h in hosts)}), "
                 f"{backend}: measuring {count(len(tasks), 'link')} ({', '.join(t.name for t in tasks)}) at "
@@ -227,24 +218,55 @@ def profile_network(*, out: str | Path, sizes_bytes: Sequence[int], repeats: int
             if summary is None:
                 raise _failure("", hosts, rdzv.failed("no summary from node rank 0", wait_s=0.0), me, after=True)
             return summary
-        try:
-            try:
-                fitted = fit_links(tasks, records, devices=devices)
-            except ValueError as exc:
-                raise NetworkProfileError(str(exc), exit_code=1) from None
-            description = (f"measured by hpp profile-network ({backend}, {count(len(hosts), 'host')}, sizes "
-                           f"{sizes[0]}..{sizes[-1]} bytes, {count(repeats, 'repeat')})")
-            d, notes = cluster_file(hosts, fitted, name=name or out.stem, description=description)
-            write_atomic(out, json.dumps(d, indent=1) + "\n")
-        except (NetworkProfileError, HppInputError, OSError) as exc:
-            rdzv.failed(str(exc), wait_s=0.0)
-            raise
+        description = (f"measured by hpp profile-network ({backend}, {count(len(hosts), 'host')}, sizes "
+                       f"{sizes[0]}..{sizes[-1]} bytes, {count(repeats, 'repeat')})")
+        fitted, notes = _write_cluster(out, rdzv, hosts, tasks, records, name=name or out.stem,
+                                       description=description)
         say(f"wrote {out}")
         summary = {"out": str(out), "written_by": me.label, "backend": backend,
                    "hosts": [asdict(h) for h in hosts], "sizes_bytes": sizes, "repeats": repeats, "warmup": warmup,
                    "links": [link_summary(*f) for f in fitted], "notes": notes,
                    "wall_s": time.perf_counter() - t0}
         return rdzv.finish(summary) or summary
+
+
+def _link_tasks(hosts: Sequence[HostInfo]) -> list:
+    """The links to measure between the hosts' devices (:func:`link_tasks`); none is bad input."""
+    tasks = link_tasks([(h.device_type, h.num_devices, h.zone) for h in hosts])
+    if not tasks:
+        raise HppInputError(f"the cluster has {count(sum(h.num_devices for h in hosts), 'device')}: nothing to "
+                            "measure", field="hosts", fix="measure two devices of one node, or two nodes")
+    return tasks
+
+
+def _this_host(*, device: str, emulate_node_type: str | None, zone: str | None, node_rank: int,
+               settings: dict[str, Any]) -> tuple[str, HostInfo]:
+    """``(torch device kind, what this host tells the roll call)``; message buffers must fit half of a CPU host's
+    memory (``settings["--sizes"]`` on each of its ranks)."""
+    dev, dtype, ndev, memory = detect_host(device=device, emulate=emulate_node_type)
+    biggest = max(settings["--sizes"])
+    if dev == "cpu" and ndev * biggest > _CPU_MEMORY_SHARE * _host_memory_bytes():
+        raise HppInputError(f"{count(ndev, 'rank')} x {biggest} bytes of message buffers exceed half of this "
+                            "host's memory", field="--sizes", fix="give smaller --sizes on CPU")
+    settings = {**settings, "backend": "nccl" if dev == "cuda" else "gloo"}
+    return dev, HostInfo(node_rank, socket.gethostname(), dtype, ndev, zone, memory, settings)
+
+
+def _write_cluster(out: Path, rdzv: Rendezvous, hosts: Sequence[HostInfo], tasks: Sequence[Any], records: list, *,
+                   name: str, description: str) -> tuple[list, list[str]]:
+    """Fit the links to node rank 0's records and write the cluster file; ``(the fits, the file's notes)``. A failure
+    is told to the other hosts before it is raised."""
+    try:
+        try:
+            fitted = fit_links(tasks, records, devices=[h.num_devices for h in hosts])
+        except ValueError as exc:
+            raise NetworkProfileError(str(exc), exit_code=1) from None
+        d, notes = cluster_file(hosts, fitted, name=name, description=description)
+        write_atomic(out, json.dumps(d, indent=1) + "\n")
+    except (NetworkProfileError, HppInputError, OSError) as exc:
+        rdzv.failed(str(exc), wait_s=0.0)
+        raise
+    return fitted, notes
 
 
 def _check_flags(*, sizes_bytes: Sequence[int], repeats: int, warmup: int, nnodes: int, node_rank: int,
