@@ -1,7 +1,7 @@
 """The one line ``hpp run`` prints when its ranks fail (:class:`~hpp.runtime.launch.launchers.LaunchResult`),
-with what a host of a multi-host run can tell beyond its own ranks: that another host's ranks stopped (this host's ranks only lost
-their connections to them: gloo's "Connection reset by peer", none died on its own), or that no step started before
-``--run-timeout`` (the other hosts never joined the rendezvous)."""
+with what a host of a multi-host run can tell beyond its own ranks: that another host's ranks stopped (this
+host's ranks only lost their connections to them: gloo's "Connection reset by peer", none died on its own), or
+that no step started before ``--run-timeout`` (the other hosts never joined the rendezvous)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ Every host runs it with its node rank (one host: no flags). In order:
    rank 0's host, ``module=hpp.runtime.network.measure``); node rank 0 prints the measurements as they end;
 4. node rank 0 fits every link (:func:`hpp.runtime.network.links.fit_links`) and writes a version-2 cluster
    file (:func:`hpp.runtime.network.links.cluster_file`: the hosts as nodes, ``links.intra_node`` per type,
-   ``links.inter_node`` per pair of types, ``links.zones``), read back by :func:`hpp.profiles.cluster_format.cluster_from_dict` before it is
-   written through a temporary file and a rename; the other hosts get the summary.
+   ``links.inter_node`` per pair of types, ``links.zones``), read back by
+   :func:`hpp.profiles.cluster_format.cluster_from_dict` before it is written through a temporary file and a
+   rename; the other hosts get the summary.
 
 A host whose ranks fail learns from the roll call's connections whether another host stopped answering
 (:meth:`~hpp.runtime.network.hosts.Rendezvous.failed`): the failure then names that host (exit 2), else
