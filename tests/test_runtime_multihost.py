@@ -174,7 +174,7 @@ def test_raw_torchrun_lines_from_dry_run_run_both_hosts(tmp_path, capsys):
                          "--group-timeout", "30", "--dry-run", str(tmp_path / f"host{r}")])
         out = capsys.readouterr().out.splitlines()[0]
         assert code == 0 and f"-m torch.distributed.run --nnodes=2 --node-rank={r} --rdzv-backend=static " \
-            f"--rdzv-endpoint=127.0.0.1:{port} --nproc-per-node=2 --max-restarts=0 -m hpp.runtime.exec.worker " \
+            f"--rdzv-endpoint=127.0.0.1:{port} --nproc-per-node=2 --max-restarts=0 -m hpp.runtime.launch.rank_entry " \
             f"{tmp_path / f'host{r}' / 'worker_config.json'} {tmp_path / f'host{r}'}" in out, out
         cmds.append(shlex.split(out))
     t0 = time.perf_counter()

@@ -152,7 +152,7 @@ def _worker_of(launcher: subprocess.Popen, local_rank: int) -> int:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"hpp.runtime.exec.worker" in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
+        if b"hpp.runtime.launch.rank_entry" in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
             return pid
     raise AssertionError(f"no worker of local rank {local_rank}")
 

@@ -1,5 +1,9 @@
 """``hpp run`` as a library call: refuse bad input, launch the ranks, measure, compare with the cost model.
 
+:func:`run_plan` takes one :class:`hpp.runtime.config.RunConfig` (built by the CLI from its flags, or in Python
+by :meth:`~hpp.runtime.config.RunConfig.build`); the option names below are its fields. It checks and resolves
+(:func:`_prepare`), launches (:func:`_launch`) and reports (:func:`_report`).
+
 Preconditions checked before any process starts (each an :class:`HppInputError`,
 one line, exit 2 in the CLI): the plan validates against its cluster (and profile
 when it names one); the runtime model (``--model`` NAME or MODULE:FUNCTION, default
