@@ -1,18 +1,18 @@
-"""Regenerate every result of the README, then rewrite its results section from the files.
+"""Regenerate every result of docs/RESULTS.md, then rewrite it (and docs/LAYOUT.md's tree) from the files.
 
     python experiments/run_all.py [--quick]
 
 Runs, in order: scenarios.py (speedups on the bundled scenarios; --quick: up to 40 GPUs, written to
-scenarios_quick.csv, which the README does not read), search_overhead.py
-(--quick: the small sweep, written to search_overhead_quick.csv, which the README does not read; the
+scenarios_quick.csv, which docs/RESULTS.md does not read), search_overhead.py
+(--quick: the small sweep, written to search_overhead_quick.csv, which docs/RESULTS.md does not read; the
 full sweep is `python experiments/search_overhead.py`, 20-30 min, and its CSV is reused when present),
 cost_model_validation.py, network_scenarios.py (one link vs per-pair links), runtime_validation.py (--quick:
-written to runtime_validation_quick.*, which the README does not read).
+written to runtime_validation_quick.*, which docs/RESULTS.md does not read).
 Not rerun here, only read: the memory tables (memory_validation.csv and memory_validation_bf16.csv, which
 `python experiments/memory_validation.py [--dtype bfloat16]` writes, about 6 minutes each on two idle
 cores) and the gap-progress table (gap_progress.csv, `python experiments/gap_progress.py`, about 12 minutes).
 Bounded to about 15 minutes on 2 cores (about 4 with --quick). When a step fails (a non-zero exit) the others
-still run, but the README is not rewritten, and the exit code is the failed step's.
+still run, but docs/RESULTS.md is not rewritten, and the exit code is the failed step's.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Sequence
 
 from hpp.bench.evaluation import results_markdown
+from hpp.fileio import write_atomic
 
 HERE = Path(__file__).resolve().parent
-README = HERE.parent / "README.md"
+RESULTS = HERE.parent / "docs" / "RESULTS.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -42,14 +43,14 @@ def _run(script: str, argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's results section")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite docs/RESULTS.md and docs/LAYOUT.md")
     ap.add_argument("--only", type=lambda v: set(v.split(",")),
                     help="run only these (scenarios,search_overhead,cost_model_validation,network_scenarios,runtime_validation; "
-                         "'none' = just rewrite the README from the files)")
+                         "'none' = just rewrite docs/RESULTS.md from the files)")
     args = ap.parse_args(argv)
     quick = ["--quick"] if args.quick else []
     so_csv = HERE / "results" / "search_overhead.csv"
-    # the README's table reads search_overhead.csv, which a plain --quick run leaves alone
+    # the results table reads search_overhead.csv, which a plain --quick run leaves alone
     plan = [("scenarios", quick), ("search_overhead", quick if args.quick else ["--out", str(so_csv)])
             if args.quick or not so_csv.exists() else None,
             ("cost_model_validation", []), ("network_scenarios", ["--repeats", "1" if args.quick else "3"]),
@@ -63,16 +64,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if code:
                 failed.append(f"{step[0]} (exit {code})")
                 rc = max(rc, code)
-    if failed:        # a failed step's files are old or missing: a README written from them would mix days or lie
-        print(f"run_all: README.md not rewritten: {', '.join(failed)} failed (its error is above); --only STEPS runs "
+    if failed:        # a failed step's files are old or missing: a results page written from them would mix days or lie
+        print(f"run_all: {RESULTS.name} not rewritten: {', '.join(failed)} failed (its error is above); --only STEPS runs "
               f"the others and reads the rest's files as they are", file=sys.stderr)
         return rc
     if not args.no_readme:
-        text = README.read_text()
+        text = RESULTS.read_text()
         if START in text and END in text:
             head, rest = text.split(START, 1)
             _, tail = rest.split(END, 1)
-            README.write_text(f"{head}{START}\n{results_markdown(HERE / 'results')}\n{END}{tail}")
+            write_atomic(RESULTS, f"{head}{START}\n{results_markdown(HERE / 'results')}\n{END}{tail}")
+        _run("layout_tree", ["--write"])
     return rc
 
 

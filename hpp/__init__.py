@@ -10,6 +10,7 @@ The Python API (the ``hpp`` command line calls the same library):
 - :func:`load_cluster` -- a cluster from a JSON file or object (format: ``hpp plan --help``);
 - :func:`load_profile` -- a model profile: a bundled model name or a profile JSON file;
 - :func:`plan` -- the best HPP plan for a cluster, a profile and a global batch size;
+- :func:`write_plan` -- a plan as the JSON file ``hpp estimate`` and ``hpp run`` read;
 - :func:`estimate` -- the cost model's prediction of a plan (iteration time, memory per stage).
 
 Bad input raises :class:`HppInputError` (the message names the file, the field and the fix).
@@ -24,7 +25,7 @@ Examples
 >>> result = hpp.plan(cluster, "OPT-350", global_batch_size=64, workers=1)
 >>> sum(p.num_samples for p in result.plan.pipelines)
 64
->>> result.composition.status in ("OPTIMAL", "FEASIBLE")
+>>> result.search.status in ("OPTIMAL", "FEASIBLE")
 True
 >>> est = hpp.estimate(result.plan, cluster, "OPT-350")
 >>> est.iteration_time_s == result.estimate.iteration_time_s and est.fits_memory
@@ -34,7 +35,7 @@ True
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hpp.errors import HppInputError
 # The submodule hpp.plan (the Plan data) is loaded first: importing a submodule binds its name on the
@@ -42,14 +43,14 @@ from hpp.errors import HppInputError
 # module's names with ``from hpp.plan import Plan`` (``import hpp.plan as m`` would get the function).
 from hpp import plan as _plan_module  # noqa: E402,F401
 from hpp.interop import load_any_plan
-from hpp.plan import Plan
+from hpp.plan import Plan, write_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_from_dict
 from hpp.profiles.cluster_format import load_cluster as _load_cluster_file
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile as _load_profile_file
-from hpp.resolve import load_plan, profile_ref_for, resolve_plan
+from hpp.resolve import load_plan, resolve_plan
 from hpp.scenarios import SCENARIOS, get_scenario
 
 # The search and the cost model (hpp.planner, hpp.baselines, hpp.formulation) load numpy, SciPy and
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from hpp.planner import PlannerResult
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "HppInputError", "load_cluster", "load_profile", "plan", "estimate"]
+__all__ = ["__version__", "HppInputError", "load_cluster", "load_profile", "plan", "write_plan", "estimate"]
 
 
 def load_cluster(source: "str | Path | Mapping[str, Any] | Cluster") -> "Cluster":
@@ -133,12 +134,11 @@ def load_profile(source: "str | Path | ModelProfile") -> "ModelProfile":
 
 
 def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Path | ModelProfile",
-         global_batch_size: int = 1024, *, micro_batch_sizes: Sequence[int] | None = None,
-         max_tp: int | None = None, max_stages: int = 8, max_types_per_pipeline: int = 2,
-         allow_recompute: bool = True, mixed_tp_pipelines: bool = False, time_limit_s: float | None = None,
-         workers: int = 0, seed: int = 0,
-         baselines: bool = False, baseline_time_limit_s: float = 10.0, min_tp: int = 1) -> "PlannerResult":
+         global_batch_size: int = 1024, *, baselines: bool = False, **options: Any) -> "PlannerResult":
     """The HPP plan with the shortest predicted iteration time (what ``hpp plan`` prints).
+
+    The same request as ``hpp plan`` (:func:`hpp.request.build_request` builds it for both, with the same options and
+    defaults, but for ``baselines``, off here: they take up to ``baseline_time_limit_s``).
 
     Parameters
     ----------
@@ -146,56 +146,55 @@ def plan(cluster: "str | Path | Mapping[str, Any] | Cluster", profile: "str | Pa
     profile : as :func:`load_profile` takes it.
     global_batch_size : int
         Samples per iteration, any positive integer.
-    micro_batch_sizes, max_tp, min_tp, max_stages, max_types_per_pipeline, allow_recompute, mixed_tp_pipelines
-        The search space (``hpp plan``'s flags of those names; None = every measured size / TP;
-        ``mixed_tp_pipelines``: stages of one pipeline may have different TP degrees, which
-        ``hpp run`` refuses).
-    time_limit_s : float or None
-        Wall-clock budget [s] of the search: it improves the plan and the bound until then and returns the
-        best found (``hpp plan --time-limit``); None (default): none, the search stops at a small
-        deterministic work limit, so the same input, seed and workers give the same plan.
-    workers : int
-        CP-SAT workers and stage-balance processes (0 = one per core).
-    seed : int
-        CP-SAT's random seed.
     baselines : bool
-        Also run the uniform and single-shape baselines (together within ``baseline_time_limit_s``)
-        and return a baseline's plan where the cost model prices it lower (``stats["seeded_from"]``).
+        Also run the uniform and single-shape baselines (together within ``baseline_time_limit_s``, default
+        10 s) and return a baseline's plan where the cost model prices it lower (``stats["seeded_from"]``).
+    **options
+        The keywords of :func:`hpp.request.build_request`, by ``hpp plan``'s flag names: the search space
+        (``micro_batch_sizes``, ``max_tp``, ``min_tp``, ``max_stages``, ``max_types_per_pipeline``,
+        ``allow_recompute``, ``mixed_tp_pipelines``), the budget (``time_limit_s`` [s] or ``work_limit`` [work
+        units]; neither: a small deterministic budget, so the same input gives the same plan), the solver
+        (``solver``, ``workers`` (0 = one per core), ``seed``, ``cpsat_params``, ``cpsat_on_subset``,
+        ``type_classes``), the cost model (``memory_headroom``, ``optimizer``), ``baseline_time_limit_s``, and a
+        re-plan (``exclude_devices``, ``exclude_nodes``, ``previous``: a plan of ``cluster``).
 
     Returns
     -------
     PlannerResult
-        ``.plan`` (write it with :func:`hpp.plan.write_plan_json`), ``.estimate`` (the cost model's
-        prediction), ``.search`` (status, objective = the plan's predicted time, bound, gap, source;
-        ``.composition`` is its old name), ``.wall_s``, ``.stats``.
+        ``.plan`` (write it with :func:`write_plan`), ``.estimate`` (the cost model's prediction), ``.search``
+        (status, objective = the plan's predicted time, bound, gap, source), ``.wall_s``, ``.stats``.
 
     Raises
     ------
     HppInputError
-        Bad input (see :func:`load_cluster`, :func:`load_profile`) or a bad search-space value.
+        Bad input (see :func:`load_cluster`, :func:`load_profile`), an unknown option or a bad value.
     InfeasibleError
         No plan fits memory (the message says by how much the best shape falls short).
     """
-    from hpp.formulation.candidates import SearchSpace                   # lazy: numpy/OR-Tools (see the top)
-    from hpp.formulation.composition.settings import SolverSettings
-    from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
+    import inspect
 
-    cl, prof = load_cluster(cluster), load_profile(profile)
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-        raise HppInputError(f"global_batch_size={global_batch_size!r}", field="global_batch_size",
-                            fix="give a positive integer number of samples")
-    space = SearchSpace(micro_batch_sizes=tuple(micro_batch_sizes) if micro_batch_sizes else None, max_tp=max_tp,
-                        max_stages=max_stages, max_types_per_pipeline=max_types_per_pipeline,
-                        allow_recompute=allow_recompute, mixed_tp_pipelines=mixed_tp_pipelines, min_tp=min_tp)
-    config = PlannerConfig(space=space, solver=SolverSettings(max_time_in_seconds=time_limit_s,
-                                                              num_workers=workers, random_seed=seed))
-    seeds = None
-    if baselines:
-        from hpp.baselines.single_shape import run_baselines                # lazy: numpy
-        check_micro_batch_sizes(cl, prof, space)
-        found = run_baselines(cl, prof, global_batch_size, space=space, time_budget_s=baseline_time_limit_s)
-        seeds = {k: b.plan for k, b in found.items() if b.plan is not None}
-    return plan_hpp(cl, prof, global_batch_size, config=config, profile_ref=profile_ref_for(prof), seed_plans=seeds)
+    from hpp.request import build_request, run_request          # lazy: numpy/OR-Tools (see the top)
+
+    known = set(inspect.signature(build_request).parameters) - {"cluster", "profile", "global_batch_size",
+                                                                 "baselines", "profile_ref"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise HppInputError(f"unknown option {unknown[0]!r} of hpp.plan", field=unknown[0],
+                            fix=f"use one of {', '.join(sorted(known))}")
+    request = build_request(load_cluster(cluster), load_profile(profile), global_batch_size, baselines=baselines,
+                            **options)
+    return run_request(request).result
+
+
+def write_plan(plan_: Plan, path: "str | Path") -> None:
+    """Write ``plan_`` as an ``hpp-plan`` JSON file (what ``hpp estimate`` and ``hpp run`` read), atomically.
+
+    Raises
+    ------
+    OSError
+        The folder of ``path`` is missing or not writable.
+    """
+    write_plan_json(plan_, path)
 
 
 def estimate(plan_or_path: "Plan | str | Path", cluster: "str | Path | Mapping[str, Any] | Cluster | None" = None,

@@ -16,11 +16,11 @@ from typing import Any, Sequence
 
 from dataclasses import replace
 
+from hpp.baselines import DEFAULT_BASELINE_TIME_LIMIT_S
 from hpp.cli_bundled import add_bundled_commands
-from hpp.cli_inputs import (DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs,
-                            solver_settings)
-from hpp.cli_output import (estimate_header, estimate_json, idle_alternative, idle_devices_note, named_solver_note, num,
-                            plan_source, optimality_tolerance, print_estimate, print_memory_breakdown, status_text)
+from hpp.cli_inputs import DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs
+from hpp.cli_output import (baselines_json, estimate_header, estimate_json, idle_alternative, idle_devices_note,
+                            named_solver_note, print_estimate, print_memory_breakdown, print_plan_report, search_json)
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
@@ -28,8 +28,7 @@ from hpp.plan import plan_to_dict, write_plan_json
 from hpp.profiles.bundled import bundled_models
 from hpp.profiles.cluster_notes import cluster_notes
 from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP
-from hpp.resolve import profile_ref_for
-from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory, validate_plan
+from hpp.validate import OVER_MEMORY_FLAG, check_fits_memory
 from hpp.wording import count
 
 # The search (hpp.planner, hpp.replan, hpp.baselines, hpp.formulation's candidates, cost model and solver
@@ -41,57 +40,50 @@ __all__ = ["main"]
 
 log = logging.getLogger("hpp")
 
-#: Default ``--baseline-time-limit`` [s]: both baselines together (and ``hpp plan`` on 4,096 GPUs in < 30 s).
-DEFAULT_BASELINE_TIME_LIMIT_S = 10.0
 
 
 # ----------------------------------------------------------------------------- commands
 
 
-def _seed_from_previous(inp, seeds: dict, say) -> float:
-    """Add the surviving pipelines of ``--previous`` to ``seeds`` (as "previous"); returns the time taken [s]."""
-    if inp.previous is None:
-        return 0.0
-    from hpp.replan import SEED_NAME, seed_from_previous    # lazy: numpy/OR-Tools (see the module top)
-    t = time.perf_counter()
-    ids = inp.id_map if inp.id_map is not None else {d.device_id: d.device_id for d in inp.cluster.devices}
-    seed = seed_from_previous(inp.previous, inp.full_cluster, inp.cluster, ids, inp.profile, inp.global_batch_size)
-    if seed is not None:
-        seeds[SEED_NAME] = seed
-    survive = len(seed.pipelines) if seed else 0
-    say(f"--previous: {survive} of its {count(len(inp.previous.pipelines), 'pipeline')} "
-        f"{'survives' if survive == 1 else 'survive'} "
-        f"as a seed ({time.perf_counter() - t:.2f} s)")
-    return time.perf_counter() - t
-
-
-def _replan_json(inp, res, seed_s: float) -> dict[str, Any] | None:
+def _replan_json(req, res, seed_s: float) -> dict[str, Any] | None:
     """``search.replan`` of the JSON output (None without --exclude-*/--previous)."""
-    if not inp.excluded and inp.previous is None:
+    if not req.excluded and req.previous is None:
         return None
     from hpp.replan import SEED_NAME    # lazy: numpy/OR-Tools
-    return {"excluded_device_ids": sorted(inp.excluded), "devices_before": inp.full_cluster.num_devices,
-            "devices_after": inp.cluster.num_devices,
-            "device_map": {str(k): v for k, v in (inp.id_map or {}).items()},
+    return {"excluded_device_ids": sorted(req.excluded), "devices_before": (req.full_cluster or req.cluster).num_devices,
+            "devices_after": req.cluster.num_devices,
+            "device_map": {str(k): v for k, v in (req.id_map or {}).items()},
             "seeded_from_previous": res.stats.get("seeded_from") == SEED_NAME,
             "seed_s": seed_s, "wall_s": seed_s + res.wall_s}
 
 
+def _request(args, inp):
+    """The :class:`~hpp.request.PlanRequest` of ``hpp plan``'s flags (the same builder as :func:`hpp.plan`)."""
+    from hpp.request import build_request     # lazy: numpy/OR-Tools (see the module top)
+
+    return build_request(
+        inp.cluster, inp.profile, inp.global_batch_size, micro_batch_sizes=args.micro_batch_sizes, max_tp=args.max_tp,
+        min_tp=args.min_tp, max_stages=args.max_stages, max_types_per_pipeline=args.max_types_per_pipeline,
+        allow_recompute=not args.no_recompute, mixed_tp_pipelines=args.mixed_tp_pipelines, solver=args.solver,
+        time_limit_s=args.time_limit, work_limit=args.work_limit, workers=args.workers, seed=args.seed,
+        cpsat_params=args.cpsat_params, cpsat_on_subset=args.cpsat_on_subset, type_classes=args.type_classes,
+        memory_headroom=args.memory_headroom, optimizer=args.optimizer, baselines=not args.no_baselines,
+        baseline_time_limit_s=args.baseline_time_limit, exclude_devices=inp.exclude_devices,
+        exclude_nodes=inp.exclude_nodes, previous=inp.previous)
+
+
 def cmd_plan(args) -> int:
-    from hpp.baselines.single_shape import run_baselines      # lazy: numpy/OR-Tools (see the module top)
-    from hpp.formulation.candidates import SearchSpace
-    from hpp.planner import PlannerConfig, check_micro_batch_sizes, plan_hpp
-    from hpp.replan import SEED_NAME
+    from hpp.planner import check_micro_batch_sizes     # lazy: numpy/OR-Tools (see the module top)
+    from hpp.request import run_request
 
     t0 = time.perf_counter()
     inp = plan_inputs(args)
-    cluster, profile, gbs, name, said = inp.cluster, inp.profile, inp.global_batch_size, inp.name, inp.said
-    space = SearchSpace(micro_batch_sizes=tuple(args.micro_batch_sizes) if args.micro_batch_sizes else None,
-                        max_tp=args.max_tp, max_stages=args.max_stages, allow_recompute=not args.no_recompute,
-                        max_types_per_pipeline=args.max_types_per_pipeline, min_tp=args.min_tp,
-                        mixed_tp_pipelines=args.mixed_tp_pipelines)
-    settings = solver_settings(args)     # a --solver named explicitly runs on up to 200 candidates
-    planner = PlannerConfig(space=space, solver=settings, cost=_cost_config(args))
+    profile, gbs, name, said = inp.profile, inp.global_batch_size, inp.name, inp.said
+    request = _request(args, inp)
+    cluster, space = request.cluster, request.planner.space
+    if request.excluded:
+        said.append(f"the cluster without devices {','.join(map(str, sorted(request.excluded)))}: "
+                    f"{inp.cluster.num_devices} -> {cluster.num_devices} devices, renumbered node by node")
     try:
         left_out = left_out_types(cluster, profile, space)
     except HppInputError as e:
@@ -99,7 +91,7 @@ def cmd_plan(args) -> int:
             raise
         raise HppInputError(f"{e.message} (--profile {args.profile})", field=e.field, fix=e.fix) from None
     notes = cluster_notes(cluster) + list(left_out.values()) + [n for n in [max_tp_note(cluster, profile, space)] if n]
-    check_micro_batch_sizes(cluster, profile, space)      # refused before the baselines run
+    check_micro_batch_sizes(cluster, profile, space)      # refused before any progress line
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda msg: print(f"[hpp plan] {msg}", file=sys.stderr, flush=True))
     say = progress or (lambda _msg: None)
@@ -108,22 +100,8 @@ def cmd_plan(args) -> int:
         say(f"using {line}")
     for line in notes:
         say(f"note: {line}")
-    t_base = time.perf_counter()
-    if not args.no_baselines:
-        say(f"baselines (together at most {args.baseline_time_limit:g} s; --baseline-time-limit S, "
-            f"--no-baselines)")
-    baselines = {} if args.no_baselines else run_baselines(cluster, profile, gbs, space=space, config=planner.cost,
-                                                                 time_budget_s=args.baseline_time_limit,
-                                                                 progress=progress)
-    base_s = time.perf_counter() - t_base
-    seeds = {k: b.plan for k, b in baselines.items() if b.plan is not None}
-    seed_s = _seed_from_previous(inp, seeds, say)
-    det = settings.work_budget                          # the --cpsat-params override's limit where it sets one
-    say(f"HPP search ({settings.solver}; " + (f"wall-clock budget {args.time_limit:g} s)" if args.time_limit else
-        f"deterministic: a budget of {det:g} work units; --time-limit S or --work-limit UNITS: more)"))
-    res = plan_hpp(cluster, profile, gbs, config=planner, profile_ref=profile_ref_for(profile), progress=progress,
-                   seed_plans=seeds)
-    validate_plan(res.plan, cluster, profile, source="<planner output>")
+    outcome = run_request(request, progress=progress)
+    res = outcome.result
     predicted = {"iteration_time_s": res.estimate.iteration_time_s,
                  "throughput_samples_per_s": res.estimate.throughput_samples_per_s,
                  "throughput_tokens_per_s": res.estimate.throughput_tokens_per_s,
@@ -131,59 +109,22 @@ def cmd_plan(args) -> int:
     plan = replace(res.plan, predicted=predicted)
     if args.out:
         write_plan_json(plan, args.out)
-    comp = res.composition
-    source, source_line = plan_source(res.stats, comp)
     idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()),
                              predicted_s=res.estimate.iteration_time_s,
                              alternative=idle_alternative(res, cluster, gbs))
-    notes += [n for n in (idle, named_solver_note(args.solver, comp, args.cpsat_params)) if n]
-    search = {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
-              "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
-              "solver_status": comp.solver_status or None, "solver_model_objective_s": num(comp.solver_model_objective_s),
-              "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
-              "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates, "baselines_s": base_s,
-              "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
-              "idle_alternative": idle_alternative(res, cluster, gbs),
-              "replan": _replan_json(inp, res, seed_s),
-              "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
-    base_json = {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
-                     "speedup_of_hpp": num(b.iteration_time_s / res.estimate.iteration_time_s)
-                     if b.iteration_time_s else None, "wall_s": b.wall_s, "description": b.description,
-                     "feasible": b.feasible, "candidates": b.candidates}
-                 for k, b in baselines.items()}
+    notes += [n for n in (idle, named_solver_note(args.solver, res.search, args.cpsat_params)) if n]
     if args.json:
         out = {"scenario": name, "model": profile.model, "global_batch_size": gbs, "notes": notes,
-               "predicted": estimate_json(res.estimate), "search": search,
-               "baselines": base_json, "plan": plan_to_dict(plan)}   # the summary first, the long plan last
+               "predicted": estimate_json(res.estimate),
+               "search": search_json(outcome, plan, cluster, gbs, replan=_replan_json(request, res, outcome.seed_s)),
+               "baselines": baselines_json(outcome), "plan": plan_to_dict(plan)}   # the summary first, the plan last
         print(json.dumps(out, indent=1))
         return 0
-    print(f"HPP plan for {profile.model} on {name}: {count(cluster.num_devices, 'device')} "
-          f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), global batch {gbs}")
-    print_estimate(res.estimate, plan)
-    how = f" ({comp.note})" if comp.note else ""
-    ran = comp.solver == "heuristic" or bool(comp.solver_status)    # "cp-sat FEASIBLE" would read as CP-SAT's answer
-    print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {status_text(comp)}, "
-          f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
-          f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
-          f"{comp.num_candidates} of {count(res.stats['num_candidates'], 'candidate')} left after the incumbent "
-          f"bound{how}"
-          f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
-    print(source_line)
-    if inp.excluded or inp.previous is not None:
-        print(f"re-plan: {inp.full_cluster.num_devices} -> {count(cluster.num_devices, 'device')} in "
-              f"{seed_s + res.wall_s:.2f} s"
-              f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
-    for k, b in baselines.items():
-        if b.feasible:
-            print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter, HPP speedup "
-                  f"{b.iteration_time_s / res.estimate.iteration_time_s:.2f}x ({b.description})")
-        else:
-            print(f"baseline {k:>12}: no feasible plan ({b.description})")
-    for line in notes:
-        print(f"note: {line}")
-    if args.out:
-        print(f"plan written to {args.out}")
-    say(f"done in {time.perf_counter() - t0:.1f} s (baselines {base_s:.1f} s, HPP search {res.wall_s:.1f} s)")
+    replanned = request.excluded or request.previous is not None
+    print_plan_report(outcome, plan, cluster, name, profile.model, notes,
+                      replanned_from=inp.cluster if replanned else None, out=args.out)
+    say(f"done in {time.perf_counter() - t0:.1f} s (baselines {outcome.baselines_s:.1f} s, "
+        f"HPP search {res.wall_s:.1f} s)")
     return 0
 
 
@@ -249,7 +190,20 @@ def _parser() -> argparse.ArgumentParser:
                 epilog="Global options (-v, -vv) go before the command: hpp -v run PLAN.json --steps 1")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
     sub = ap.add_subparsers(dest="command", required=True)
+    _add_plan_parser(sub)
+    _add_estimate_parser(sub)
+    add_bundled_commands(sub)
+    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
+    sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
+    sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
+    sub.add_parser("profile-network", help="measure the cluster's links into a cluster file (hpp profile-network --help)")
+    sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
+    sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
+    return ap
 
+
+def _add_plan_parser(sub) -> None:
+    """``hpp plan``'s flags (the names :func:`hpp.request.build_request` takes)."""
     p = sub.add_parser("plan", help="search the best HPP plan (no arguments: the bundled default scenario)",
                        formatter_class=DefaultsRawFormatter, epilog=_PLAN_EPILOG + CLUSTER_FORMAT_HELP)
     p.add_argument("--scenario", help="a bundled scenario (see `hpp scenarios`; default opt350-a100x8-v100x8)")
@@ -282,9 +236,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with more candidates than the exact solver's limit (16 at the default budget, 200 with a "
                         "larger max_deterministic_time or a --solver named), still run it on the best ones (it may "
                         "improve the plan but cannot certify it; default: skip it there)")
-    p.add_argument("--solver", choices=["cp-sat", "milp", "heuristic", "greedy"],
+    p.add_argument("--solver", choices=["cp-sat", "milp", "heuristic"],
                    help="composition solver (default: cp-sat, on up to 16 candidates at the default budget; an exact "
-                        "solver named here runs on up to 200; greedy: the old name of heuristic)")
+                        "solver named here runs on up to 200)")
     p.add_argument("--type-classes", action="store_true",
                    help="also bound the plans by the GPU types their pipelines share (smaller gap, ~1.4x search time)")
     p.add_argument("--cpsat-params", metavar="TEXT",
@@ -310,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_plan)
 
+
+def _add_estimate_parser(sub) -> None:
+    """``hpp estimate``'s flags."""
     e = sub.add_parser("estimate", help="validate a plan and predict its iteration time and memory")
     e.add_argument("plan", type=Path)
     e.add_argument("--model", help="bundled profile to use instead of the plan's")
@@ -326,16 +283,6 @@ def _parser() -> argparse.ArgumentParser:
                         "exit 2, naming the stage and the shortfall)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_estimate)
-
-    add_bundled_commands(sub)
-
-    # listed for `hpp --help` only: main() hands these to hpp.runtime.cli / hpp.bench.cli before parsing
-    sub.add_parser("run", help="execute a plan with torch.distributed (hpp run --help)")
-    sub.add_parser("profile", help="measure a model's per-layer profile (hpp profile --help)")
-    sub.add_parser("profile-network", help="measure the cluster's links into a cluster file (hpp profile-network --help)")
-    sub.add_parser("instances", help="the solver-benchmark instance library: list|export|generate|solve")
-    sub.add_parser("bench-solvers", help="every solver on every instance of a suite (--suite quick|full)")
-    return ap
 
 
 _DISPATCHED = ("run", "profile", "profile-network", "instances", "bench-solvers")

@@ -11,9 +11,9 @@ the search's settings. Every refusal is an :class:`~hpp.errors.HppInputError` na
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hpp.errors import HppInputError
 from hpp.fileio import folder_writable
@@ -29,7 +29,7 @@ from hpp.scenarios import DEFAULT_SCENARIO, get_scenario
 
 __all__ = ["PlanInputs", "plan_inputs", "check_plan_args", "check_writable", "left_out_types", "max_tp_note",
            "estimate_inputs",
-           "solver_settings", "DEFAULT_GBS"]
+           "DEFAULT_GBS"]
 
 #: Global batch [samples] of ``hpp plan --cluster FILE`` without ``--gbs``.
 DEFAULT_GBS = 1024
@@ -42,17 +42,13 @@ class PlanInputs:
     Attributes
     ----------
     cluster, profile, global_batch_size, name
-        What is planned (``cluster`` without the excluded devices, renumbered node by node).
+        What is planned (``cluster`` with every device: :func:`hpp.request.build_request` leaves the excluded out).
     said : list of str
         One line per default or derived input used (printed as progress lines).
-    full_cluster : Cluster
-        The cluster before ``--exclude-devices`` / ``--exclude-nodes`` (``cluster`` when none).
-    excluded : frozenset of int
-        Excluded device ids of ``full_cluster``.
-    id_map : dict or None
-        Old device id -> new one (None when nothing is excluded).
+    exclude_devices, exclude_nodes : tuple of int
+        ``--exclude-devices`` / ``--exclude-nodes``, parsed.
     previous : Plan or None
-        The ``--previous`` plan (of ``full_cluster``).
+        The ``--previous`` plan (of ``cluster``).
     """
 
     cluster: Any
@@ -60,9 +56,8 @@ class PlanInputs:
     global_batch_size: int
     name: str
     said: list[str] = field(default_factory=list)
-    full_cluster: Any = None
-    excluded: frozenset = frozenset()
-    id_map: Mapping[int, int] | None = None
+    exclude_devices: tuple[int, ...] = ()
+    exclude_nodes: tuple[int, ...] = ()
     previous: Any = None
 
 
@@ -182,15 +177,12 @@ def plan_inputs(args) -> PlanInputs:
     """
     check_plan_args(args)
     inp = _base_inputs(args)
-    inp.full_cluster = inp.cluster
     if args.exclude_devices or args.exclude_nodes:
-        from hpp.replan import excluded_ids, parse_id_list, shrink_cluster    # lazy: numpy/OR-Tools
-        devices = parse_id_list(args.exclude_devices, field_name="--exclude-devices") if args.exclude_devices else ()
-        nodes = parse_id_list(args.exclude_nodes, field_name="--exclude-nodes") if args.exclude_nodes else ()
-        inp.excluded = excluded_ids(inp.cluster, devices=devices, nodes=nodes)
-        inp.cluster, inp.id_map = shrink_cluster(inp.cluster, inp.excluded)
-        inp.said.append(f"the cluster without devices {','.join(map(str, sorted(inp.excluded)))}: "
-                        f"{inp.full_cluster.num_devices} -> {inp.cluster.num_devices} devices, renumbered node by node")
+        from hpp.replan import parse_id_list    # lazy: numpy/OR-Tools
+        if args.exclude_devices:
+            inp.exclude_devices = parse_id_list(args.exclude_devices, field_name="--exclude-devices")
+        if args.exclude_nodes:
+            inp.exclude_nodes = parse_id_list(args.exclude_nodes, field_name="--exclude-nodes")
     if args.previous and inp.previous is None:
         inp.previous = plan_from_dict(read_plan_json(args.previous), source=str(args.previous))
     return inp
@@ -198,7 +190,7 @@ def plan_inputs(args) -> PlanInputs:
 
 def left_out_types(cluster, profile, space) -> dict[str, str]:
     """Device types the search leaves out because none of their measured TP degrees is usable, with why
-    (issue 20.8: the other types are planned; the input is refused only when none is left)."""
+    (the other types are planned; the input is refused only when none is left)."""
     from hpp.formulation.candidates import runnable_tp_degrees, stage_kinds    # lazy: numpy
 
     kinds = stage_kinds(cluster, profile, space)
@@ -235,27 +227,6 @@ def max_tp_note(cluster, profile, space) -> str | None:
     return (f"--max-tp {space.max_tp} is a cap, not a TP degree: {profile.model} is profiled at TP {measured} on "
             f"{', '.join(types)}; the search uses TP {used} (measured, at most {space.max_tp}, fitting a node and "
             f"dividing the heads)")
-
-
-def solver_settings(args):
-    """The search's :class:`~hpp.formulation.composition.settings.SolverSettings` from ``hpp plan``'s flags.
-
-    An exact solver named with ``--solver`` (``cp-sat``, ``milp``) is run on up to
-    :data:`~hpp.formulation.composition.settings.MAX_CANDIDATES` candidates even at the default budget, whose
-    limit is :data:`~hpp.formulation.composition.settings.SMALL_BUDGET_MAX_CANDIDATES`: who names a solver
-    expects it to run. Without ``--solver`` (None): CP-SAT with the budget's limit, as before.
-    """
-    from hpp.formulation.composition.settings import DEFAULT_SOLVER, MAX_CANDIDATES, SolverSettings  # lazy: OR-Tools
-
-    named_exact = args.solver in ("cp-sat", "milp")
-    work = getattr(args, "work_limit", None)
-    settings = SolverSettings(solver=args.solver or DEFAULT_SOLVER, max_time_in_seconds=args.time_limit,
-                              num_workers=args.workers, random_seed=args.seed, cpsat_on_subset=args.cpsat_on_subset,
-                              cpsat_params=args.cpsat_params or "", type_classes=bool(getattr(args, "type_classes", False)),
-                              **({"deterministic_time": work} if work is not None else {}))
-    if named_exact and not settings.budgeted:       # with a budget the exact solver sees every candidate anyway
-        settings = replace(settings, max_candidates=MAX_CANDIDATES)
-    return settings
 
 
 def estimate_inputs(args) -> tuple[Any, Any, Any]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from hpp.wording import count
 
 __all__ = ["optimality_tolerance", "status_text", "estimate_header", "block_forms", "print_memory_breakdown", "num",
-           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_alternative", "idle_devices_note", "named_solver_note"]
+           "estimate_json", "print_estimate", "index_ranges", "plan_source", "idle_alternative", "idle_devices_note", "named_solver_note",
+           "search_json", "baselines_json", "print_plan_report"]
 
 
 def num(x: Any) -> Any:
@@ -276,3 +277,71 @@ def named_solver_note(named: str | None, comp, cpsat_params: str | None = None) 
         return None
     return (f"--solver {named} did not run: {comp.note}; add --cpsat-on-subset to run it on the best ones (it may "
             f"improve the plan, its bound does not count)")
+
+
+def search_json(outcome, plan, cluster, gbs: int, *, replan: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``search`` of ``hpp plan --json`` (docs/CONTRACT.md): the returned plan's figures and where it came from.
+
+    ``outcome``: :class:`~hpp.request.PlanOutcome`; ``plan``: the plan written (with its ``predicted`` block);
+    ``replan``: ``search.replan`` (None without ``--exclude-*`` / ``--previous``).
+    """
+    res = outcome.result
+    comp = res.search
+    source, _ = plan_source(res.stats, comp)
+    return {"wall_s": res.wall_s, "status": comp.status, "gap": num(comp.gap), "objective_s": num(comp.objective_s),
+            "bound_s": num(comp.bound_s), "bound_method": comp.bound_method, "solver": comp.solver,
+            "solver_status": comp.solver_status or None, "solver_model_objective_s": num(comp.solver_model_objective_s),
+            "note": comp.note or None, **optimality_tolerance(), "solve_s": comp.wall_s, "source": source,
+            "hit_time_limit": comp.hit_time_limit, "num_candidates": comp.num_candidates,
+            "baselines_s": outcome.baselines_s, "idle_devices": cluster.num_devices - len(set(plan.device_ids)),
+            "idle_alternative": idle_alternative(res, cluster, gbs), "replan": replan,
+            "stats": {k: (num(v) if isinstance(v, float) else v) for k, v in res.stats.items()}}
+
+
+def baselines_json(outcome) -> dict[str, Any]:
+    """``baselines`` of ``hpp plan --json``: per baseline its predicted time, HPP's speedup over it, its search."""
+    t = outcome.result.estimate.iteration_time_s
+    return {k: {"iteration_time_s": num(b.iteration_time_s), "throughput_samples_per_s": num(b.throughput),
+                "speedup_of_hpp": num(b.iteration_time_s / t) if b.iteration_time_s else None, "wall_s": b.wall_s,
+                "description": b.description, "feasible": b.feasible, "candidates": b.candidates}
+            for k, b in outcome.baselines.items()}
+
+
+def print_plan_report(outcome, plan, cluster, name: str, model: str, notes: Sequence[str], *, replanned_from=None,
+                      out: str | None = None) -> None:
+    """``hpp plan``'s text output: the plan table, the search line, where the plan came from, the baselines, notes.
+
+    ``replanned_from``: the cluster before ``--exclude-*`` (given with ``--exclude-*`` or ``--previous``: a
+    ``re-plan`` line); ``out``: the plan file written, if any.
+    """
+    from hpp.replan import SEED_NAME          # lazy: numpy/OR-Tools (see hpp.cli's module top)
+
+    res = outcome.result
+    comp = res.search
+    print(f"HPP plan for {model} on {name}: {count(cluster.num_devices, 'device')} "
+          f"({', '.join(f'{n} x {t}' for t, n in sorted(cluster.count_by_type().items()))}), "
+          f"global batch {plan.global_batch_size}")
+    print_estimate(res.estimate, plan)
+    how = f" ({comp.note})" if comp.note else ""
+    ran = comp.solver == "heuristic" or bool(comp.solver_status)    # "cp-sat FEASIBLE" would read as CP-SAT's answer
+    print(f"search: {res.wall_s:.2f} s, solver {comp.solver}{'' if ran else ' not run'}, status {status_text(comp)}, "
+          f"objective {comp.objective_s:.4f} s (the returned plan's predicted time), bound {comp.bound_s:.4f} s "
+          f"({'LP and copy bound' if comp.bound_method == 'lp' else comp.bound_method}), gap {comp.gap:.2%}, "
+          f"{comp.num_candidates} of {count(res.stats['num_candidates'], 'candidate')} left after the incumbent "
+          f"bound{how}"
+          f"{'; the wall-clock limit stopped the solver' if comp.hit_time_limit else ''}")
+    print(plan_source(res.stats, comp)[1])
+    if replanned_from is not None:
+        print(f"re-plan: {replanned_from.num_devices} -> {count(cluster.num_devices, 'device')} in "
+              f"{outcome.seed_s + res.wall_s:.2f} s"
+              f"{' (the --previous seed was returned)' if res.stats.get('seeded_from') == SEED_NAME else ''}")
+    for k, b in outcome.baselines.items():
+        if b.feasible:
+            print(f"baseline {k:>12}: {b.iteration_time_s:.3f} s/iter, HPP speedup "
+                  f"{b.iteration_time_s / res.estimate.iteration_time_s:.2f}x ({b.description})")
+        else:
+            print(f"baseline {k:>12}: no feasible plan ({b.description})")
+    for line in notes:
+        print(f"note: {line}")
+    if out:
+        print(f"plan written to {out}")

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import json
 import os
+import tempfile
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
@@ -96,38 +98,43 @@ def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, form
 
 
 def write_atomic(path: str | PathLike, data: str | bytes | Callable[[Path], None]) -> None:
-    """Write ``path`` through ``path.tmp`` and a rename: a reader never sees it half-written, and a failed write
-    leaves neither ``path.tmp`` nor a changed ``path`` behind.
+    """Write ``path`` through a temporary file beside it and a rename: a reader never sees it half-written, and a
+    failed write leaves neither the temporary file nor a changed ``path`` behind.
 
-    ``data``: the text or bytes, or a function that writes the file at the temporary path it is given (a CSV
-    writer, ``torch.save``, a figure's ``savefig`` with an explicit format).
+    ``data``: the text or bytes, or a function that writes the file at the temporary path it is given
+    (``torch.save``, a figure's ``savefig`` with an explicit format).
+
+    Raises
+    ------
+    OSError
+        The folder is missing or not writable, or the disk is full (``path`` is then unchanged).
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        elif isinstance(data, str):
-            tmp.write_text(data)
+        if callable(data):
+            os.close(fd)
+            data(Path(tmp))
         else:
-            data(tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+            with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes)
+                                                                            else {"newline": ""})) as f:
+                f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_rows_csv(rows: Iterable[Mapping[str, Any]], path: str | PathLike, *, columns: Sequence[str]) -> None:
     """Write ``rows`` (mappings with the keys ``columns``) as CSV, header ``columns``, via a temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(columns))
-            w.writeheader()
-            for r in rows:
-                w.writerow(r)
-    write_atomic(path, write)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(columns))
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    write_atomic(path, buf.getvalue())
 
 
 def write_dataclass_csv(rows: Sequence[Any], path: str | PathLike, *, row_type: type | None = None) -> None:

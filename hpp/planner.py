@@ -23,7 +23,6 @@ from hpp.formulation.binding import build_plan
 from hpp.formulation.candidates import SearchSpace, build_candidates_bounded, stage_kinds
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.composition import CompositionProblem, SyncFloor
-from hpp.formulation.collectives import pipeline_link
 from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
@@ -37,14 +36,9 @@ from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.composition.solve import SolveResult, certify, solve
 from hpp.wording import count
 
-__all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "pipeline_link", "make_problem", "check_micro_batch_sizes",
-           "SOLVERS"]
+__all__ = ["PlannerConfig", "PlannerResult", "plan_hpp", "make_problem", "check_micro_batch_sizes"]
 
 log = logging.getLogger(__name__)
-
-#: Deprecated: solver names (see :data:`hpp.formulation.composition.solve.SOLVER_NAMES`; ``greedy`` = ``heuristic``).
-SOLVERS = ("cp-sat", "milp", "heuristic", "greedy")
-
 
 @dataclass(frozen=True)
 class PlannerConfig:
@@ -110,11 +104,6 @@ class PlannerResult:
     #: the composition problem the search solved (candidates and the cost-model estimator), for follow-up
     #: questions such as :func:`plan_using_idle_devices`
     problem: "CompositionProblem | None" = field(default=None, repr=False, compare=False)
-
-    @property
-    def composition(self) -> SolveResult:
-        """Deprecated name of :attr:`search`."""
-        return self.search
 
 
 def make_problem(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
@@ -262,7 +251,7 @@ def memory_shortfall_message(cluster: Cluster, profile: ModelProfile, cache: Sta
 def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
              config: PlannerConfig | CostModelConfig | None = None, space: SearchSpace | None = None,
              pruning: PruningOptions | None = None, settings: SolverSettings | None = None,
-             solver: str | None = None, profile_ref: Mapping[str, Any] | None = None,
+             profile_ref: Mapping[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
              seed_plans: Mapping[str, Plan] | None = None) -> PlannerResult:
     """Find the HPP plan with the shortest predicted iteration time (the one solve path).
@@ -276,7 +265,6 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
         Every search option (:class:`PlannerConfig`); a :class:`CostModelConfig` is taken as its ``cost`` part.
     space, pruning, settings : optional; given, they replace ``config``'s search space, pruning switches and
         solver settings (the keywords of the calls made before :class:`PlannerConfig`).
-    solver : deprecated; overrides ``settings.solver`` when given (``"greedy"`` = ``"heuristic"``).
     profile_ref : how the plan names its profile (default ``{"name": profile.model}``).
     seed_plans : optional valid plans (e.g. the baselines'); one inside the search space (checked:
         :func:`~hpp.formulation.space_limits.space_violations`) that the cost model prices below the
@@ -300,8 +288,6 @@ def plan_hpp(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                         + ("; call it (e.g. scenario.cluster())" if callable(cluster) else ""))
     cfg = PlannerConfig.of(config, space=space, pruning=pruning, solver=settings)
     space, pruning, settings, config = cfg.space, cfg.pruning, cfg.solver, cfg.cost
-    if solver is not None:
-        settings = SolverSettings(**{**settings.__dict__, "solver": solver})
     if not pruning.incumbent_bound and settings.warm_start:
         settings = SolverSettings(**{**settings.__dict__, "warm_start": False})
     if settings.budgeted and settings.solver != "heuristic" and not settings.portfolio:

@@ -4,7 +4,7 @@ Each scenario names a bundled model profile, a global batch size and a cluster o
 whole nodes (4 GPUs per node for A100/V100/GH-96, 8 for the RTX types, the
 ``gpus_per_node`` of :data:`~hpp.profiles.devices.BUNDLED_DEVICE_TYPES`). Links
 come from Sailor's measured network fits (:mod:`hpp.profiles.network`), per pair of
-device types (a version-2 cluster, issue 19; ``make_cluster(..., per_pair=False)`` builds
+device types (a version-2 cluster; ``make_cluster(..., per_pair=False)`` builds
 the version-1 cluster with one inter-node link, the slowest pair's, as before).
 
 A scenario that carries its own ``device_types`` (emulated CPU "devices": a
@@ -55,8 +55,8 @@ class Scenario:
     def cluster(self, *, per_pair: bool = True) -> Cluster:
         """The scenario's cluster (whole nodes; measured links, or :data:`CPU_LINK` for emulated types).
 
-        ``per_pair=False``: one inter-node link for every pair of nodes (version 1, the model before
-        issue 19), the slowest pair's.
+        ``per_pair=False``: one inter-node link for every pair of nodes (version 1, the earlier
+        model), the slowest pair's.
         """
         if self.device_types:
             return make_emulated_cluster(self.name, self.device_types, dict(self.gpus))
@@ -137,7 +137,7 @@ SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in (
     Scenario("opt350-4096-6types", "OPT-350", 16384,
              (("A100-40", 1024), ("V100-16", 1024), ("A100-80", 512), ("GH-96", 512), ("RTX-3090", 512),
               ("Titan-RTX", 512)),
-             "4,096 GPUs of 6 types (two types of 1,024); the scale check of issue 20"),
+             "4,096 GPUs of 6 types (two types of 1,024); the scale check"),
     Scenario("cpu-hetero-4", "gpt-tiny", 32, (("cpu", 2), ("cpu-2x", 2)),
              "4 emulated CPU devices (2 at 1x, 2 at 2x slower, smaller memory); hpp run --emulate-speed",
              device_types=CPU_HETERO_TYPES),

@@ -1,5 +1,5 @@
 """``hpp bench-solvers --work-limit`` (deterministic budgets: the same rows on any host) and ``--no-hint`` (the exact
-solvers cold, each row the solver's own plan), and ``SolverSettings.solver_answer_only`` under them (issue 21, item 4)."""
+solvers cold, each row the solver's own plan), and ``SolverSettings.solver_answer_only`` under them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Node-aware binding (issue 19, item 3): pipelines on few nodes, TP groups inside nodes, exact on small cases."""
+"""Node-aware binding: pipelines on few nodes, TP groups inside nodes, exact on small cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bound model's forced node crossings (issue 21, G2): tighter, still a lower bound of the cost model.
+"""The bound model's forced node crossings: tighter, still a lower bound of the cost model.
 
 A run of n stages of one kind (TP t) on nodes of at most K devices crosses nodes at least
 ceil(n / (K // t)) - 1 times (:mod:`hpp.formulation.composition.bound_model`). Checked per pipeline against the

@@ -1,4 +1,4 @@
-"""The copy bound (issue 21 item 6): a lower bound of every plan of the candidates, from an exact-step
+"""The copy bound: a lower bound of every plan of the candidates, from an exact-step
 capacity LP over pipeline-count ranges and penalty levels, with a sync floor valid for non-monotone
 link fits; and the incumbent it improves."""
 

@@ -1,4 +1,4 @@
-"""Certified plans (issue 21 items 1-5): the bound is a lower bound of the returned plan's predicted time
+"""Certified plans: the bound is a lower bound of the returned plan's predicted time
 over every plan of the candidates, OPTIMAL means equal to it, the figures describe the returned plan, runs
 are deterministic and the limits hold.
 
@@ -68,7 +68,7 @@ def random_instance(seed: int, *, max_gpus_per_type: int = 8, max_types: int = 4
                     zoned: bool = False):
     """(cluster, profile, global batch, space) of a random small instance (see the module docstring).
 
-    ``per_pair``: a version-2 cluster instead (issue 19): one intra-node link per type and one inter-node link
+    ``per_pair``: a version-2 cluster instead: one intra-node link per type and one inter-node link
     per pair of types (same type included), each drawn from the public fits; the rest is the same instance.
     ``zoned`` (with ``per_pair``): each node also in one of two zones at random, with a zone link drawn the same
     way (type pairs that only meet across zones keep a link no pair of nodes uses).
@@ -215,7 +215,7 @@ def test_bound_never_above_the_exhaustive_oracle_cost_model_judge(seed, solver):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["composition", "estimate"]))
 def test_bound_never_above_the_exhaustive_oracle_per_pair_links(seed, judge):
-    """Issue 19 x 21: on version-2 clusters (a link per pair of types, drawn from the public fits) the search's
+    """On version-2 clusters (a link per pair of types, drawn from the public fits) the search's
     per-pair pricing, its dominance rule and the bound's per-type sync floors keep the bound below the oracle."""
     check_instance(seed, solver="heuristic", judge=judge, max_evaluations=60 if judge == "estimate" else 200,
                    max_gpus_per_type=2 if judge == "estimate" else 3, max_types=3, per_pair=True)
@@ -281,7 +281,8 @@ def test_cpsat_params_text_is_parsed_and_bad_text_refused():
     assert cpsat_solver(s).parameters.random_seed == 7
     with pytest.raises(HppInputError, match="cpsat-params|CP-SAT parameters"):
         SolverSettings(cpsat_params="no_such_field:3")
-    assert SolverSettings(solver="greedy").solver == "heuristic"
+    with pytest.raises(HppInputError, match="heuristic"):          # the old name is refused, the fix names the new
+        SolverSettings(solver="greedy")
 
 
 SCENARIOS_3 = ("opt350-a100x4-v100x4", "opt350-a100x8-v100x8", "llama8-3types-40")

@@ -7,7 +7,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.cliparse import Parser
-from tests.test_cli_trial_fixes import _one_line_error
+from tests.test_cli_notes_and_flags import _one_line_error
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -25,7 +25,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
     assert main(["plan", "--cluster", str(cl), "--profile", str(prof), "--gbs", "12",
                  "--out", str(plan), "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
-    # OPTIMAL needs the bound to meet the returned plan's predicted time, which the valid bound (issue 21)
+    # OPTIMAL needs the bound to meet the returned plan's predicted time, which the valid bound
     # need not reach on this input: what is asserted is a valid plan, its bound below it and the gap between them
     search = planned["search"]
     assert search["status"] in ("OPTIMAL", "FEASIBLE")
@@ -55,7 +55,7 @@ def test_profile_plan_run_chain(tmp_path, capsys):
 
 
 def test_cpu_hetero_4_scenario_plans_from_bundled_profile(capsys):
-    """Issue 6: the bundled scenario carries its own emulated cluster and CPU profile; no files needed."""
+    """The bundled scenario carries its own emulated cluster and CPU profile; no files needed."""
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.scenarios import get_scenario
     sc = get_scenario("cpu-hetero-4")

@@ -1,5 +1,5 @@
 """A cluster file's ``device_types`` entry for a bundled GPU type may give some fields only: the others are the
-bundled ones (fresh-user trial 41: ``{"A100-40": {}}`` was refused for lacking ``memory_bytes`` although the docs
+bundled ones (``{"A100-40": {}}`` was refused for lacking ``memory_bytes`` although the docs
 call ``device_types`` optional for bundled types). A type that is not bundled still needs both."""
 
 from __future__ import annotations

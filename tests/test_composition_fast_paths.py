@@ -12,7 +12,6 @@ from hpp.formulation.composition import heuristics as comp
 from hpp.formulation.composition import SolverSettings, composition_objective_s
 from hpp.formulation.composition.heuristics import solo_objective_s
 from hpp.formulation.data_balance import least_time_s
-from hpp.plan import plan_to_dict
 from hpp.planner import make_problem, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario

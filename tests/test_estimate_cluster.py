@@ -1,6 +1,6 @@
 """``hpp estimate PLAN --cluster FILE``: a plan's pipelines bound onto another cluster and priced there
 (:func:`hpp.formulation.binding.rebind_plan`), e.g. a Sailor plan on your own cluster instead of the converter's
-one-node-per-stage-replica cluster (session 13's "not done")."""
+one-node-per-stage-replica cluster."""
 
 from __future__ import annotations
 

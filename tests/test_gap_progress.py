@@ -1,4 +1,4 @@
-"""Gap progress (issue 21's escape clause, hpp/bench/gap_progress.py): every method on a tiny real input
+"""Gap progress (hpp/bench/gap_progress.py): every method on a tiny real input
 (OPT-350 on 2 A100-40 + 2 V100-16, G = 64), with pinned figures, and every bound at most its incumbent."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 20 (hardening), the inputs: cluster-file keys, global flags, silent defaults, left-out types,
+"""The inputs: cluster-file keys, global flags, silent defaults, left-out types,
 Metis coverage, bench-solvers' output folder, the documented Python API. Each test reproduces the
 original failure (it failed before the fix)."""
 
@@ -194,7 +194,7 @@ def test_defaults_in_use_are_said(capsys):
 
 
 def test_a_small_global_batch_says_how_many_devices_are_idle_and_why(capsys):
-    """--gbs 7 on 16 GPUs used 4 of them without a word (issue 20.7)."""
+    """--gbs 7 on 16 GPUs used 4 of them without a word."""
     assert main(["plan", "--gbs", "7", "--no-baselines", "--workers", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     used = {d for p in res["plan"]["pipelines"] for s in p["stages"] for d in s["device_ids"]}
@@ -216,7 +216,7 @@ def test_help_shows_the_defaults_and_the_cluster_format(capsys):
 # --------------------------------------------------------------------------- 8. one unusable type
 
 def test_a_type_without_a_usable_tp_degree_is_left_out_not_refused(capsys):
-    """LLAMA-3-8 on V100-16 is profiled at TP 4 only; --max-tp 2 refused the whole run (issue 20.8)."""
+    """LLAMA-3-8 on V100-16 is profiled at TP 4 only; --max-tp 2 refused the whole run."""
     assert main(["plan", "--scenario", "llama8-3types-40", "--max-tp", "2", "--no-baselines", "--workers", "1",
                  "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -323,7 +323,7 @@ def test_the_contract_ships_in_the_repository_docs():
 # --------------------------------------------------------------------------- requests wired into hpp plan
 
 def test_a_scenario_can_be_planned_with_another_bundled_model(capsys):
-    """H1 (issue 16): the tiny HF models plan on the bundled CPU cluster, keeping its global batch."""
+    """H1: the tiny HF models plan on the bundled CPU cluster, keeping its global batch."""
     assert main(["plan", "--scenario", "cpu-hetero-4", "--model", "llama-tiny", "--max-tp", "2", "--no-baselines",
                  "--workers", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -332,7 +332,7 @@ def test_a_scenario_can_be_planned_with_another_bundled_model(capsys):
 
 
 def test_replan_without_a_node_seeded_from_the_previous_plan(tmp_path, capsys):
-    """H6 (issue 18.5): --exclude-nodes / --previous, the seed's survivors and the id map in search.replan."""
+    """H6: --exclude-nodes / --previous, the seed's survivors and the id map in search.replan."""
     prev = tmp_path / "prev.json"
     assert main(["plan", "--scenario", "opt350-a100x8-v100x8", "--no-baselines", "--workers", "1", "--quiet",
                  "--out", str(prev)]) == 0

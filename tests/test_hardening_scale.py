@@ -1,4 +1,4 @@
-"""Issue 20 (hardening), scale and output: baselines without recursion on 1,024 and 4,096 GPUs of a type,
+"""Scale and output: baselines without recursion on 1,024 and 4,096 GPUs of a type,
 their deadlines and progress, the uniform baseline's fast pricing (equal to the cost model), one story
 about where the plan came from, grouped plan tables and short, aligned lines."""
 
@@ -69,7 +69,7 @@ def test_splits_of_thousands_of_devices_need_no_stack():
 
 @pytest.mark.parametrize("gpus", [1024, 4096])
 def test_baselines_on_a_single_type_of_thousands_of_gpus(gpus):
-    """RecursionError at ~1,000 GPUs of a type (issue 20.2); both searches now finish untruncated."""
+    """RecursionError at ~1,000 GPUs of a type; both searches now finish untruncated."""
     cl = make_cluster(f"a100x{gpus}", {"A100-40": gpus})
     res = run_baselines(cl, OPT, 4 * gpus)
     for r in res.values():

@@ -1,4 +1,4 @@
-"""Issue 17, time truth: ``hpp run`` on CPU predicts at this host's speed (hpp.runtime.profile.host_speed).
+"""Time truth: ``hpp run`` on CPU predicts at this host's speed (hpp.runtime.profile.host_speed).
 
 The probe is monkeypatched except in one test, which runs it for real on the bundled gpt-tiny profile
 with few repeats and asserts no time.

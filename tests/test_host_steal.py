@@ -1,4 +1,4 @@
-"""The hypervisor's steal (issue 17, time side): counters, the run's fraction, and the host model's use of it."""
+"""The hypervisor's steal: counters, the run's fraction, and the host model's use of it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The copy bound's rounded LP plans as a second incumbent (issue 21, item 6: a better incumbent).
+"""The copy bound's rounded LP plans as a second incumbent (a better incumbent).
 
 The copy bound solves LPs over pipeline copies for its bound; their solutions, rounded, are plans. The
 solve path prices them with the search model as well (without changing the bound's search) and, where the

@@ -1,4 +1,4 @@
-"""The planner's memoised tables price profiles with the runtime step's terms like the cost model (issue 17.3)."""
+"""The planner's memoised tables price profiles with the runtime step's terms like the cost model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Memory truth (issue 17): the runtime's stage step measured with FakeTensor + MemTracker vs the memory model.
+"""Memory truth: the runtime's stage step measured with FakeTensor + MemTracker vs the memory model.
 
 Everything runs on fake tensors (no real memory) with a fake process group, on the tiny
 variants of the HF architectures.
@@ -75,7 +75,7 @@ def test_sgd_has_no_optimizer_states_and_the_model_knows(llama_tiny):
 
 
 def test_one_stage_peak_does_not_grow_with_micro_batches():
-    """The runtime keeps no outputs the loss consumed (issue 17.1): 1 stage, 1 vs 4 micro-batches, same peak."""
+    """The runtime keeps no outputs the loss consumed: 1 stage, 1 vs 4 micro-batches, same peak."""
     model = load_runtime_model("opt-tiny")
     L, V, s = model.spec.num_layers, model.spec.vocab_size, model.spec.seq_len
     logits = 2 * s * V * 4                                      # one micro-batch's fp32 (b, s, V)

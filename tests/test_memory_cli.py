@@ -1,4 +1,4 @@
-"""``--memory-headroom`` and the per-stage memory breakdown of ``hpp estimate`` (issue 17.3-17.4)."""
+"""``--memory-headroom`` and the per-stage memory breakdown of ``hpp estimate``."""
 
 from __future__ import annotations
 

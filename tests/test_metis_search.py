@@ -124,7 +124,7 @@ def test_equal_dp_price_equals_composition_and_full_cost_model(opt350):
     assert t == pytest.approx(composition_objective_s(CompositionProblem([cand], cl, GBS, pipeline_link(cl)), {0: 4}),
                               rel=1e-9)
     plan = _bind_replicas(cl, opt350, GBS, shape, part, b, 4)
-    # the cost model (issue 19) prices the binding's actual links and the cheaper of ring / hierarchical
+    # the cost model prices the binding's actual links and the cheaper of ring / hierarchical
     # all-reduce: never above the search models' price (every stage link and sync ring at the inter-node link)
     assert estimate_plan(plan, cl, opt350, config=config).iteration_time_s <= t * (1 + 1e-9)
 

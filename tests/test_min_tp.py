@@ -1,4 +1,4 @@
-"""``hpp plan --min-tp`` (fresh-user trial 41: no way to ask the CLI for a TP plan, ``--max-tp`` is only a cap and the
+"""``hpp plan --min-tp`` (no way to ask the CLI for a TP plan, ``--max-tp`` is only a cap and the
 fastest cpu-hetero-4 plans are TP 1): the search, the baselines and the returned plan's check keep TP >= min_tp."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The batched search on per-pair links (issue 19) prices stages exactly as the per-shape DP and the tables do.
+"""The batched search on per-pair links prices stages exactly as the per-shape DP and the tables do.
 
 The batched stage balance reads each stage's time from its DP cost (not from a table per link options) and
 shares one table per (kind, micro-batch size); these tests pin that it still equals the per-shape DP bit for
@@ -14,7 +14,7 @@ from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, en
 from hpp.formulation.collectives import p2p_link_options
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import balance_pairs
-from hpp.planner import pipeline_link
+from hpp.formulation.collectives import pipeline_link
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions

@@ -1,4 +1,4 @@
-"""Issue 19: cluster format version 2 (links per pair of node groups): parsing, defaults, bad input."""
+"""Cluster format version 2 (links per pair of node groups): parsing, defaults, bad input."""
 
 import json
 from pathlib import Path
@@ -90,7 +90,7 @@ def test_version_1_still_reads_and_writes_version_1():
      "bandwidth must be a positive number of bytes/s, got -5000000000.0", "links.inter_node[0].link"),
     (_v2([{"device_type": "X", "num_devices": 2}], {"intra_node": {"X": -1}}),
      "bandwidth must be a positive", "links.intra_node.X"),
-    # fresh-user trial 13: the key at fault, a typo named as such, version 2's keys without "version": 2
+    # the key at fault, a typo named as such, version 2's keys without "version": 2
     (_v2([{"device_type": "X", "num_devices": 2}, {"device_type": "Y", "num_devices": 2}],
          {"intra_node": {"X": 1, "Y": 1}, "inter_node": [{"between": ["X", "Y"], "link": {"max_bytes_per_s": -1}}]}),
      "bandwidth must be a positive", "links.inter_node[0].link.max_bytes_per_s"),

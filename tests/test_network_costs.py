@@ -1,4 +1,4 @@
-"""Issue 19: costs on the actual links, checked against hand calculations.
+"""Costs on the actual links, checked against hand calculations.
 
 A 3-type cluster (X, Y, Z; user-defined types, so no measured defaults) whose three inter-node
 type pairs have different links; a plan whose pipelines share blocks across types. Links have no

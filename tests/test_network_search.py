@@ -1,4 +1,4 @@
-"""Issue 19: the search prices stage-to-stage transfers per pair of adjacent stage kinds.
+"""The search prices stage-to-stage transfers per pair of adjacent stage kinds.
 
 The batched stage balance equals the per-shape DP on a version-2 cluster, and both equal an
 exhaustive enumeration of the partitions priced with the cost model's own functions on the links
@@ -138,7 +138,7 @@ def _zoned(cross_link: float | None, zone_link: float = 5e8) -> dict:
 
 
 def test_links_no_pair_of_nodes_uses_do_not_change_the_plan(tmp_path, capsys):
-    """Fresh-user trial 13: the search priced a ring edge between types on the type pair's link even where every
+    """The search priced a ring edge between types on the type pair's link even where every
     such pair of nodes crosses zones (the cost model: the zone link); an unused link 1e7 made OPT-350 37 % slower."""
     import json
     from hpp.cli import main

@@ -1,4 +1,4 @@
-"""Plan, Pipeline and Stage check at construction what needs no other input (issue 22)."""
+"""Plan, Pipeline and Stage check at construction what needs no other input."""
 
 from dataclasses import replace
 
@@ -116,7 +116,7 @@ def test_planner_config_of():
 
 
 def test_load_plan_is_one_trip(tmp_path, monkeypatch):
-    """load_plan reads the file once and validates once (issue 22: no plan -> resolve -> plan round trips)."""
+    """load_plan reads the file once and validates once (no plan -> resolve -> plan round trips)."""
     import hpp.resolve as resolve
     from hpp.plan import write_plan_json
     from hpp.profiles.cluster_format import cluster_to_dict

@@ -12,7 +12,8 @@ from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.planner import make_problem, plan_hpp, pipeline_link
+from hpp.formulation.collectives import pipeline_link
+from hpp.planner import make_problem, plan_hpp
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.stage_costs import StageCostCache
@@ -143,7 +144,7 @@ def test_plan_invariants(inst):
         assert "falls short by" in str(exc)
         return
     plan = res.plan
-    assert res.estimate.iteration_time_s == pytest.approx(res.composition.objective_s, rel=1e-6)
+    assert res.estimate.iteration_time_s == pytest.approx(res.search.objective_s, rel=1e-6)
     validate_plan(plan, cl, prof)                       # layers, devices, samples, TP fit
     for p in plan.pipelines:
         covered = [l for s in p.stages for l in range(s.layer_start, s.layer_stop)]
@@ -221,8 +222,8 @@ def test_time_limit_returns_best_so_far_with_gap():
     sc = get_scenario("opt350-a100x8-v100x8")
     res = plan_hpp(sc.cluster(), load_bundled_profile(sc.model), 1024,
                    settings=SolverSettings(max_time_in_seconds=0.5, num_workers=1))
-    assert res.composition.status in ("OPTIMAL", "FEASIBLE")
-    assert 0.0 <= res.composition.gap < 1.0
+    assert res.search.status in ("OPTIMAL", "FEASIBLE")
+    assert 0.0 <= res.search.gap < 1.0
     assert res.plan.num_pipelines >= 1
 
 
@@ -261,8 +262,8 @@ def test_recomputation_only_grows_the_space(inst):
     except InfeasibleError:
         assert without is None          # recomputation can only make more shapes fit
         return
-    if without is not None and without.composition.status == with_rec.composition.status == "OPTIMAL":
-        assert with_rec.composition.objective_s <= without.composition.objective_s * (1 + 1e-9)
+    if without is not None and without.search.status == with_rec.search.status == "OPTIMAL":
+        assert with_rec.search.objective_s <= without.search.objective_s * (1 + 1e-9)
     if without is None:                 # whatever fits now needs recomputation somewhere
         assert any(s.recompute == "full" for p in with_rec.plan.pipelines for s in p.stages)
 

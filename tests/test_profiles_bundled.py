@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.profiles import (BUNDLED_DEVICE_TYPES, bundled_models, load_bundled_profile, load_profile,
-                          profile_from_dict, profile_to_dict, save_profile)
+from hpp.profiles.bundled import bundled_models, load_bundled_profile
+from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
+from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict, save_profile
 
 EXPECTED = {  # model -> (device types, layers, sequence length)
     "OPT-350": (("A100-40", "A100-80", "GH-96", "RTX-2080", "RTX-3090", "Titan-RTX", "V100-16"), 26, 2048),

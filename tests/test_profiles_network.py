@@ -6,7 +6,7 @@ from importlib import resources
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.profiles import default_inter_node_link, default_intra_node_link
+from hpp.profiles.network import default_inter_node_link, default_intra_node_link
 from hpp.profiles.network import network_table_from_sailor
 
 ZONE = "us-central1-a"

@@ -15,7 +15,7 @@ from hpp.replan import (exclude_devices, exclude_nodes, excluded_ids, parse_id_l
 from hpp.scenarios import get_scenario
 from hpp.validate import validate_plan
 
-FAST = SolverSettings(max_time_in_seconds=2.0, num_workers=1)
+FAST = SolverSettings(num_workers=1)          # the default, deterministic budget
 
 
 def small():
@@ -87,8 +87,9 @@ def test_seed_is_returned_when_it_is_the_better_plan() -> None:
     _, profile, gbs = small()
     cluster = get_scenario("opt350-a100x4-v100x4").cluster(per_pair=False)
     previous = plan_hpp(cluster, profile, gbs, settings=FAST).plan
-    greedy_s = plan_hpp(cluster, profile, gbs, solver="greedy").estimate.iteration_time_s
-    r = replan(cluster, profile, gbs, exclude_devices=[], previous=previous, solver="greedy")
+    heuristic = SolverSettings(solver="heuristic")
+    greedy_s = plan_hpp(cluster, profile, gbs, settings=heuristic).estimate.iteration_time_s
+    r = replan(cluster, profile, gbs, exclude_devices=[], previous=previous, settings=heuristic)
     seed_s = estimate_plan(r.seed, r.cluster, profile).iteration_time_s
     assert seed_s < greedy_s                                          # control: the search alone is slower
     assert r.seeded and r.result.plan == r.seed and r.result.estimate.iteration_time_s == seed_s

@@ -236,7 +236,7 @@ def test_idle_devices_note_says_how_much_slower_the_best_plan_using_them_was(tmp
     that uses all 8 (a number), and that plan, priced by the cost model, is indeed slower."""
     import json
     from hpp.cli import main
-    from hpp.planner import plan_hpp, plan_using_idle_devices, make_problem
+    from hpp.planner import plan_using_idle_devices, make_problem
     from hpp.scenarios import make_cluster
     from hpp.profiles.cluster_format import cluster_to_dict
     cl, prof = make_cluster("gh-v100", {"GH-96": 4, "V100-16": 4}), load_bundled_profile("OPT-350")
@@ -252,7 +252,7 @@ def test_idle_devices_note_says_how_much_slower_the_best_plan_using_them_was(tmp
                  "--workers", "1"]) == 0
     text = capsys.readouterr().out
     pct = (alt["iteration_time_s"] - t) / t
-    assert (f"4 of 8 devices are idle (4 x V100-16): using them was not predicted faster" in text
+    assert ("4 of 8 devices are idle (4 x V100-16): using them was not predicted faster" in text
             and f"the best plan found that uses them (8 devices) was predicted {pct:+.1%} "
                 f"({alt['iteration_time_s']:.4f} s vs {t:.4f} s)" in text)
     # the control: from a plan that already uses every device there is nothing to add

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, enumerate_shapes, stage_kinds
 from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
-from hpp.planner import make_problem, pipeline_link
+from hpp.formulation.collectives import pipeline_link
+from hpp.planner import make_problem
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions

@@ -1,4 +1,4 @@
-"""Time side of issue 17: the runtime step's time terms, their gating in the cost model, the host model."""
+"""Time side of the runtime step's time terms, their gating in the cost model, the host model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The host model's real-op terms (issue 17): kappa past the cores and the CPU an op pays after a wait."""
+"""The host model's real-op terms: kappa past the cores and the CPU an op pays after a wait."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The type-class bound (issue 21, item 6: the bound's side of the gap): class B's cross-type links by hand, the
+"""The type-class bound (the bound's side of the gap): class B's cross-type links by hand, the
 bound never above the exhaustive oracle (version-1 and per-pair clusters, both judges), stronger than the copy
 bound where plans mix types, and the control: class B's floors applied to every plan are not a bound."""
 

@@ -84,7 +84,7 @@ def scenario_rows(names: Iterable[str], *, time_limit_s: float | None = None, si
         rows.append(ScenarioRow(
             name, sc.model, cl.num_devices, t, t_cli, uni.iteration_time_s, single.iteration_time_s,
             _ratio(uni.iteration_time_s, t), _ratio(single.iteration_time_s, t), res.wall_s, single.wall_s,
-            res.composition.gap, res.composition.status, res.plan.num_pipelines,
+            res.search.gap, res.search.status, res.plan.num_pipelines,
             sum(s.recompute != "none" for p in res.plan.pipelines for s in p.stages), no_rec, note))
     return rows
 
@@ -162,12 +162,22 @@ def _f(x: str, fmt: str = ".2f") -> str:
 
 
 def results_markdown(results: Path) -> str:
-    """The README results section, rendered from the CSV/JSON files under ``results``."""
+    """docs/RESULTS.md's generated part, rendered from the CSV/JSON files under ``results`` (a section per file
+    present)."""
     out = ["Regenerate everything with `python experiments/run_all.py` (about 10-15 minutes on 2 cores; "
            "`--quick` for a smaller run). Each table below is written by that script from these files.", ""]
+    out += _scenarios_markdown(results) + _search_overhead_markdown(results) + _gap_markdown(results)
+    out += _cost_model_markdown(results) + _memory_markdown(results) + _network_markdown(results)
+    out += _runtime_markdown(results)
+    return "\n".join(out)
+
+
+def _scenarios_markdown(results: Path) -> list[str]:
+    """The predicted-speedup section from ``scenarios.csv`` ([] without it)."""
+    out: list[str] = []
     sc = read_rows(results / "scenarios.csv")
     if sc:
-        out += ["### Predicted speedup on the bundled scenarios (`experiments/scenarios.py`)", "",
+        out += ["## Predicted speedup on the bundled scenarios (`experiments/scenarios.py`)", "",
                 "Predicted iteration time [s] of the plan HPP's search finds, of what `hpp plan` returns (the "
                 "search's plan or a baseline's plan where that is faster), and of the baselines; speedups of the "
                 "search's own plan. The single-shape search is capped at 60 s here: a single-shape search time of "
@@ -186,11 +196,17 @@ def results_markdown(results: Path) -> str:
                        f"{_f(r['speedup_vs_single_shape']).replace('-', 'n/a')}{'' if _f(r['speedup_vs_single_shape']) == '-' else 'x'} | {_f(r['hpp_search_s'])} | "
                        f"{_f(r['single_shape_search_s'])} | {_f(r['gap'], '.1%')} | {r['recompute_stages']} | "
                        f"{_f(r['no_recompute_s'], '.3f') if r['no_recompute_s'] not in ('', 'nan') else 'does not fit'} |")
-        out += ["", "![speedups](experiments/results/scenarios.png)", ""]
+        out += ["", "![speedups](../experiments/results/scenarios.png)", ""]
+    return out
+
+
+def _search_overhead_markdown(results: Path) -> list[str]:
+    """The search-overhead section from ``search_overhead.csv`` ([] without it)."""
+    out: list[str] = []
     so = read_csv(results / "search_overhead.csv")
     if so:
         runs = sorted({len(r.wall_s_all.split()) for r in so if r.method == "hpp"})
-        out += ["### Search overhead (`experiments/search_overhead.py`)", "",
+        out += ["## Search overhead (`experiments/search_overhead.py`)", "",
                 f"Search wall time [s] on the same input, in one run: HPP (median of {'/'.join(map(str, runs))} "
                 "runs); `metis` = Metis's "
                 "own search (SamsungLabs/Metis: type orders, stage counts, power-of-two device groups with its "
@@ -199,7 +215,7 @@ def results_markdown(results: Path) -> str:
                 "pipeline shape replicated DP times (`hpp/baselines/single_shape.py`). ratio = reference s / HPP s (≥: the "
                 "reference stopped at its budget, so the ratio is a lower bound); s/iter = predicted iteration "
                 "time of each search's best configuration; gap = HPP's solver gap against its bound. The "
-                "target (issue 4 of this project): HPP at least 56x faster at 32 and 64 GPUs with a plan at "
+                "target: HPP at least 56x faster at 32 and 64 GPUs with a plan at "
                 "least as fast. The public Metis planner takes about 1-2 s (16 GPUs, 2 types), 10-20 s (32, 2) "
                 "and 35-40 s (32, 3) on such a machine (fidelity lines below); the port is faster at 64 GPUs than "
                 "at 32 because Metis's variance filter (an integer-division floor) keeps fewer device groups "
@@ -225,29 +241,39 @@ def results_markdown(results: Path) -> str:
                        f"{_f(str(s.iteration_time_s), '.3f') if s else '-'} | {_f(str(h.gap), '.1%')} |")
         checks = target_lines(so)
         if checks:
-            out += ["", "Checks against issue 4's targets (printed by the benchmark too):", "", "```", *checks, "```"]
+            out += ["", "Checks against the search-overhead targets (printed by the benchmark too):", "", "```", *checks, "```"]
         checks = search_targets(so)
         if checks:
-            out += ["", "Checks against the gap and speed targets of issue 21 of this project's tracker (printed by the "
+            out += ["", "Checks against the project's gap and search-speed targets (printed by the "
                     "benchmark too; what limits the gap: the next table):", "", "```", *checks, "```"]
-        out += ["", "![search overhead](experiments/results/search_overhead.png)", ""]
-    out += _gap_markdown(results)
+        out += ["", "![search overhead](../experiments/results/search_overhead.png)", ""]
+    return out
+
+
+def _cost_model_markdown(results: Path) -> list[str]:
+    """The cost model against the GH200 runs, from ``cost_model_validation.json``."""
+    out: list[str] = []
     cm = results / "cost_model_validation.json"
     if cm.exists():
         mape = json.loads(cm.read_text())["mape_pct"]
-        out += ["### Cost model vs 15 real GH200 runs (`experiments/cost_model_validation.py`)", "",
+        out += ["## Cost model vs 15 real GH200 runs (`experiments/cost_model_validation.py`)", "",
                 "| cost model | iteration time MAPE | peak memory MAPE |", "|---|---|---|"]
         out += [f"| {k} | {v['time']:.1f} % | {v['memory']:.1f} % |" for k, v in mape.items()]
         out += ["", "(for reference, on the same runs: Sailor's simulator 8.9 % / 5.9 %, its ports of the Metis "
                 "and FlashFlex cost models 12.2 % / 50.6 % and 21.8 % / 73.0 %)", "",
-                "![cost model](experiments/results/cost_model_validation.png)", ""]
-    out += _memory_markdown(results) + _network_markdown(results)
+                "![cost model](../experiments/results/cost_model_validation.png)", ""]
+    return out
+
+
+def _runtime_markdown(results: Path) -> list[str]:
+    """The runtime-validation section from ``runtime_validation.csv`` ([] without it)."""
+    out: list[str] = []
     rv = read_rows(results / "runtime_validation.csv")
     if rv:
         cols = [c for c in ("cluster", "plan", "devices_used", "predicted_s", "measured_s", "error", "steal",
                             "predicted_nosteal_s", "cpu_ratio", "error_norm", "measured_throughput", "measured_speedup_of_hpp", "predicted_speedup_of_hpp")
                 if c in rv[0]]
-        out += ["### Runtime validation on emulated CPU clusters (`experiments/runtime_validation.py`)", "",
+        out += ["## Runtime validation on emulated CPU clusters (`experiments/runtime_validation.py`)", "",
                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in rv:
             out.append("| " + " | ".join(_f(r[c], ".0f" if c == "devices_used" else ".3f") for c in cols) + " |")
@@ -255,8 +281,8 @@ def results_markdown(results: Path) -> str:
                 "of the time the cores wanted to run); predicted_nosteal_s: the same without it; error: measured / "
                 "predicted - 1; cpu_ratio: CPU seconds the ranks' ops used / predicted (the host's speed vs the "
                 "profile's); error_norm: the error with the CPU terms x cpu_ratio (docs/RUNTIME.md, \"Time truth\").",
-                "", "![runtime](experiments/results/runtime_validation.png)", ""]
-    return "\n".join(out)
+                "", "![runtime](../experiments/results/runtime_validation.png)", ""]
+    return out
 
 
 def _memory_markdown(results: Path) -> list[str]:
@@ -264,7 +290,7 @@ def _memory_markdown(results: Path) -> list[str]:
     rows = read_rows(results / "memory_validation.csv") + read_rows(results / "memory_validation_bf16.csv")
     if not rows:
         return []
-    out = ["### Memory truth: predicted vs measured peak per stage (`experiments/memory_validation.py`)", "",
+    out = ["## Memory truth: predicted vs measured peak per stage (`experiments/memory_validation.py`)", "",
            "Predicted peak of each stage (profile of `hpp profile` + cost model) against MemTracker's peak of the "
            "runtime's real stage step (PipelineStage + 1F1B + loss + AdamW), real architectures under FakeTensor "
            "(no memory used); 1-, 2- and 4-stage pipelines. `--dtype bfloat16` writes the bf16 file.", "",
@@ -290,7 +316,7 @@ def _network_markdown(results: Path) -> list[str]:
     by: dict[str, dict[str, dict[str, str]]] = {}
     for r in rows:
         by.setdefault(r["scenario"], {})[r["model"]] = r
-    out = ["### Heterogeneous network: one link vs per-pair links (`experiments/network_scenarios.py`)", "",
+    out = ["## Heterogeneous network: one link vs per-pair links (`experiments/network_scenarios.py`)", "",
            "Each bundled scenario planned with one inter-node link for the whole cluster (before, cluster format "
            "v1) and with links per pair of GPU types (after, v2 defaults from Sailor's measured fits), each plan "
            "priced by its own cluster's cost model; `before on per-pair` = the before plan priced on the "
@@ -322,7 +348,7 @@ def _network_markdown(results: Path) -> list[str]:
 
 
 def _gap_markdown(results: Path) -> list[str]:
-    """The gap-progress section (issue 21's escape clause) from ``gap_progress.csv`` ([] without it)."""
+    """The gap-progress section (what limits the gap, method by method) from ``gap_progress.csv`` ([] without it)."""
     rows = read_gap_csv(results / "gap_progress.csv")
     if not rows:
         return []
@@ -342,7 +368,7 @@ def _gap_markdown(results: Path) -> list[str]:
                  "Below, the per-method breakdown of `experiments/gap_progress.py` (its CSV as last measured; the "
                  "candidate counts there are the heuristics' set, which bounded the search before the bound covered "
                  "every candidate).", ""]
-    return ["### What limits the gap (`experiments/gap_progress.py`)", "", *table,
+    return ["## What limits the gap (`experiments/gap_progress.py`)", "", *table,
             "Per input, how far each method moves the incumbent (the best plan's iteration time as the cost model "
             "predicts it) and the bound (a proven lower bound of that same time, always on the bound problem as "
             "`solve()` builds it). Inputs `Ktypes-N` are the search-overhead sweep's: OPT-350 on N GPUs split evenly "

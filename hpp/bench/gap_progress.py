@@ -1,4 +1,4 @@
-"""Gap progress (issue 21's escape clause): per input and method, the incumbent and the bound it reaches.
+"""Gap progress (what limits the gap): per input and method, the incumbent and the bound it reaches.
 
 The gap of a search is ``(incumbent - bound) / incumbent`` (:func:`hpp.formulation.composition.solve.gap`):
 the incumbent is the best plan's iteration time as the cost model predicts it (the *judged* objective,

@@ -153,7 +153,7 @@ def plan_all(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     ref = {"embedded": profile_to_dict(profile)}
     settings = SolverSettings(max_time_in_seconds=time_limit_s, num_workers=1, random_seed=seed)
     res = plan_hpp(cluster, profile, global_batch_size, settings=settings, profile_ref=ref)
-    out = {"hpp": (res.plan, f"{res.plan.num_pipelines} pipelines, {res.composition.status}")}
+    out = {"hpp": (res.plan, f"{res.plan.num_pipelines} pipelines, {res.search.status}")}
     for name, fn in (("uniform", uniform_baseline), ("single-shape", single_shape_baseline)) if baselines else ():
         kw = {"time_budget_s": 30.0} if name == "single-shape" else {}
         b = fn(cluster, profile, global_batch_size, **kw)

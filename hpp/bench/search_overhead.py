@@ -169,7 +169,7 @@ def measure_point(p: BenchPoint, *, repeats: int = 3, time_limit_s: float | None
         cache = res.stats.get("cache", {})
         row = SearchRow(p.name, p.num_gpus, p.num_types, method, _median(walls), " ".join(f"{w:.3f}" for w in walls),
                        int(res.stats.get("num_candidates", 0)), float(cache.get("hit_rate", math.nan)),
-                       res.estimate.iteration_time_s, res.composition.gap, res.composition.status)
+                       res.estimate.iteration_time_s, res.search.gap, res.search.status)
         rows.append(row)
         if on_row:
             on_row(row)
@@ -261,7 +261,7 @@ class BaselineCheck:
 
 def baseline_cases(names: Iterable[str] | None = None) -> list[tuple[str, str, int, Cluster]]:
     """(case name, model, global batch, cluster): every bundled scenario (or those ``names``) and
-    LLAMA-3-8 on 16 A100-40 + 32 V100-16 at global batch 256 and 512 (issue 21)."""
+    LLAMA-3-8 on 16 A100-40 + 32 V100-16 at global batch 256 and 512."""
     out = []
     for sc in SCENARIOS.values():
         if names is None or sc.name in names:

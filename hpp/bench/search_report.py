@@ -1,4 +1,4 @@
-"""Search-overhead results: the CSV row, reading and writing it, the summary table and the issues' targets.
+"""Search-overhead results: the CSV row, reading and writing it, the summary table and the project's targets.
 
 The measurements are made by :mod:`hpp.bench.search_overhead`; :mod:`hpp.bench.evaluation` reads the
 same CSV for the README's tables.
@@ -16,16 +16,16 @@ __all__ = ["SearchRow", "read_csv", "write_csv", "rows_by_point", "ratio_text", 
            "target_lines", "REFERENCE", "OTHER_REFERENCE", "METIS_RANGE_S", "TARGET_RATIO", "TARGET_GPUS",
            "GAP_TARGETS", "SMALL_TARGET_S", "SMALL_GPUS", "LARGE_TARGET_S"]
 
-#: Search seconds of the public Metis planner on this kind of machine (2 cores), OPT-350, as issue 4
-#: states them: (GPUs, types) -> (low, high). The single-shape reference is checked against them.
+#: Search seconds of the public Metis planner on this kind of machine (2 cores), OPT-350, as reported
+#: for it: (GPUs, types) -> (low, high). The single-shape reference is checked against them.
 METIS_RANGE_S = {(16, 2): (1.0, 2.0), (32, 2): (10.0, 20.0), (32, 3): (35.0, 40.0)}
 #: The search-overhead target: HPP at least this many times faster than the reference at these GPU counts.
 TARGET_RATIO, TARGET_GPUS = 56.0, (32, 64)
 #: The reference method of the targets (the faithful port of Metis's search) and the other single-shape one.
 REFERENCE, OTHER_REFERENCE = "metis", "single-shape"
-#: Issue 21's gap targets: (most GPUs, largest gap) for the sweep; the bundled scenarios take the last.
+#: The gap targets: (most GPUs, largest gap) for the sweep; the bundled scenarios take the last.
 GAP_TARGETS = ((64, 0.01), (1024, 0.05))
-#: Issue 21's speed targets: HPP's median search seconds at 8 and 16 GPUs, and at 1024 GPUs x 4 types.
+#: The search-speed targets: HPP's median search seconds at 8 and 16 GPUs, and at 1024 GPUs x 4 types.
 SMALL_TARGET_S, SMALL_GPUS, LARGE_TARGET_S = 0.020, (8, 16), 1.0
 
 
@@ -101,7 +101,7 @@ def summary_table(rows: list[SearchRow]) -> str:
 
 
 def search_targets(rows: list[SearchRow]) -> list[str]:
-    """Issue 21's checks in words: the gap of HPP's plan per input (<= 1 % up to 64 GPUs, <= 5 % up to 1024
+    """The gap and search-speed checks in words: the gap of HPP's plan per input (<= 1 % up to 64 GPUs, <= 5 % up to 1024
     GPUs and on the bundled scenarios) and its median search time (<= 20 ms at 8 and 16 GPUs, <= 1 s at
     1024 GPUs x 4 types); each line names the inputs that miss."""
     hpp_rows = [m["hpp"] for m in rows_by_point(rows).values() if "hpp" in m]
@@ -131,7 +131,7 @@ def search_targets(rows: list[SearchRow]) -> list[str]:
 
 
 def target_lines(rows: list[SearchRow]) -> list[str]:
-    """Issue 4's checks in words: is each reference in Metis's range, is HPP >= 56x faster at 32/64 GPUs.
+    """The search-overhead checks in words: is each reference in Metis's range, is HPP >= 56x faster at 32/64 GPUs.
 
     The target is checked against :data:`REFERENCE` (Metis's search, ported); the count against
     :data:`OTHER_REFERENCE` (the replicated single-shape enumeration) follows on one line.

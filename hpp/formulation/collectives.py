@@ -1,4 +1,4 @@
-"""Collective and point-to-point pricing on the cluster's actual links (issue 19): pure functions.
+"""Collective and point-to-point pricing on the cluster's actual links: pure functions.
 
 - :func:`ring_allreduce_s`: one ring all-reduce over one link (Patarasuk & Yuan 2009).
 - :func:`allreduce_s`: the all-reduce of a gradient block among the pipelines that hold it,
@@ -545,7 +545,7 @@ def p2p_link_options(cluster: Cluster, kind_a: tuple[str, int], kind_b: tuple[st
     A transfer is priced on the fastest option for its message size.
 
     - Version-1 cluster: the planner's one pipeline link (the inter-node link; a one-node
-      cluster's intra-node link), as before issue 19.
+      cluster's intra-node link).
     - Two device types: their inter-node link (with zones: every zone pair the two types'
       nodes span, and the type pair's link where they share a zone).
     - One type, ``run=None`` (a valid lower bound of any binding): its own inter-node link(s) and
@@ -558,30 +558,29 @@ def p2p_link_options(cluster: Cluster, kind_a: tuple[str, int], kind_b: tuple[st
     """
     if run is not None and (kind_a != kind_b or cluster.network is None):
         run = None
-    key = ("p2p_options", kind_a, kind_b, run)
-    got = cluster._cache.get(key)
-    if got is not None:
-        return got
+    return cluster.memoised(("p2p_options", kind_a, kind_b, run),
+                            lambda: _p2p_link_options(cluster, kind_a, kind_b, run))
+
+
+def _p2p_link_options(cluster: Cluster, kind_a: tuple[str, int], kind_b: tuple[str, int],
+                      run: int | None) -> tuple[Link, ...]:
+    """:func:`p2p_link_options`, computed (its docstring says what and why)."""
     if cluster.network is None:
-        got = (cluster.nodes[0].intra_node if len(cluster.nodes) == 1 else cluster.inter_node,)
-    else:
-        (ta, tpa), (tb, tpb) = kind_a, kind_b
-        na = [i for i, n in enumerate(cluster.nodes) if n.device_type == ta]
-        opts: list[Link] = []
-        if ta == tb:
-            opts += [cluster.nodes[i].intra_node for i in na if cluster.nodes[i].num_devices >= tpa + tpb]
-        if run is not None:
-            k = max(cluster.nodes[i].num_devices for i in na) // tpa
-            if opts and k >= 2 and run % k != 0:          # packed from the run's end: same node
-                cluster._cache[key] = got = tuple(dict.fromkeys(opts))
-                return got
-            opts = []
-        opts.extend(cluster.node_pair_links(ta, tb))        # every pair of two different nodes
-        if not opts:            # one node of the type, too small for both stages: they cannot be adjacent
-            opts = [cluster.nodes[na[0]].intra_node] if na else [cluster.inter_node]
-        got = tuple(dict.fromkeys(opts))
-    cluster._cache[key] = got
-    return got
+        return (cluster.nodes[0].intra_node if len(cluster.nodes) == 1 else cluster.inter_node,)
+    (ta, tpa), (tb, tpb) = kind_a, kind_b
+    na = [i for i, n in enumerate(cluster.nodes) if n.device_type == ta]
+    opts: list[Link] = []
+    if ta == tb:
+        opts += [cluster.nodes[i].intra_node for i in na if cluster.nodes[i].num_devices >= tpa + tpb]
+    if run is not None:
+        k = max(cluster.nodes[i].num_devices for i in na) // tpa
+        if opts and k >= 2 and run % k != 0:          # packed from the run's end: same node
+            return tuple(dict.fromkeys(opts))
+        opts = []
+    opts.extend(cluster.node_pair_links(ta, tb))        # every pair of two different nodes
+    if not opts:            # one node of the type, too small for both stages: they cannot be adjacent
+        opts = [cluster.nodes[na[0]].intra_node] if na else [cluster.inter_node]
+    return tuple(dict.fromkeys(opts))
 
 
 def p2p_transfer_s(e: LayerProfile, link: Link, num_bytes: float) -> float:

@@ -38,7 +38,7 @@ class SuffixTrie:
         link_out_of = balancer.link_out
 
         def node(b: int, suffix: tuple, link_in: tuple) -> int:
-            # a node is a suffix AND the link options into its first stage (issue 19: links per pair of
+            # a node is a suffix AND the link options into its first stage (links per pair of
             # stage kinds); a whole shape's first stage receives nothing (StageBalancer.first_link_in)
             key = (b, suffix, link_in)
             got = self.ids.get(key)

@@ -208,7 +208,7 @@ def _p2p_s(e: LayerProfile, links: tuple[Link, ...], out: np.ndarray, memo: dict
 
 def table_on_links(base: StageCostTable, link_in: tuple[Link, ...], link_out: tuple[Link, ...], *,
                    config: CostModelConfig = CostModelConfig(), transfer_memo: dict | None = None) -> StageCostTable:
-    """``base`` with its stage times and transfers priced on other links (issue 19: links per pair of stages).
+    """``base`` with its stage times and transfers priced on other links (links per pair of stages).
 
     ``link_in``: the options for the transfer into the stage (from the previous stage), ``link_out``: into
     the next; each transfer costs the fastest option for its size. The memory tables are shared with ``base``.

@@ -70,7 +70,7 @@ def global_batch(data: Mapping[str, Any], key: str, gbs: int | None, *, source: 
 
 def foreign_cluster(name: str, nodes: Sequence[tuple[str, int]]) -> Cluster:
     """Nodes ``(gpu, devices)`` with Sailor's measured links per pair of GPU types (one zone, one device per
-    flow; a version-2 cluster: each pair of nodes uses its types' link, issue 19)."""
+    flow; a version-2 cluster: each pair of nodes uses its types' link)."""
     built = tuple(Node(t, n, default_intra_node_link(t, n)) for t, n in nodes)
     network, slowest = default_network(built)
     return Cluster(name, dict(BUNDLED_DEVICE_TYPES), built, slowest, network)

@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import combinations_with_replacement
-from typing import Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from hpp.errors import HppInputError
 from hpp.profiles.devices import DeviceType
@@ -51,6 +51,9 @@ __all__ = ["AggregateFit", "Link", "Node", "Device", "NetworkLinks", "Cluster", 
 #: Default per-message latency [s] when a cluster gives none (order of a NCCL/ethernet hop).
 DEFAULT_LATENCY_S = 1e-5
 _BYTES_PER_GB = 1e9
+
+#: a memo's marker for "not computed yet" (None may be a computed value)
+_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +458,14 @@ class Cluster:
             got = () if not pairs else (self.inter_node,) if self.network is None else \
                 tuple(dict.fromkeys(self.type_link(type_a, type_b, x, y) for x, y in pairs))
             self._cache[key] = got
+        return got
+
+    def memoised(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()``, computed once per ``key`` for this cluster (a cluster is immutable, so any figure derived
+        from it alone can be kept with it; e.g. the p2p link options of :mod:`hpp.formulation.collectives`)."""
+        got = self._cache.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._cache[key] = compute()
         return got
 
     def node_link(self, i: int, j: int) -> Link:

@@ -380,58 +380,13 @@ def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, 
     def link(value: Any, where: str) -> Link:
         return _link_from(value, source=source, field_name=where, default_latency_s=latency_s)
 
-    intra_by_type = links.get("intra_node", {})
-    if not isinstance(intra_by_type, Mapping):
-        raise HppInputError("links.intra_node must be an object {device type: link}", source=source,
-                            field="links.intra_node", fix='e.g. {"A100-40": 2.4e11}')
-    for t in intra_by_type:
-        if t not in known:
-            raise HppInputError(f"unknown device type {t!r}", source=source, field=f"links.intra_node.{t}",
-                                fix=f"use one of {present}")
+    intra_by_type = _by_type(links, "intra_node", known, present, source=source, what="link",
+                             example='{"A100-40": 2.4e11}')
 
-    def pairs(key: str, names: set[str], what: str) -> dict[tuple[str, str], Link]:
-        out: dict[tuple[str, str], Link] = {}
-        entries = links.get(key, [])
-        if not isinstance(entries, list):
-            raise HppInputError(f"links.{key} must be a list", source=source, field=f"links.{key}",
-                                fix='give [{"between": [A, B], "link": BYTES_PER_S}, ...]')
-        for k, e in enumerate(entries):
-            where = f"links.{key}[{k}]"
-            if isinstance(e, Mapping):
-                check_keys(e, _PAIR_KEYS, source=source, where=f"{where}.")     # a typo is named first
-            if not isinstance(e, Mapping) or "between" not in e or "link" not in e:
-                raise HppInputError(f"expected {{\"between\": [A, B], \"link\": ...}}, got {str(e)[:60]}",
-                                    source=source, field=where, fix="give the pair and its link")
-            pair = e["between"]
-            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
-                raise HppInputError(f"between={pair!r}", source=source, field=f"{where}.between",
-                                    fix=f"name two {what}s")
-            for x in pair:
-                if x not in names:
-                    raise HppInputError(f"unknown {what} {x!r}", source=source, field=f"{where}.between",
-                                        fix=f"use one of {sorted(names)}" + (" or declare it under zones"
-                                                                              if what == "zone" else ""))
-            if what == "zone" and pair[0] == pair[1]:
-                raise HppInputError(f"a zone link joins two different zones, got {pair}", source=source,
-                                    field=f"{where}.between",
-                                    fix="nodes of one zone use links.inter_node; drop this entry")
-            key2 = _pair(*pair)
-            if key2 in out:
-                raise HppInputError(f"the pair {list(key2)} is given twice", source=source, field=where,
-                                    fix="give each pair once (order does not matter)")
-            out[key2] = link(e["link"], f"{where}.link")
-        return out
-
-    nic_by_type = links.get("nic_bytes_per_s", {})
-    if not isinstance(nic_by_type, Mapping):
-        raise HppInputError("links.nic_bytes_per_s must be an object {device type: bytes/s}", source=source,
-                            field="links.nic_bytes_per_s", fix='e.g. {"A100-40": 2.5e10}')
-    for t in nic_by_type:
-        if t not in known:
-            raise HppInputError(f"unknown device type {t!r}", source=source, field=f"links.nic_bytes_per_s.{t}",
-                                fix=f"use one of {present}")
-    inter = pairs("inter_node", known, "device type")
-    zone_links = pairs("zones", set(zones), "zone")
+    nic_by_type = _by_type(links, "nic_bytes_per_s", known, present, source=source, what="bytes/s",
+                           example='{"A100-40": 2.5e10}')
+    inter = _pair_links(links, "inter_node", known, "device type", source=source, latency_s=latency_s)
+    zone_links = _pair_links(links, "zones", set(zones), "zone", source=source, latency_s=latency_s)
     measured = [t for t in present if has_measurements(t)]
     defaulted = []
     for i, a in enumerate(measured):
@@ -465,3 +420,61 @@ def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, 
     defaulted = [x for x in defaulted if x.startswith("intra_node") or x in used_pairs]
     return tuple(nodes), NetworkLinks(MappingProxyType(inter), MappingProxyType(zone_links), tuple(zones),
                                       tuple(defaulted)), slowest
+
+
+def _pair_links(links: Mapping[str, Any], key: str, names: set[str], what: str, *, source: str,
+                latency_s: float) -> dict[tuple[str, str], Link]:
+    """``links[key]``: a list of ``{"between": [A, B], "link": ...}`` over names ``names`` (device types or zones,
+    ``what`` says which) -> {sorted pair: link}; every entry checked (one-line errors naming the entry)."""
+    out: dict[tuple[str, str], Link] = {}
+    entries = links.get(key, [])
+    if not isinstance(entries, list):
+        raise HppInputError(f"links.{key} must be a list", source=source, field=f"links.{key}",
+                            fix='give [{"between": [A, B], "link": BYTES_PER_S}, ...]')
+    for k, e in enumerate(entries):
+        where = f"links.{key}[{k}]"
+        if isinstance(e, Mapping):
+            check_keys(e, _PAIR_KEYS, source=source, where=f"{where}.")     # a typo is named first
+        if not isinstance(e, Mapping) or "between" not in e or "link" not in e:
+            raise HppInputError(f"expected {{\"between\": [A, B], \"link\": ...}}, got {str(e)[:60]}",
+                                source=source, field=where, fix="give the pair and its link")
+        pair = e["between"]
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise HppInputError(f"between={pair!r}", source=source, field=f"{where}.between",
+                                fix=f"name two {what}s")
+        for x in pair:
+            if x not in names:
+                raise HppInputError(f"unknown {what} {x!r}", source=source, field=f"{where}.between",
+                                    fix=f"use one of {sorted(names)}" + (" or declare it under zones"
+                                                                          if what == "zone" else ""))
+        if what == "zone" and pair[0] == pair[1]:
+            raise HppInputError(f"a zone link joins two different zones, got {pair}", source=source,
+                                field=f"{where}.between",
+                                fix="nodes of one zone use links.inter_node; drop this entry")
+        key2 = _pair(*pair)
+        if key2 in out:
+            raise HppInputError(f"the pair {list(key2)} is given twice", source=source, field=where,
+                                fix="give each pair once (order does not matter)")
+        out[key2] = _link_from(e["link"], source=source, field_name=f"{where}.link",
+                               default_latency_s=latency_s)
+    return out
+
+
+def _by_type(links: Mapping[str, Any], key: str, known: set[str], present: list[str], *, source: str,
+             what: str, example: str) -> Mapping[str, Any]:
+    """``links[key]``: an object {device type: value} whose types are known ({} when absent).
+
+    Raises
+    ------
+    HppInputError
+        Not an object, or an unknown device type (naming the types the cluster has).
+    """
+    got = links.get(key, {})
+    if not isinstance(got, Mapping):
+        raise HppInputError(f"links.{key} must be an object {{device type: {what}}}", source=source,
+                            field=f"links.{key}", fix=f"e.g. {example}")
+    for t in got:
+        if t not in known:
+            raise HppInputError(f"unknown device type {t!r}", source=source, field=f"links.{key}.{t}",
+                                fix=f"use one of {present}")
+    return got

@@ -13,7 +13,7 @@ that type running one micro-batch:
 - ``attention_activation_bytes[l]`` (optional): the share of ``activation_bytes``
   that selective recomputation (Megatron) drops; ``None`` = not measured.
 
-Optional memory terms of the runtime's own training step (issue 17; measured by
+Optional memory terms of the runtime's own training step (measured by
 :mod:`hpp.runtime.profile.memory_terms` with FakeTensor + MemTracker; ``None`` = not measured,
 and the cost model then uses its calibrated formula on ``activation_bytes``):
 

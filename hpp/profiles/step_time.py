@@ -1,4 +1,4 @@
-"""Optional time terms of a profile entry: what the runtime's step costs besides the layers (issue 17).
+"""Optional time terms of a profile entry: what the runtime's step costs besides the layers.
 
 Measured by :mod:`hpp.runtime.profile.time_terms` (``hpp profile`` on the runtime itself); the
 bundled public GPU profiles (Sailor's Megatron measurements) do not carry them, and the

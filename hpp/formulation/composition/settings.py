@@ -20,7 +20,7 @@ from hpp.errors import HppInputError
 __all__ = ["SolverSettings", "SOLVER_NAMES", "DEFAULT_SOLVER", "DEFAULT_DETERMINISTIC_TIME", "SMALL_BUDGET_MAX_CANDIDATES",
            "MAX_CANDIDATES", "NO_CANDIDATE_LIMIT", "parse_cpsat_params", "check_cpsat_params", "bench_settings"]
 
-#: The solvers of the one interface (``"greedy"`` is read as ``"heuristic"``, its old name).
+#: The solvers of the one interface.
 SOLVER_NAMES: tuple[str, ...] = ("cp-sat", "milp", "heuristic")
 DEFAULT_SOLVER = "cp-sat"
 #: CP-SAT's deterministic time limit (its own work units, about seconds on one quiet core) when no wall limit is
@@ -95,7 +95,6 @@ class SolverSettings:
     ----------
     solver : str
         ``"cp-sat"`` (default), ``"milp"`` (HiGHS) or ``"heuristic"`` (incumbent and LP bound only).
-        ``"greedy"`` is accepted as the old name of ``"heuristic"``.
     max_time_in_seconds : float or None
         The search's wall-clock budget [s]: the solve path improves the plan and the bound until then
         (:mod:`hpp.formulation.composition.anytime`) and returns the best found. None (default): no wall
@@ -158,8 +157,6 @@ class SolverSettings:
     portfolio: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.solver == "greedy":
-            object.__setattr__(self, "solver", "heuristic")
         if self.solver not in SOLVER_NAMES:
             raise HppInputError(f"unknown solver {self.solver!r}", field="--solver", fix=f"use one of {list(SOLVER_NAMES)}")
         t = self.max_time_in_seconds

@@ -1,14 +1,15 @@
-"""Fresh-user trial fixes of the command line: unknown flags named by their subcommand with the closest
+"""What the command line says: unknown flags named by their subcommand with the closest
 flag, ``--max-tp`` that is no measured TP degree said in a note, ``hpp run`` with too few steps after the
 warm-up said in a note, and an exact solver named with ``--solver`` run above the default budget's limit."""
 
 from __future__ import annotations
 
-import argparse
+
 import json
 
 import pytest
 
+from hpp import load_cluster, load_profile
 from hpp.cli import main
 
 
@@ -46,7 +47,7 @@ def test_unknown_flag_is_named_by_its_subcommand_with_the_closest_flag(argv, exp
     assert _one_line_error(argv, capsys) == expected
 
 
-def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: test_trial41_b_cli.py
+def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: the runtime CLI tests
     from hpp.runtime.cli import _run_parser
 
     ns = _run_parser().parse_args(["p.json", "--steps", "3", "--lr", "-0.5", "--data", "-odd name.txt"])
@@ -106,21 +107,21 @@ def test_run_with_two_steps_adds_the_note_and_keeps_the_numbers(monkeypatch, cap
 
 # --------------------------------------------------------------------------- 4. a named solver runs
 
-def _args(**kw) -> argparse.Namespace:
-    base = dict(solver=None, time_limit=None, workers=0, seed=0, cpsat_on_subset=False, cpsat_params=None)
-    return argparse.Namespace(**{**base, **kw})
-
-
 def test_named_exact_solver_gets_the_larger_candidate_limit():
-    from hpp.cli_inputs import solver_settings
     from hpp.formulation.composition.settings import MAX_CANDIDATES, SMALL_BUDGET_MAX_CANDIDATES
+    from hpp.request import build_request
 
-    assert solver_settings(_args()).candidate_limit == SMALL_BUDGET_MAX_CANDIDATES
-    assert solver_settings(_args()).solver == "cp-sat"
+    cl, prof = load_cluster("cpu-hetero-4"), load_profile("gpt-tiny")
+
+    def settings(**kw):
+        return build_request(cl, prof, 8, **kw).planner.solver
+
+    assert settings().candidate_limit == SMALL_BUDGET_MAX_CANDIDATES
+    assert settings().solver == "cp-sat"
     for name in ("milp", "cp-sat"):
-        s = solver_settings(_args(solver=name))
+        s = settings(solver=name)
         assert s.solver == name and s.candidate_limit == MAX_CANDIDATES
-    assert solver_settings(_args(solver="heuristic")).max_candidates is None
+    assert settings(solver="heuristic").max_candidates is None
 
 
 @pytest.mark.parametrize("solver", ["milp", "cp-sat"])
@@ -146,7 +147,7 @@ def test_named_solver_above_its_limit_says_how_to_run_it(capsys):
 
 
 def test_an_unknown_cluster_key_unlike_any_valid_one_gets_no_misleading_suggestion(tmp_path, capsys):
-    # trial 11: {"colour": ...} was answered "did you mean 'format'?"; a typo still gets its suggestion
+    # {"colour": ...} was answered "did you mean 'format'?"; a typo still gets its suggestion
     import json
     from hpp.cli import main
     from hpp.scenarios import get_scenario

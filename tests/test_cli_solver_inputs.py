@@ -1,4 +1,5 @@
-"""Bad input added in session 7, through the `hpp` CLI: one line naming the field and the fix, exit 2."""
+"""Solver and profile input through the `hpp` CLI (CP-SAT parameters as text, the optimality tolerance, emulated CPU
+types): bad input gets one line naming the field and the fix, exit 2."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def test_bad_cpsat_params_text_is_one_line_exit_2(capsys):
 
 
 def test_cpsat_params_out_of_range_or_a_wall_clock_cut_are_refused(capsys):
-    """Fresh-user trial 13: these ran with exit 0 (CP-SAT's MODEL_INVALID read as NO_SOLUTION; a wall-clock cut the
+    """These ran with exit 0 (CP-SAT's MODEL_INVALID read as NO_SOLUTION; a wall-clock cut the
     result did not report)."""
     for text, says in (("num_workers:-5", "parameter 'num_workers' should be in [0,10000]. Current value is -5"),
                        ("max_deterministic_time:-1", "max_deterministic_time must be non-negative"),
