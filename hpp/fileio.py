@@ -11,7 +11,7 @@ import difflib
 import io
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
@@ -110,18 +110,20 @@ def write_atomic(path: str | PathLike, data: str | bytes | Callable[[Path], None
         The folder is missing or not writable, or the disk is full (``path`` is then unchanged).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # a unique name opened with "x" (not mkstemp's 0600): the file gets the mode open() gives a new file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         if callable(data):
-            os.close(fd)
-            data(Path(tmp))
+            data(tmp)
+        elif isinstance(data, bytes):
+            with open(tmp, "xb") as f:
+                f.write(data)
         else:
-            with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w", **({} if isinstance(data, bytes)
-                                                                            else {"newline": ""})) as f:
+            with open(tmp, "x", newline="") as f:
                 f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
