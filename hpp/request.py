@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hpp.baselines import DEFAULT_BASELINE_TIME_LIMIT_S
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition.settings import DEFAULT_SOLVER, MAX_CANDIDATES, SOLVER_NAMES, SolverSettings
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.cost_config import CostModelConfig
 from hpp.plan import Plan
 from hpp.planner import PlannerConfig, PlannerResult, check_micro_batch_sizes, plan_hpp
 from hpp.profiles.cluster import Cluster
@@ -96,7 +96,7 @@ class PlanOutcome:
         The returned plan (the search's, or a baseline's / the previous plan's seed where faster), its estimate and
         the search's figures (status, objective, bound, gap, source).
     baselines : mapping
-        Baseline name -> :class:`~hpp.baselines.single_shape.BaselineResult` ({} without baselines).
+        Baseline name -> :class:`~hpp.baselines.uniform.BaselineResult` ({} without baselines).
     baselines_s : float
         Time of the baseline phase [s].
     seed_s : float

@@ -59,7 +59,7 @@ def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: t
 
 def test_max_tp_that_is_no_measured_degree_is_said_with_the_degrees_used():
     from hpp.cli_inputs import max_tp_note
-    from hpp.formulation.candidates import SearchSpace
+    from hpp.formulation.space_limits import SearchSpace
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.scenarios import get_scenario
 
