@@ -43,7 +43,8 @@ from typing import Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan  # noqa: E402
+from hpp.formulation.cost_config import CostModelConfig  # noqa: E402
+from hpp.formulation.cost_model import estimate_plan
 from hpp.plan import Pipeline, Plan, Stage  # noqa: E402
 from hpp.profiles.cluster import Cluster, Link, Node  # noqa: E402
 from hpp.profiles.devices import DeviceType  # noqa: E402

@@ -51,7 +51,7 @@ from hpp.profiles.cluster_format import load_cluster as _load_cluster_file
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile as _load_profile_file
 from hpp.resolve import load_plan, resolve_plan
-from hpp.scenarios import SCENARIOS, get_scenario
+from hpp.scenarios import get_scenario
 
 # The search and the cost model (hpp.planner, hpp.baselines, hpp.formulation) load numpy, SciPy and
 # OR-Tools: about 1.4 s, against about 0.1 s for ``import hpp`` without them (measured with
@@ -93,9 +93,9 @@ def load_cluster(source: "str | Path | Mapping[str, Any] | Cluster") -> "Cluster
         return source
     if isinstance(source, Mapping):
         return cluster_from_dict(source, source="<cluster object>")
-    if isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
-        if source in SCENARIOS:
-            return get_scenario(source).cluster()
+    if isinstance(source, str) and "/" not in source and not source.endswith(".json") and not Path(source).exists():
+        # neither a file nor a JSON name: a bundled scenario's name, or a typo of one (the error lists them)
+        return get_scenario(source, field="cluster").cluster()
     return _load_cluster_file(source)
 
 

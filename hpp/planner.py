@@ -20,10 +20,12 @@ import numpy as np
 from hpp.gcfreeze import gc_frozen
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.binding import build_plan
-from hpp.formulation.candidates import SearchSpace, build_candidates_bounded, stage_kinds
+from hpp.formulation.space_limits import SearchSpace, stage_kinds
+from hpp.formulation.candidates import build_candidates_bounded
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.composition import CompositionProblem, SyncFloor
-from hpp.formulation.cost_model import CostModelConfig, PlanEstimate, estimate_plan
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import PlanEstimate, estimate_plan
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
 from hpp.plan import Plan

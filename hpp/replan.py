@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.data_balance import balance_data
 from hpp.plan import Plan, default_schedule
 from hpp.planner import PlannerResult, plan_hpp

@@ -146,7 +146,7 @@ def test_micro_batch_list_that_is_not_numbers_names_the_flag(capsys):
 
 
 def test_types_without_a_requested_micro_batch_size_are_left_out_and_said():
-    from hpp.formulation.candidates import SearchSpace
+    from hpp.formulation.space_limits import SearchSpace
     from hpp.planner import plan_hpp
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.scenarios import make_cluster

@@ -259,7 +259,7 @@ def test_metis_import_names_the_missing_layers(tmp_path, capsys):
 
 
 def test_metis_import_reports_the_layer_coverage_beside_another_defect():
-    from hpp.interop import plan_from_metis
+    from hpp.interop.metis import plan_from_metis
     d = _metis()
     d["layer_partition"] = [0, 5, 12, 19]                 # 3 stages' worth: layers 19-25 missing
     d["strategies"][2] = [1, 4]                           # and a bad strategy, found first

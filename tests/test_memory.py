@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_memory_bytes
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.memory_model import stage_memory_breakdown, stage_memory_bytes
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
 from hpp.runtime.profile.stage_memory import StepSpec, measure_stage_step
@@ -231,7 +232,7 @@ def test_estimated_micro_batch_interpolates_the_memory_terms():
 @pytest.mark.parametrize("first_stage", [False, True])
 def test_step_memory_tables_price_every_range_like_the_cost_model(llama_tiny, first_stage):
     """The planner's dense tables (hpp.formulation.step_memory) == stage_memory_breakdown for every range."""
-    from hpp.formulation.cost_model import OPTIMIZER_STATES
+    from hpp.formulation.cost_config import OPTIMIZER_STATES
     from hpp.formulation.step_memory import step_memory_peak, step_memory_tables
 
     _model, terms = llama_tiny

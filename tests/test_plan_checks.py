@@ -8,7 +8,7 @@ from hpp.errors import HppInputError
 from hpp.fileio import check_header
 from hpp.plan import Pipeline, Plan, Stage, make_pipeline, plan_from_dict, plan_to_dict
 from hpp.planner import PlannerConfig
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.cost_config import CostModelConfig
 
 

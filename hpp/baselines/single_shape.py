@@ -54,18 +54,18 @@ from hpp.baselines.uniform import BaselineResult, _Clock, _even_split, _fmt_s, _
 from hpp.errors import HppInputError
 from hpp.gcfreeze import gc_frozen
 from hpp.formulation.binding import bind_devices
-from hpp.formulation.candidates import Candidate, SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.candidates import Candidate
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.space_limits import space_violations
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.plan import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.formulation.stage_costs import StageCostCache
 
-__all__ = ["BaselineResult", "uniform_baseline", "single_shape_baseline", "exhaustive_composition",
-           "run_baselines", "BASELINES"]
+__all__ = ["single_shape_baseline", "exhaustive_composition", "run_baselines", "BASELINES"]
 
 log = logging.getLogger(__name__)
 

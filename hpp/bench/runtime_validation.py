@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import single_shape_baseline
+from hpp.baselines.uniform import uniform_baseline
 from hpp.formulation.composition import SolverSettings
 from hpp.plan import Plan, write_plan_json
 from hpp.planner import plan_hpp

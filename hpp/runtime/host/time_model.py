@@ -54,7 +54,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan, p2p_transfer_s, stage_compute_s
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan, stage_compute_s
+from hpp.formulation.collectives import p2p_transfer_s
 from hpp.plan import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
