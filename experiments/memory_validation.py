@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from hpp.formulation.cost_config import CostModelConfig  # noqa: E402
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Pipeline, Plan, Stage  # noqa: E402
+from hpp.plan_data import Pipeline, Plan, Stage  # noqa: E402
 from hpp.profiles.cluster import Cluster, Link, Node  # noqa: E402
 from hpp.profiles.devices import DeviceType  # noqa: E402
 from hpp.profiles.model_profile import LayerProfile, ModelProfile

@@ -53,7 +53,7 @@ _CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-4",
 
 
 def _plan(model: str, num_layers: int, *, global_batch: int, micro_batch: int, seq_len: int):
-    from hpp.plan import Pipeline, Plan, Stage
+    from hpp.plan_data import Pipeline, Plan, Stage
     cut = num_layers // 2
     pipes = tuple(Pipeline((Stage(0, cut, "cpu", 1, (2 * p,)), Stage(cut, num_layers, "cpu", 1, (2 * p + 1,))),
                            micro_batch, global_batch // 2, "1F1B") for p in range(2))
@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "runtime_overhead.csv"))
     args = ap.parse_args(argv)
-    from hpp.plan import write_plan_json
+    from hpp.plan_data import write_plan_json
     from hpp.runtime.models.zoo import load_runtime_model
     spec = load_runtime_model(args.model).spec
     plan = _plan(spec.name, spec.num_layers, global_batch=args.global_batch, micro_batch=args.micro_batch,

@@ -38,12 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hpp.errors import HppInputError
-# The submodule hpp.plan (the Plan data) is loaded first: importing a submodule binds its name on the
-# package, so loading it here, before ``def plan`` below, leaves ``hpp.plan`` the function. Import the
-# module's names with ``from hpp.plan import Plan`` (``import hpp.plan as m`` would get the function).
-from hpp import plan as _plan_module  # noqa: E402,F401
 from hpp.interop import load_any_plan
-from hpp.plan import Plan, write_plan_json
+from hpp.plan_data import Plan, write_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_from_dict
@@ -205,7 +201,7 @@ def estimate(plan_or_path: "Plan | str | Path", cluster: "str | Path | Mapping[s
     ----------
     plan_or_path : Plan, or a path to a plan file (hpp's; Sailor's and Metis's are converted)
     cluster, profile : optional
-        Needed for a :class:`~hpp.plan.Plan` object unless it embeds its cluster / names its
+        Needed for a :class:`~hpp.plan_data.Plan` object unless it embeds its cluster / names its
         profile (plans from :func:`plan` and ``hpp plan --out`` do); given, they override the file's.
 
     Returns

@@ -25,7 +25,7 @@ from hpp.cli_output import (baselines_json, estimate_header, estimate_json, idle
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
-from hpp.plan import plan_to_dict, write_plan_json
+from hpp.plan_data import plan_to_dict, write_plan_json
 from hpp.profiles.bundled import bundled_models
 from hpp.profiles.cluster_notes import cluster_notes
 from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpp.errors import HppInputError
 from hpp.fileio import folder_writable
-from hpp.plan import plan_from_dict, read_plan_json
+from hpp.plan_data import plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster_format import load_cluster
 from hpp.profiles.profile_format import load_profile

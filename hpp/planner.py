@@ -28,7 +28,7 @@ from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import PlanEstimate, estimate_plan
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile

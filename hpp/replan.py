@@ -26,7 +26,7 @@ from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.data_balance import balance_data
-from hpp.plan import Plan, default_schedule
+from hpp.plan_data import Plan, default_schedule
 from hpp.planner import PlannerResult, plan_hpp
 from hpp.profiles.cluster import Cluster, Node
 from hpp.profiles.cluster_format import cluster_to_dict

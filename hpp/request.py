@@ -19,7 +19,7 @@ from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition.settings import (DEFAULT_SOLVER, MAX_CANDIDATES, NO_CANDIDATE_LIMIT, SOLVER_NAMES,
                                                    SolverSettings)
 from hpp.formulation.cost_config import CostModelConfig
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.planner import PlannerConfig, PlannerResult, check_micro_batch_sizes, plan_hpp
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hpp.plan import Plan, plan_to_dict
+from hpp.plan_data import Plan, plan_to_dict
 from hpp.runtime.config import RunConfig, RunFacts
 from hpp.runtime.exec.training import TrainingConfig
 from hpp.runtime.launch.launchers import LaunchResult, launch_forked, launch_torchrun

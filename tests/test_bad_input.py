@@ -6,7 +6,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage, plan_from_dict
+from hpp.plan_data import Pipeline, Plan, Stage, plan_from_dict
 from hpp.resolve import load_plan
 from hpp.validate import validate_plan
 from tests.synthetic import toy_cluster, toy_profile

@@ -6,7 +6,7 @@ from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan
 from hpp.interop import load_any_plan
 from hpp.interop.sailor import sailor_measurement
-from hpp.plan import read_plan_json
+from hpp.plan_data import read_plan_json
 from hpp.profiles.bundled import load_bundled_profile
 
 

@@ -27,7 +27,7 @@ from hpp.formulation.composition import SyncFloor, composition_objective_s
 from hpp.formulation.collectives import ring_allreduce_s
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
-from hpp.plan import plan_to_dict
+from hpp.plan_data import plan_to_dict
 from hpp.planner import make_problem, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.cluster import Cluster, Link, Node

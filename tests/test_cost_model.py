@@ -4,7 +4,7 @@ activations [10,20,30] B, outputs [5,6,7] B, optimizer 0.1 s per layer; links 10
 import pytest
 
 from hpp.formulation.cost_model import block_decomposition, estimate_plan, pipeline_time_1f1b_s
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from tests.synthetic import toy_cluster, toy_profile
 
 PROFILE = toy_profile({"X": 1.0})

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 import hpp.runtime.profile.host_speed as host_speed
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import LayerProfile, ModelProfile

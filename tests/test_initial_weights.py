@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json                   # noqa: E402
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json                   # noqa: E402
 from hpp.runtime.cli import run_main                                          # noqa: E402
 from hpp.runtime.models.stage import build_stage                              # noqa: E402
 from hpp.runtime.exec.training import TrainingConfig                          # noqa: E402

@@ -24,7 +24,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.formulation.collectives import ring_allreduce_s
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.cluster_format import load_cluster
 from hpp.runtime.launch.processes import free_port
 

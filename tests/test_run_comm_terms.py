@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.runtime.cli import _human_run, run_main
 from hpp.runtime.config import RunConfig

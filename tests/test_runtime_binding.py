@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.profile_format import profile_to_dict
 from hpp.runtime import run as run_mod
 from hpp.runtime import run_setup
@@ -182,7 +182,7 @@ def test_emulated_slow_ranks_are_padded(emulated_run):
 
 
 def test_timeline_has_a_legend_in_every_panel(tmp_path):
-    from hpp.plan import plan_from_dict, read_plan_json
+    from hpp.plan_data import plan_from_dict, read_plan_json
     from hpp.runtime.timeline import write_timeline_png
     plan = plan_from_dict(read_plan_json(_plan(tmp_path / "p.json")))
     ev = [{"kind": k, "micro_batch": 0, "start_s": t, "stop_s": t + 0.1} for k, t in (("F", 0.0), ("B", 0.2))]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.runtime.exec.data import make_batch_source
 from hpp.runtime.exec.reference import max_param_difference, train_single_device
 from hpp.runtime.exec.training import TrainingConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.runtime.launch.launchers import LaunchResult
 from hpp.runtime.launch.processes import descendants, kill_tree
 from hpp.runtime.models.gpt import GPT, ModelConfig

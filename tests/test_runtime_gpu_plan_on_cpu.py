@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
 
 pytestmark = pytest.mark.distributed

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.runtime.exec.layout import block_holders, blocks, group_layout, rank_roles, split_micro_batches
 from hpp.runtime.exec.training import lm_loss
 from hpp.runtime.host.time_model import schedule_order
@@ -89,7 +89,7 @@ def test_tp_degrees_that_differ_within_a_pipeline_are_refused():
 
 def test_samples_that_miss_the_global_batch_are_refused_before_any_rank_runs():
     # a plan built in Python (not read from JSON): 5 of 13 samples would train on a partial batch; such a
-    # Plan cannot be built (hpp.plan.Plan checks at construction), so no rank ever gets one
+    # Plan cannot be built (hpp.plan_data.Plan checks at construction), so no rank ever gets one
     with pytest.raises(HppInputError) as exc:
         Plan("micro", 6, 13, (Pipeline((_st(0, 6, 0),), 3, 5),))
     assert "add up to 5, not the global batch size 13" in str(exc.value)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
 from hpp.runtime.metrics import StepMonitor
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
 from hpp.runtime.launch.processes import free_port
 from hpp.runtime.models.gpt import GPT, ModelConfig

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
 from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.stage import build_stage

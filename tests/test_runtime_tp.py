@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.devices import DeviceType
 from hpp.runtime.exec.data import make_batch_source

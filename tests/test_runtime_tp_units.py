@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.runtime.exec.sync_units import _param_entries, sync_units
 from hpp.runtime.exec.layout import ShardGroups, group_layout, rank_roles
 from hpp.runtime.models.stage import build_stage

@@ -19,7 +19,7 @@ import io
 import pytest
 
 from hpp.cli import main
-from hpp.plan import Plan, write_plan_json
+from hpp.plan_data import Plan, write_plan_json
 from hpp.runtime.config import RunConfig
 from hpp.runtime.run import run_plan
 from tests.test_runtime_tp import llama_mixed_tp, neo_recompute_clip, opt_tp2_tied

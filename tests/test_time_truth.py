@@ -10,7 +10,7 @@ from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan, stage_compute_s, stage_fixed_s
 from hpp.formulation.collectives import p2p_transfer_s, stage_p2p_wait_s
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import LayerProfile, ModelProfile

@@ -24,7 +24,7 @@ first, restated from that code (none of it copied):
 Costing is HPP's cost model, not Metis's estimator, and the layer partition is HPP's stage-balance DP
 (:mod:`hpp.baselines.metis_pricing`); plans whose stages differ in dp_s are outside HPP's plan format
 (every HPP pipeline is a full replica), so the result is a priced configuration, not a
-:class:`~hpp.plan.Plan`.
+:class:`~hpp.plan_data.Plan`.
 
 Inputs as Metis takes them: one global cap on the TP degree and one on the micro-batch size
 (``MAX_PROFILED_TP``, ``MAX_PROFILED_BATCH_SIZE``), by default the largest values that every GPU type

@@ -60,7 +60,7 @@ from hpp.formulation.space_limits import space_violations
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.plan import Plan, make_pipeline
+from hpp.plan_data import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.formulation.stage_costs import StageCostCache

@@ -18,7 +18,7 @@ from hpp.formulation.collectives import allreduce_s, concurrent_allreduces, edge
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan, stage_compute_s
 from hpp.formulation.stage_balance import StageKind
-from hpp.plan import Pipeline, Plan, make_pipeline
+from hpp.plan_data import Pipeline, Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile

@@ -72,7 +72,7 @@ from hpp.formulation.collectives import (allreduce_s, concurrent_allreduces, edg
 from hpp.formulation.collectives import p2p_flows as count_p2p_flows
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.memory_model import (in_flight_micro_batches, stage_activation_bytes, stage_memory_breakdown)
-from hpp.plan import Plan, Stage
+from hpp.plan_data import Plan, Stage
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 

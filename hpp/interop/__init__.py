@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from hpp.errors import HppInputError
 from hpp.interop.metis import plan_from_metis
 from hpp.interop.sailor import plan_from_sailor
-from hpp.plan import Plan, read_plan_json
+from hpp.plan_data import Plan, read_plan_json
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile

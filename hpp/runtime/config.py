@@ -377,7 +377,7 @@ class RunFacts:
     Attributes
     ----------
     plan : dict
-        The plan's JSON object (:func:`hpp.plan.plan_to_dict`, with its cluster embedded), validated.
+        The plan's JSON object (:func:`hpp.plan_data.plan_to_dict`, with its cluster embedded), validated.
     model : str
         A name or ``MODULE:FUNCTION`` for :func:`hpp.runtime.models.zoo.load_runtime_model`.
     training : dict

@@ -58,7 +58,7 @@ from typing import Any
 
 from hpp.errors import HppInputError
 from hpp.fileio import write_atomic
-from hpp.plan import Plan, plan_to_dict
+from hpp.plan_data import Plan, plan_to_dict
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.runtime.checkpoint.store import complete_checkpoints

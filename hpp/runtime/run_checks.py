@@ -9,7 +9,7 @@ from typing import Sequence
 from hpp.errors import HppInputError
 from hpp.fileio import folder_writable
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.exec.layout import rank_roles

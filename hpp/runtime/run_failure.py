@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.runtime.launch.binding import host_ranks
 from hpp.runtime.launch.launchers import LaunchResult

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpp.errors import HppInputError
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.runtime.host.time_model import host_terms, scale_cpu_work, simulate_host_run

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hpp.fileio import write_atomic
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.runtime.host.time_model import schedule_order
 
 __all__ = ["simulate_pipeline", "write_timeline_png"]

@@ -20,7 +20,7 @@ stage contributes, see :mod:`hpp.runtime.exec.gradsync`). Tied parameters (an em
 and a head) get the same structure over the stages that hold a copy. Every rank
 creates the same groups in the same order (:meth:`GroupLayout.creation_order`).
 
->>> from hpp.plan import Plan, Pipeline, Stage
+>>> from hpp.plan_data import Plan, Pipeline, Stage
 >>> p0 = Pipeline((Stage(0, 2, "cpu", 2, (0, 1)), Stage(2, 3, "cpu", 2, (2, 3))), 2, 4)
 >>> p1 = Pipeline((Stage(0, 1, "cpu", 1, (4,)), Stage(1, 3, "cpu", 1, (5,))), 1, 3)
 >>> plan = Plan("toy", 3, 7, (p0, p1))
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.runtime.models.stage import check_recompute
 
 __all__ = ["RankRole", "ShardGroups", "GroupLayout", "rank_roles", "blocks", "block_holders", "group_layout",
@@ -126,7 +126,7 @@ def rank_roles(plan: Plan) -> tuple[RankRole, ...]:
     HppInputError
         A pipeline whose stages differ in TP degree, or a recomputation mode the runtime
         does not execute (``"selective"``). (Samples that do not add up to the global batch
-        cannot reach here: :class:`hpp.plan.Plan` refuses them at construction.)
+        cannot reach here: :class:`hpp.plan_data.Plan` refuses them at construction.)
     """
     _check_uniform_tp(plan)
     roles: list[RankRole] = []

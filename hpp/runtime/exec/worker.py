@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from hpp.errors import HppInputError
 from hpp.fileio import write_atomic
-from hpp.plan import Plan, plan_from_dict
+from hpp.plan_data import Plan, plan_from_dict
 from hpp.runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from hpp.runtime.config import RunConfig, RunFacts
 from hpp.runtime.exec.data import make_batch_source

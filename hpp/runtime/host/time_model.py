@@ -57,7 +57,7 @@ from typing import Any
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan, stage_compute_s
 from hpp.formulation.collectives import p2p_transfer_s
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.step_time import HostTimeTerms

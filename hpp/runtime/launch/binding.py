@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
 from hpp.fileio import read_json
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_from_dict
 

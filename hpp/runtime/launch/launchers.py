@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 from hpp.fileio import write_atomic
 from hpp.runtime.launch.processes import INTERRUPT_GRACE_S, die_with_parent, free_port, kill_tree, libc_prctl
-from hpp.plan import plan_from_dict
+from hpp.plan_data import plan_from_dict
 from hpp.runtime.config import RunConfig, RunFacts
 from hpp.runtime.exec.worker import worker_main
 from hpp.runtime.launch.binding import worker_binding

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from hpp.errors import HppInputError
-from hpp.plan import plan_from_dict
+from hpp.plan_data import plan_from_dict
 from hpp.runtime.exec.worker import worker_main
 from hpp.runtime.launch.launchers import RANK_ENTRY, rank_binding, read_worker_config
 from hpp.runtime.launch.processes import die_with_parent

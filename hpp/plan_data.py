@@ -255,7 +255,7 @@ class Plan:
         for p, pipe in enumerate(self.pipelines):
             if not isinstance(pipe, Pipeline):
                 raise HppInputError(f"{type(pipe).__name__} is not a Pipeline", field=f"pipelines[{p}]",
-                                    fix="give hpp.plan.Pipeline objects")
+                                    fix="give hpp.plan_data.Pipeline objects")
             first, last = pipe.stages[0].layer_start, pipe.stages[-1].layer_stop
             if first != 0:
                 raise HppInputError(f"the first stage starts at layer {first}: the pipeline skips layers [0, {first})",
@@ -326,10 +326,10 @@ def plan_from_dict(d: Mapping[str, Any], *, source: str = "<plan>") -> Plan:
         inconsistent ``num_micro_batches`` (naming the file and the field).
     """
     check_header(d, fmt=PLAN_FORMAT, version=PLAN_VERSION, what="a plan", source=source,
-                 format_fix="give a plan that hpp plan --out wrote (Sailor or Metis plans: hpp estimate --format sailor|metis)", shape_fix="see hpp/plan.py")
+                 format_fix="give a plan that hpp plan --out wrote (Sailor or Metis plans: hpp estimate --format sailor|metis)", shape_fix="see hpp/plan_data.py")
     check_keys(d, _TOP_KEYS, source=source, where="")
     if bad := next((k for k in ("profile", "cluster", "predicted") if not isinstance(d.get(k, {}), Mapping)), None):
-        raise HppInputError(f"{bad} is not an object", source=source, field=bad, fix="see hpp/plan.py")
+        raise HppInputError(f"{bad} is not an object", source=source, field=bad, fix="see hpp/plan_data.py")
     pipes_raw = _req(d, "pipelines", source=source, where="", fix="list the pipelines")
     if not isinstance(pipes_raw, list) or not pipes_raw:
         raise HppInputError("no pipelines", source=source, field="pipelines", fix="give at least one pipeline")
