@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpp.runtime.model_api import ModelSpec, layer_generator
+from hpp.runtime.models.api import ModelSpec, layer_generator
 
 
 class Embed(nn.Module):                      # layer 0: tokens (b, s) -> (b, s, h)

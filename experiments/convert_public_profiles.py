@@ -19,8 +19,9 @@ from typing import Sequence
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import save_profile
 from hpp.profiles.network import NETWORK_DATA_FILE, NETWORK_ZONE, network_table_from_sailor
-from hpp.profiles.public import (SAILOR_ARTIFACT, SAILOR_LICENCE, load_sailor_profiles, read_json,
-                                 sequence_length_from_llm_info)
+from hpp.profiles.public_common import SAILOR_ARTIFACT, SAILOR_LICENCE, sequence_length_from_llm_info
+from hpp.profiles.public import load_sailor_profiles
+from hpp.fileio import read_json
 from hpp.profiles.bundled import bundled_profile_filename
 
 logger = logging.getLogger("convert_public_profiles")

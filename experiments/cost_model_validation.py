@@ -27,9 +27,11 @@ from typing import Sequence
 
 from hpp.cliparse import run_command
 from hpp.errors import HppInputError
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan
-from hpp.interop import load_any_plan, sailor_measurement
-from hpp.plan import read_plan_json
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan
+from hpp.interop import load_any_plan
+from hpp.interop.sailor import sailor_measurement
+from hpp.plan_data import read_plan_json
 from hpp.profiles.bundled import load_bundled_profile
 
 logger = logging.getLogger("cost_model_validation")

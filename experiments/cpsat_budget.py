@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpp.bench.instances import InstanceOptions, SyntheticSpec, synthetic_instance  # noqa: E402
+from hpp.bench.instance_format import InstanceOptions  # noqa: E402
+from hpp.bench.instances import SyntheticSpec, synthetic_instance
 from hpp.formulation.composition.settings import SolverSettings  # noqa: E402
 from hpp.formulation.composition.solve import solve  # noqa: E402
 from hpp.planner import make_problem  # noqa: E402

@@ -1,16 +1,16 @@
 """The memory model vs the runtime's real stage step, per stage, at real model size, with no GPU (issue 17).
 
 For ``opt-350``, ``gpt-neo-2.7`` and ``llama-3-8`` (the HF architectures of
-:mod:`hpp.runtime.zoo`) on one-pipeline plans of 1, 2 and 4 stages (even layer split),
+:mod:`hpp.runtime.models.zoo`) on one-pipeline plans of 1, 2 and 4 stages (even layer split),
 TP 1 and 2:
 
-1. **profile**: the per-layer memory terms (:func:`hpp.runtime.memory_profile.memory_terms`:
+1. **profile**: the per-layer memory terms (:func:`hpp.runtime.profile.memory_terms.memory_terms`:
    each distinct layer measured ALONE, one micro-batch, FakeTensor + MemTracker) go into a
    native profile entry, written as JSON and read back;
 2. **predict**: :func:`hpp.formulation.cost_model.estimate_plan` of the plan with that
    profile (:func:`~hpp.formulation.cost_model.stage_memory_breakdown`): the predicted peak
    of every stage;
-3. **measure**: :func:`hpp.runtime.memory.measure_stage_step` runs the stage's real
+3. **measure**: :func:`hpp.runtime.profile.stage_memory.measure_stage_step` runs the stage's real
    training step (the runtime's ``PipelineStage`` + ``Schedule1F1B`` over all micro-batches,
    the loss, the AdamW step) under FakeTensorMode and MemTracker with a fake process group.
 
@@ -43,8 +43,9 @@ from typing import Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan  # noqa: E402
-from hpp.plan import Pipeline, Plan, Stage  # noqa: E402
+from hpp.formulation.cost_config import CostModelConfig  # noqa: E402
+from hpp.formulation.cost_model import estimate_plan
+from hpp.plan_data import Pipeline, Plan, Stage  # noqa: E402
 from hpp.profiles.cluster import Cluster, Link, Node  # noqa: E402
 from hpp.profiles.devices import DeviceType  # noqa: E402
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
@@ -97,8 +98,8 @@ def _splits(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
 # The runtime (torch, ~4 s) is imported inside the jobs and the functions that measure: `--help` and the
 # cost-model side start without it.
 def _terms_job(name: str, b: int, tp: int, dtype: str) -> tuple[dict, float]:
-    from hpp.runtime.memory_profile import memory_terms
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.profile.memory_terms import memory_terms
+    from hpp.runtime.models.zoo import load_runtime_model
 
     t0 = time.perf_counter()
     terms = memory_terms(load_runtime_model(name), micro_batch_size=b, dtype=dtype, tp_degree=tp)
@@ -106,25 +107,25 @@ def _terms_job(name: str, b: int, tp: int, dtype: str) -> tuple[dict, float]:
 
 
 def _measure_job(name: str, spec_fields: dict) -> tuple[int, dict, float]:
-    from hpp.runtime.memory import StepSpec, measure_stage_step
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.profile.stage_memory import StepSpec, measure_stage_step
+    from hpp.runtime.models.zoo import load_runtime_model
 
     r = measure_stage_step(load_runtime_model(name), StepSpec(**spec_fields))
     return r.peak_bytes, r.breakdown, r.wall_s
 
 
 def _legacy_job(waste: bool) -> int:
-    from hpp.runtime.memory import StepSpec, measure_stage_step
-    from hpp.runtime.models import MODEL_CONFIGS, LegacyGPT
+    from hpp.runtime.profile.stage_memory import StepSpec, measure_stage_step
+    from hpp.runtime.models.gpt import MODEL_CONFIGS, GPT
 
-    model = LegacyGPT(MODEL_CONFIGS["opt-350"])
+    model = GPT(MODEL_CONFIGS["opt-350"])
     spec = StepSpec(0, model.spec.num_layers, 0, 1, 8, 4, optimizer="sgd", device="cuda")
     return measure_stage_step(model, spec, legacy_waste=waste).peak_bytes
 
 
 def _profile(name: str, terms: dict, num_layers: int, seq_len: int, tmp: Path) -> ModelProfile:
     """A profile entry holding only the memory terms (times 0), written and read back as JSON."""
-    from hpp.runtime.memory_profile import MemoryTerms, with_memory_terms
+    from hpp.runtime.profile.memory_terms import MemoryTerms, with_memory_terms
 
     zeros = (0.0,) * num_layers
     e = with_memory_terms(LayerProfile(DEVICE, terms["tp_degree"], terms["micro_batch_size"], zeros, zeros, zeros,
@@ -149,7 +150,7 @@ def _plan(name: str, num_layers: int, seq_len: int, splits: list[tuple[int, int]
 def run(models: Sequence[str], stages: Sequence[int], tps: Sequence[int], *, dtype: str, recompute: str,
         workers: int, legacy: bool) -> tuple[list[Row], dict]:
     """All rows (and the legacy reproduction figures); see the module docstring."""
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.zoo import load_runtime_model
 
     specs = {name: load_runtime_model(name).spec for name in models}
     config = CostModelConfig(optimizer="adamw", framework_bytes=())

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from hpp.cliparse import Parser
-from hpp.runtime.network_cli import human_summary
-from hpp.runtime.processes import free_port
+from hpp.runtime.network.cli import human_summary
+from hpp.runtime.launch.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

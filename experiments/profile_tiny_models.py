@@ -3,14 +3,14 @@
     python experiments/profile_tiny_models.py [--models llama-tiny,...] [--repeats 20] [--warmup 5]
     python experiments/profile_tiny_models.py --time-terms-only [--models gpt-tiny,opt-tiny,...]
 
-Per model: ``hpp profile``'s measurement (:func:`hpp.runtime.profiler.profile_model`) on
+Per model: ``hpp profile``'s measurement (:func:`hpp.runtime.profile.profiler.profile_model`) on
 one CPU thread at micro-batch sizes 1, 2, 4 (device type ``cpu``), TP degree 2 entries,
-and the emulated 2x slower type ``cpu-2x`` (:func:`~hpp.runtime.profiler.scale_profile`
+and the emulated 2x slower type ``cpu-2x`` (:func:`~hpp.runtime.profile.profiler.scale_profile`
 of both TP degrees, as cpu-hetero-4's gpt-tiny profile).
 
 TP 2 (``--tp2 measure``, the default) is MEASURED: two gloo ranks (forked, one compute
-thread each) shard each layer as ``hpp run`` does (:func:`hpp.runtime.tensor_parallel.
-parallelize_stage`) and time it with :func:`hpp.runtime.profiler.measure_layer` (CPU time of
+thread each) shard each layer as ``hpp run`` does (:func:`hpp.runtime.exec.tensor_parallel.
+parallelize_stage`) and time it with :func:`hpp.runtime.profile.profiler.measure_layer` (CPU time of
 the compute thread, so DTensor's dispatch and the ranks' share of compute are counted; time
 spent waiting for the peer in an all-reduce is not); an entry takes the slower rank's
 median per layer; param_bytes are one rank's local shards; activation_bytes and
@@ -27,7 +27,7 @@ output_bytes are TP 1's (an upper bound / the whole hidden state a stage sends).
 Each TP 2 entry says which in its note. Every entry then gets the runtime step's time terms
 (``step_time``: loss, schedule overhead, gloo send/recv) and the profile the host's CPU
 contention (``meta["host_time"]``), measured once for all models
-(:mod:`hpp.runtime.time_profile`); no memory terms (the bundled CPU profiles keep the
+(:mod:`hpp.runtime.profile.time_terms`); no memory terms (the bundled CPU profiles keep the
 calibrated memory formula, so cpu-hetero-4's plans stay as they are).
 ``--time-terms-only`` adds the time terms to the existing files (any bundled CPU profile,
 ``gpt-tiny`` included) and leaves their measured layers alone.
@@ -61,11 +61,11 @@ if str(ROOT) not in sys.path:
 
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile, save_profile
-from hpp.runtime.profiler import profile_model, scale_profile  # noqa: E402
-from hpp.runtime.time_profile import HostStepTerms, add_measured_time_terms, measure_host_step_terms  # noqa: E402
-from hpp.runtime.stage import build_stage  # noqa: E402
-from hpp.runtime.tensor_parallel import local_tensor, parallelize_stage  # noqa: E402
-from hpp.runtime.zoo import load_runtime_model  # noqa: E402
+from hpp.runtime.profile.profiler import profile_model, scale_profile  # noqa: E402
+from hpp.runtime.profile.time_terms import HostStepTerms, add_measured_time_terms, measure_host_step_terms  # noqa: E402
+from hpp.runtime.models.stage import build_stage  # noqa: E402
+from hpp.runtime.exec.tensor_parallel import local_tensor, parallelize_stage  # noqa: E402
+from hpp.runtime.models.zoo import load_runtime_model  # noqa: E402
 
 log = logging.getLogger("profile_tiny_models")
 TINY_MODELS = ("opt-tiny", "gpt-neo-tiny", "llama-tiny")
@@ -129,7 +129,7 @@ def _tp_worker(rank: int, name: str, tp: int, sizes: Sequence[int], warmup: int,
 
 
 def _timed(layer, make_input, *, warmup: int, repeats: int) -> dict[str, float]:
-    """Median forward/backward/optimizer CPU seconds of ``layer`` (hpp.runtime.profiler.measure_layer's loop)."""
+    """Median forward/backward/optimizer CPU seconds of ``layer`` (hpp.runtime.profile.profiler.measure_layer's loop)."""
     params = list(layer.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4)
     fwd, bwd, step = [], [], []
@@ -153,7 +153,7 @@ def _timed(layer, make_input, *, warmup: int, repeats: int) -> dict[str, float]:
 
 def measure_tp(profile: ModelProfile, name: str, tp: int, *, warmup: int, repeats: int) -> ModelProfile:
     """Add TP ``tp`` entries for device type ``cpu``, measured on ``tp`` forked gloo ranks (module docstring)."""
-    import hpp.runtime.hf_layers  # noqa: F401  (imported once; the forked ranks inherit it)
+    import hpp.runtime.models.hf_layers  # noqa: F401  (imported once; the forked ranks inherit it)
     sizes = sorted({k[2] for k in profile.entries if k[0] == "cpu" and k[1] == 1})
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(_tp_worker, args=(name, tp, sizes, warmup, repeats, f"file://{d}/init", d), nprocs=tp,
@@ -190,13 +190,13 @@ def make_profile(name: str, *, sizes: Sequence[int], repeats: int, warmup: int, 
     prof = add_measured_time_terms(prof, model=name, shared=shared)
     load = prof.meta["load_average"]
     how = "measured on 2 gloo ranks" if tp2 == "measure" else "derived from TP 1"
-    source = (f"measured on this project's CPU host by experiments/profile_tiny_models.py (hpp.runtime.profiler, "
+    source = (f"measured on this project's CPU host by experiments/profile_tiny_models.py (hpp.runtime.profile.profiler, "
               f"{repeats} repeats after {warmup} warm-up): machine {platform.node()!r} ({platform.machine()}, "
               f"{load['cores']} cores, 1-minute load {load['before']} before and {load['after']} after, other jobs "
               f"running), torch {torch.__version__}, {prof.meta['date']}; CPU time of one compute thread; cpu-2x = "
               f"cpu x 2 (emulated); TP {DERIVED_TP} entries {how} (see their notes); runtime step time terms "
-              f"and host contention by hpp.runtime.time_profile. The bundled CPU profile of {name} "
-              f"(hpp.runtime.hf_models).")
+              f"and host contention by hpp.runtime.profile.time_terms. The bundled CPU profile of {name} "
+              f"(hpp.runtime.models.hf).")
     return replace(prof, source=source, licence="MIT (this project)")
 
 
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prof = add_measured_time_terms(load_profile(src), model=name, shared=shared)
             note = " Runtime step time terms and host contention added by experiments/profile_tiny_models.py"
             prof = replace(prof, source=prof.source.split(note)[0].rstrip() + note + " --time-terms-only "
-                           f"(hpp.runtime.time_profile, 1-minute load {prof.meta['host_time']['load_average']}).")
+                           f"(hpp.runtime.profile.time_terms, 1-minute load {prof.meta['host_time']['load_average']}).")
         else:
             prof = make_profile(name, sizes=sizes, repeats=args.repeats, warmup=args.warmup, tp2=args.tp2,
                                 shared=shared)

@@ -53,7 +53,7 @@ _CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-4",
 
 
 def _plan(model: str, num_layers: int, *, global_batch: int, micro_batch: int, seq_len: int):
-    from hpp.plan import Pipeline, Plan, Stage
+    from hpp.plan_data import Pipeline, Plan, Stage
     cut = num_layers // 2
     pipes = tuple(Pipeline((Stage(0, cut, "cpu", 1, (2 * p,)), Stage(cut, num_layers, "cpu", 1, (2 * p + 1,))),
                            micro_batch, global_batch // 2, "1F1B") for p in range(2))
@@ -68,9 +68,9 @@ def _plain_rank(rank: int, port: int, model_name: str, plan_lo_hi: list, g: int,
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from hpp.runtime.model_api import IGNORE_INDEX, synthetic_batch
-    from hpp.runtime.stage import build_stage
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.api import IGNORE_INDEX, synthetic_batch
+    from hpp.runtime.models.stage import build_stage
+    from hpp.runtime.models.zoo import load_runtime_model
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=300))
@@ -121,7 +121,7 @@ def _children_cpu_s() -> float:
 
 def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float) -> tuple[list[float], float]:
     """Per-step times [s] of the plain script (slowest rank per step), and its ranks' CPU seconds."""
-    from hpp.runtime.processes import free_port
+    from hpp.runtime.launch.processes import free_port
     ctx = mp.get_context("fork")
     cpu0 = _children_cpu_s()
     with tempfile.TemporaryDirectory() as out:
@@ -140,10 +140,11 @@ def run_plain(model: str, lo_hi: list, *, g: int, b: int, steps: int, lr: float)
 
 def run_hpp(plan_path: Path, *, model: str, steps: int, lr: float) -> tuple[list[float], float]:
     """Per-step times [s] of ``hpp run`` (slowest rank per step), and its ranks' CPU seconds."""
+    from hpp.runtime.config import RunConfig
     from hpp.runtime.run import run_plan
     cpu0 = _children_cpu_s()
-    rep = run_plan(plan_path, steps=steps, model=model, launcher="fork", optimizer="adamw", lr=lr,
-                   dtype="float32", warmup_steps=0)
+    rep = run_plan(RunConfig.build(plan_path, steps=steps, model=model, launcher="fork", optimizer="adamw", lr=lr,
+                                   dtype="float32", warmup_steps=0))
     return list(rep.measured["step_times_s"]), _children_cpu_s() - cpu0
 
 
@@ -153,9 +154,9 @@ def _preload(model: str) -> None:
     per-step CPU figure."""
     import torch.distributed.pipelining  # noqa: F401
     import torch.distributed.tensor.parallel  # noqa: F401
-    from hpp.runtime.stage import build_stage
-    from hpp.runtime.training import measure_stage_flops
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.stage import build_stage
+    from hpp.runtime.exec.training import measure_stage_flops
+    from hpp.runtime.models.zoo import load_runtime_model
     rt = load_runtime_model(model)
     spec = rt.spec
     measure_stage_flops(build_stage(rt, 0, 1, seed=0), is_first=True, is_last=False, micro_batch_size=1,
@@ -172,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "runtime_overhead.csv"))
     args = ap.parse_args(argv)
-    from hpp.plan import write_plan_json
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.plan_data import write_plan_json
+    from hpp.runtime.models.zoo import load_runtime_model
     spec = load_runtime_model(args.model).spec
     plan = _plan(spec.name, spec.num_layers, global_batch=args.global_batch, micro_batch=args.micro_batch,
                  seq_len=spec.seq_len)

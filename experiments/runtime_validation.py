@@ -7,8 +7,8 @@ does; ``--no-closed-loop`` skips it). Writes ``experiments/results/runtime_valid
 cluster), ``_timeline.png`` (HPP's plan on the first cluster, predicted beside measured) and
 ``_profile.json`` (the profile the predictions use, with its time terms). Prints predicted
 vs measured per run and, last, ``time: max |error| X % over N runs``: measured against the
-host model's prediction (:mod:`hpp.runtime.host_model`; with the real-op probe the profiling
-step stores, :mod:`hpp.runtime.host_ops`); the target is 15 % on a quiet host. Before it, the
+host model's prediction (:mod:`hpp.runtime.host.time_model`; with the real-op probe the profiling
+step stores, :mod:`hpp.runtime.host.ops`); the target is 15 % on a quiet host. Before it, the
 same with the CPU terms x the run's measured CPU ratio (host speed drift taken out) and with
 the other load measured just before each run (``background load corrected``).
 ``--quick``: two clusters, fewer steps.
@@ -94,10 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r.error_norm:>+8.0%} {r.background:>4.1f} {r.predicted_bg_s:>7.3f} {r.load_before:>5.1f}")
     print("pred s: the host model (cores shared by the ranks, CPU contention, emulation padding, the hypervisor's steal "
           "during the run), what the run should measure; steal: the share of the time the cores wanted to run that the "
-          "hypervisor took (hpp.runtime.host_steal); nost s: pred s without it; model s: the cost model's closed form at time scale D; plan s: the plan's own prediction (D = 1); "
+          "hypervisor took (hpp.runtime.host.steal); nost s: pred s without it; model s: the cost model's closed form at time scale D; plan s: the plan's own prediction (D = 1); "
           "cpu: CPU seconds the ranks' forward/backward used / predicted (the host's speed vs when profiled); "
           "norm s: pred s with the CPU terms x cpu (steal too); bg: other processes computing on the host just before the run "
-          "(hpp.runtime.host_probe.background_load; 0 on a quiet host); bg s: pred s with that background load")
+          "(hpp.runtime.profile.host_probe.background_load; 0 on a quiet host); bg s: pred s with that background load")
     print(f"{time.perf_counter() - t0:.0f} s; wrote {args.out}; load average now {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores (the 15 % target needs a quiet host: load below 0.5)")
     print(f"time (CPU speed normalised): max |error| {100 * max_abs_error(rows, normalised=True):.1f} % over "

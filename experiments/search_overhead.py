@@ -20,8 +20,8 @@ from typing import Sequence
 
 from hpp.cliparse import Parser
 from hpp.errors import HppInputError, InfeasibleError
-from hpp.bench.search_overhead import (ABLATIONS, measure_point, plot_rows, read_csv, scenario_points, summary_table,
-                              sweep_points, write_csv)
+from hpp.bench.search_overhead import ABLATIONS, measure_point, plot_rows, scenario_points, sweep_points
+from hpp.bench.search_report import read_csv, summary_table, write_csv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

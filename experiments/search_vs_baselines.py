@@ -20,7 +20,7 @@ from typing import Sequence
 from hpp.cliparse import Parser
 from hpp.errors import HppInputError
 from hpp.fileio import write_dataclass_csv
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.bench.search_overhead import BaselineCheck, baseline_cases, baseline_check
 
 RESULTS = Path(__file__).resolve().parent / "results"

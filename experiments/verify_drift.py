@@ -34,10 +34,10 @@ from typing import Sequence
 
 import torch
 
-from hpp.runtime.data import make_batch_source
-from hpp.runtime.stage import build_stage
-from hpp.runtime.training import TrainingConfig, lm_loss, make_optimizer, single_device_step, target_count
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.exec.data import make_batch_source
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.training import TrainingConfig, lm_loss, make_optimizer, single_device_step, target_count
+from hpp.runtime.models.zoo import load_runtime_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GLOBAL_BATCH = 8

@@ -38,12 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from hpp.errors import HppInputError
-# The submodule hpp.plan (the Plan data) is loaded first: importing a submodule binds its name on the
-# package, so loading it here, before ``def plan`` below, leaves ``hpp.plan`` the function. Import the
-# module's names with ``from hpp.plan import Plan`` (``import hpp.plan as m`` would get the function).
-from hpp import plan as _plan_module  # noqa: E402,F401
 from hpp.interop import load_any_plan
-from hpp.plan import Plan, write_plan_json
+from hpp.plan_data import Plan, write_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_from_dict
@@ -51,7 +47,7 @@ from hpp.profiles.cluster_format import load_cluster as _load_cluster_file
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import load_profile as _load_profile_file
 from hpp.resolve import load_plan, resolve_plan
-from hpp.scenarios import SCENARIOS, get_scenario
+from hpp.scenarios import get_scenario
 
 # The search and the cost model (hpp.planner, hpp.baselines, hpp.formulation) load numpy, SciPy and
 # OR-Tools: about 1.4 s, against about 0.1 s for ``import hpp`` without them (measured with
@@ -93,9 +89,9 @@ def load_cluster(source: "str | Path | Mapping[str, Any] | Cluster") -> "Cluster
         return source
     if isinstance(source, Mapping):
         return cluster_from_dict(source, source="<cluster object>")
-    if isinstance(source, str) and not source.endswith(".json") and not Path(source).exists():
-        if source in SCENARIOS:
-            return get_scenario(source).cluster()
+    if isinstance(source, str) and "/" not in source and not source.endswith(".json") and not Path(source).exists():
+        # neither a file nor a JSON name: a bundled scenario's name, or a typo of one (the error lists them)
+        return get_scenario(source, field="cluster").cluster()
     return _load_cluster_file(source)
 
 
@@ -205,7 +201,7 @@ def estimate(plan_or_path: "Plan | str | Path", cluster: "str | Path | Mapping[s
     ----------
     plan_or_path : Plan, or a path to a plan file (hpp's; Sailor's and Metis's are converted)
     cluster, profile : optional
-        Needed for a :class:`~hpp.plan.Plan` object unless it embeds its cluster / names its
+        Needed for a :class:`~hpp.plan_data.Plan` object unless it embeds its cluster / names its
         profile (plans from :func:`plan` and ``hpp plan --out`` do); given, they override the file's.
 
     Returns

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from dataclasses import replace
 
+from hpp import __version__
 from hpp.baselines import DEFAULT_BASELINE_TIME_LIMIT_S
 from hpp.cli_bundled import add_bundled_commands
 from hpp.cli_inputs import DEFAULT_GBS, check_writable, estimate_inputs, left_out_types, max_tp_note, plan_inputs
@@ -24,7 +25,7 @@ from hpp.cli_output import (baselines_json, estimate_header, estimate_json, idle
 from hpp.cliparse import DefaultsRawFormatter, Parser, run_command
 from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
-from hpp.plan import plan_to_dict, write_plan_json
+from hpp.plan_data import plan_to_dict, write_plan_json
 from hpp.profiles.bundled import bundled_models
 from hpp.profiles.cluster_notes import cluster_notes
 from hpp.profiles.cluster_format import CLUSTER_FORMAT_HELP
@@ -109,9 +110,14 @@ def cmd_plan(args) -> int:
     plan = replace(res.plan, predicted=predicted)
     if args.out:
         write_plan_json(plan, args.out)
+    t_idle = time.perf_counter()
+    if len(set(plan.device_ids)) < cluster.num_devices:
+        say(f"{count(cluster.num_devices - len(set(plan.device_ids)), 'device')} idle: pricing the best plans found "
+            f"that use them")
+    alternative = idle_alternative(res, cluster, gbs)
+    idle_s = time.perf_counter() - t_idle
     idle = idle_devices_note(plan, cluster, gbs, left_out=set(left_out) | set(res.stats.get("types_left_out") or ()),
-                             predicted_s=res.estimate.iteration_time_s,
-                             alternative=idle_alternative(res, cluster, gbs))
+                             predicted_s=res.estimate.iteration_time_s, alternative=alternative)
     notes += [n for n in (idle, named_solver_note(args.solver, res.search, args.cpsat_params)) if n]
     if args.json:
         out = {"scenario": name, "model": profile.model, "global_batch_size": gbs, "notes": notes,
@@ -124,7 +130,7 @@ def cmd_plan(args) -> int:
     print_plan_report(outcome, plan, cluster, name, profile.model, notes,
                       replanned_from=inp.cluster if replanned else None, out=args.out)
     say(f"done in {time.perf_counter() - t0:.1f} s (baselines {outcome.baselines_s:.1f} s, "
-        f"HPP search {res.wall_s:.1f} s)")
+        f"HPP search {res.wall_s:.1f} s" + (f", idle-device check {idle_s:.1f} s" if idle_s >= 0.05 else "") + ")")
     return 0
 
 
@@ -189,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = Parser(prog="hpp", description="Heterogeneous Pipeline Parallelism: plan and run.",
                 epilog="Global options (-v, -vv) go before the command: hpp -v run PLAN.json --steps 1")
     ap.add_argument("-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)")
+    ap.add_argument("--version", action="version", version=f"hpp {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     _add_plan_parser(sub)
     _add_estimate_parser(sub)

@@ -15,7 +15,7 @@ __all__ = ["add_bundled_commands", "cmd_scenarios", "cmd_profiles"]
 
 def cmd_scenarios(args) -> int:
     if args.cluster:   # the scenario's cluster as a cluster file, to edit or to plan with your own profile
-        print(json.dumps(cluster_to_dict(get_scenario(args.cluster).cluster()), indent=1))
+        print(json.dumps(cluster_to_dict(get_scenario(args.cluster, field="--cluster").cluster()), indent=1))
         return 0
 
     rows = []

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpp.errors import HppInputError
 from hpp.fileio import folder_writable
-from hpp.plan import plan_from_dict, read_plan_json
+from hpp.plan_data import plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster_format import load_cluster
 from hpp.profiles.profile_format import load_profile
@@ -191,7 +191,7 @@ def plan_inputs(args) -> PlanInputs:
 def left_out_types(cluster, profile, space) -> dict[str, str]:
     """Device types the search leaves out because none of their measured TP degrees is usable, with why
     (the other types are planned; the input is refused only when none is left)."""
-    from hpp.formulation.candidates import runnable_tp_degrees, stage_kinds    # lazy: numpy
+    from hpp.formulation.space_limits import runnable_tp_degrees, stage_kinds  # lazy: numpy
 
     kinds = stage_kinds(cluster, profile, space)
     runnable = set(runnable_tp_degrees(profile))
@@ -213,11 +213,11 @@ def left_out_types(cluster, profile, space) -> dict[str, str]:
 def max_tp_note(cluster, profile, space) -> str | None:
     """A note when ``--max-tp`` is not one of the profile's measured TP degrees on the cluster's types (None otherwise).
 
-    ``max_tp`` is a cap on the measured degrees (:func:`hpp.formulation.candidates.stage_kinds`), not a
+    ``max_tp`` is a cap on the measured degrees (:func:`hpp.formulation.space_limits.stage_kinds`), not a
     degree of its own: ``--max-tp 3`` means "at most 3", i.e. TP 1 and 2 when those are measured. It is
     accepted (a cap is meaningful at any value >= 1) and said, so that nobody reads it as "TP 3".
     """
-    from hpp.formulation.candidates import stage_kinds    # lazy: numpy
+    from hpp.formulation.space_limits import stage_kinds  # lazy: numpy
 
     types = sorted(t for t in cluster.count_by_type() if t in profile.device_types)
     measured = sorted({tp for t in types for tp in profile.tp_degrees(t)})

@@ -11,11 +11,11 @@ import difflib
 import io
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import asdict, fields
 from os import PathLike
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hpp.errors import HppInputError
 
@@ -97,9 +97,12 @@ def check_header(d: Any, *, fmt: str, version: int, what: str, source: str, form
                             fix=f"use version {version}")
 
 
-def write_atomic(path: str | PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it and a rename (a reader never sees it
-    half-written; the temporary file is removed when the write fails).
+def write_atomic(path: str | PathLike, data: str | bytes | Callable[[Path], None]) -> None:
+    """Write ``path`` through a temporary file beside it and a rename: a reader never sees it half-written, and a
+    failed write leaves neither the temporary file nor a changed ``path`` behind.
+
+    ``data``: the text or bytes, or a function that writes the file at the temporary path it is given
+    (``torch.save``, a figure's ``savefig`` with an explicit format).
 
     Raises
     ------
@@ -107,13 +110,20 @@ def write_atomic(path: str | PathLike, text: str) -> None:
         The folder is missing or not writable, or the disk is full (``path`` is then unchanged).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # a unique name opened with "x" (not mkstemp's 0600): the file gets the mode open() gives a new file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
+        if callable(data):
+            data(tmp)
+        elif isinstance(data, bytes):
+            with open(tmp, "xb") as f:
+                f.write(data)
+        else:
+            with open(tmp, "x", newline="") as f:
+                f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -1,7 +1,7 @@
 """Re-plan after losing devices: the cluster without them, searched warm from the previous plan.
 
 The loop a user runs after a failure: save -> re-plan without the lost devices ->
-resume on the new plan (:mod:`hpp.runtime.checkpoint` loads under any plan).
+resume on the new plan (:mod:`hpp.runtime.checkpoint.dcp` loads under any plan).
 
 - :func:`exclude_devices` / :func:`exclude_nodes`: the cluster without some devices
   (or whole nodes), renumbered node by node as every cluster is (a node left with no
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.data_balance import balance_data
-from hpp.plan import Plan, default_schedule
+from hpp.plan_data import Plan, default_schedule
 from hpp.planner import PlannerResult, plan_hpp
 from hpp.profiles.cluster import Cluster, Node
 from hpp.profiles.cluster_format import cluster_to_dict

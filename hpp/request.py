@@ -15,10 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hpp.baselines import DEFAULT_BASELINE_TIME_LIMIT_S
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace
-from hpp.formulation.composition.settings import DEFAULT_SOLVER, MAX_CANDIDATES, SOLVER_NAMES, SolverSettings
-from hpp.formulation.cost_model import CostModelConfig
-from hpp.plan import Plan
+from hpp.formulation.space_limits import SearchSpace
+from hpp.formulation.composition.settings import (DEFAULT_SOLVER, MAX_CANDIDATES, NO_CANDIDATE_LIMIT, SOLVER_NAMES,
+                                                   SolverSettings)
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.plan_data import Plan
 from hpp.planner import PlannerConfig, PlannerResult, check_micro_batch_sizes, plan_hpp
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
@@ -96,7 +97,7 @@ class PlanOutcome:
         The returned plan (the search's, or a baseline's / the previous plan's seed where faster), its estimate and
         the search's figures (status, objective, bound, gap, source).
     baselines : mapping
-        Baseline name -> :class:`~hpp.baselines.single_shape.BaselineResult` ({} without baselines).
+        Baseline name -> :class:`~hpp.baselines.uniform.BaselineResult` ({} without baselines).
     baselines_s : float
         Time of the baseline phase [s].
     seed_s : float
@@ -214,7 +215,11 @@ def run_request(request: PlanRequest, *, progress: Callable[[str], None] | None 
     seeds = {k: b.plan for k, b in found.items() if b.plan is not None}
     seed_s = _seed_from_previous(request, seeds, say)
     settings = cfg.solver
-    say(f"HPP search ({settings.solver}; " + (f"wall-clock budget {settings.max_time_in_seconds:g} s)"
+    limit = settings.candidate_limit
+    solver = settings.solver if settings.solver == "heuristic" else \
+        f"{settings.solver} on every candidate" if limit >= NO_CANDIDATE_LIMIT else \
+        f"{settings.solver} where at most {limit} candidates are left"
+    say(f"HPP search ({solver}; " + (f"wall-clock budget {settings.max_time_in_seconds:g} s)"
                                               if settings.max_time_in_seconds is not None else
         f"deterministic: a budget of {settings.work_budget:g} work units; --time-limit S or --work-limit UNITS: more)"))
     result = plan_hpp(cluster, profile, gbs, config=cfg, profile_ref=request.profile_ref, progress=progress,

@@ -4,7 +4,7 @@ A plan written by ``hpp plan --out`` embeds its cluster and names (or embeds) it
 profile, so that ``hpp estimate PLAN.json`` and ``hpp run PLAN.json`` need nothing
 else. Paths inside a plan are relative to the plan file. :func:`load_plan` is the one
 loader of every command that reads a plan (``hpp run``, ``hpp estimate``, ``--previous``):
-the JSON is read once, the :class:`~hpp.plan.Plan` checks itself when built (layers,
+the JSON is read once, the :class:`~hpp.plan_data.Plan` checks itself when built (layers,
 TP degrees, devices used once, samples), and :func:`~hpp.validate.validate_plan` checks
 it once against the cluster and profile.
 """
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from hpp.errors import HppInputError
 from hpp.fileio import check_keys
-from hpp.plan import Plan, plan_from_dict, read_plan_json
+from hpp.plan_data import Plan, plan_from_dict, read_plan_json
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_from_dict, load_cluster

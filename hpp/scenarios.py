@@ -146,8 +146,9 @@ SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in (
 DEFAULT_SCENARIO = "opt350-a100x8-v100x8"
 
 
-def get_scenario(name: str) -> Scenario:
-    """The bundled scenario ``name``; raises HppInputError listing the known names."""
+def get_scenario(name: str, *, field: str = "--scenario") -> Scenario:
+    """The bundled scenario ``name``; raises HppInputError listing the known names (``field``: the flag or
+    argument that named it)."""
     if name not in SCENARIOS:
-        raise HppInputError(f"unknown scenario {name!r}", field="--scenario", fix=f"use one of {list(SCENARIOS)}")
+        raise HppInputError(f"unknown scenario {name!r}", field=field, fix=f"use one of {list(SCENARIOS)}")
     return SCENARIOS[name]

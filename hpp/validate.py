@@ -1,6 +1,6 @@
 """Plan validation: the invariants of an HPP plan that need its cluster and its profile.
 
-What needs nothing else is checked when the plan is built (:class:`hpp.plan.Plan`,
+What needs nothing else is checked when the plan is built (:class:`hpp.plan_data.Plan`,
 ``Pipeline``, ``Stage``: each pipeline covers layers [0, L) exactly once with non-empty,
 contiguous stages; a stage has one device id per TP rank; each device is used at most
 once; samples add up to the global batch; the schedule can run the pipeline's
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpp.errors import HppInputError
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.wording import count
@@ -89,7 +89,7 @@ def validate_plan(plan: Plan, cluster: Cluster, profile: ModelProfile | None = N
 def check_samples_sum(plan: Plan, *, source: str | None = None) -> None:
     """Refuse a plan whose pipelines' samples do not add up to its global batch size.
 
-    Every :class:`~hpp.plan.Plan` passes since :class:`~hpp.plan.Plan` checks this when built
+    Every :class:`~hpp.plan_data.Plan` passes since :class:`~hpp.plan_data.Plan` checks this when built
     (kept for callers that state the invariant they rely on).
 
     Raises

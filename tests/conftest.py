@@ -26,7 +26,7 @@ def _no_host_probe_outside_its_tests(request, monkeypatch):
         return
     try:
         import hpp.runtime.run as run_mod
-        from hpp.runtime.host_speed import HostSpeed
+        from hpp.runtime.profile.host_speed import HostSpeed
     except ImportError:           # torch missing: the runtime tests skip anyway
         return
     monkeypatch.setattr(run_mod, "calibrate_host_speed",

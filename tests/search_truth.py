@@ -41,7 +41,7 @@ import random
 from dataclasses import dataclass, field
 
 from hpp.errors import HppInputError, InfeasibleError
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.cost_model import stage_compute_s
 from hpp.formulation.data_balance import least_time_s
 from hpp.planner import make_problem

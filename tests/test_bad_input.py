@@ -6,7 +6,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage, plan_from_dict
+from hpp.plan_data import Pipeline, Plan, Stage, plan_from_dict
 from hpp.resolve import load_plan
 from hpp.validate import validate_plan
 from tests.synthetic import toy_cluster, toy_profile
@@ -146,7 +146,7 @@ def test_micro_batch_list_that_is_not_numbers_names_the_flag(capsys):
 
 
 def test_types_without_a_requested_micro_batch_size_are_left_out_and_said():
-    from hpp.formulation.candidates import SearchSpace
+    from hpp.formulation.space_limits import SearchSpace
     from hpp.planner import plan_hpp
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.scenarios import make_cluster

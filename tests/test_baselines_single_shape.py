@@ -7,7 +7,7 @@ import pytest
 from hpp.baselines.shapes import group_orders, group_splits, metis_merged_blocks
 from hpp.baselines.single_shape import _single_shape_candidates, single_shape_baseline
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.stage_balance import StageKind
 from hpp.profiles.bundled import load_bundled_profile

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hpp.errors import HppInputError
-from hpp.formulation.binding import bind_devices, bind_nodes, node_crossings
+from hpp.formulation.binding import bind_devices, bind_nodes
+from hpp.formulation.binding_score import node_crossings
 from hpp.formulation.binding_rules import best_fit_assign, packed_assign
 from hpp.formulation.binding_score import BindingScorer, forced_crossings
 from hpp.formulation.candidates import Candidate

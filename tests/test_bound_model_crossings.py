@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from hpp.formulation.composition.bound_model import _inter_links, lower_bound_candidates
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.stage_balance import StageKind
 from hpp.planner import make_problem
 from hpp.profiles.cluster import Node

@@ -17,9 +17,10 @@ from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.composition.copy_bound import copy_bound
 from hpp.formulation.composition.step_lp import StepLP, h_ranges
 from hpp.formulation.composition.sync_floor import ring_cost_increasing_from, sync_rate_table
-from hpp.formulation.cost_model import ring_allreduce_s
+from hpp.formulation.collectives import ring_allreduce_s
 from hpp.formulation.composition.heuristics import best_incumbent, fill_heuristic, greedy_composition
-from hpp.bench.instances import InstanceOptions, SyntheticSpec, synthetic_instance
+from hpp.bench.instance_format import InstanceOptions
+from hpp.bench.instances import SyntheticSpec, synthetic_instance
 from hpp.profiles.cluster import Link
 
 #: A concave fit (GB/s at log2(chunk / 1 MB)) that peaks near 64 MB chunks and falls for larger ones.

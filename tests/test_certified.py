@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 
 from hpp.baselines.single_shape import exhaustive_composition
 from hpp.errors import HppInputError, InfeasibleError
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition import SyncFloor, composition_objective_s
-from hpp.formulation.cost_model import ring_allreduce_s
+from hpp.formulation.collectives import ring_allreduce_s
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations
-from hpp.plan import plan_to_dict
+from hpp.plan_data import plan_to_dict
 from hpp.planner import make_problem, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.cluster import Cluster, Link, Node
@@ -304,7 +304,8 @@ def test_bundled_scenarios_bound_below_prediction_and_runs_identical(name):
 
 
 def test_limits_hold_for_baselines_seeds_and_the_returned_plan():
-    from hpp.baselines.single_shape import run_baselines, uniform_baseline
+    from hpp.baselines.single_shape import run_baselines
+    from hpp.baselines.uniform import uniform_baseline
     sc = SCENARIOS["opt350-a100x4-v100x4"]
     cl, prof = sc.cluster(), load_bundled_profile(sc.model)
     wide = uniform_baseline(cl, prof, sc.global_batch_size, space=SearchSpace(max_stages=8))

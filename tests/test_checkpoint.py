@@ -1,4 +1,4 @@
-"""Checkpoints (hpp.runtime.checkpoint): written under one layout, loaded exactly under any other.
+"""Checkpoints (hpp.runtime.checkpoint.dcp): written under one layout, loaded exactly under any other.
 
 The training state of a layout is built from single-process training (float64,
 AdamW, cosine LR with warmup, tied embeddings): every rank trains the whole tiny model
@@ -22,17 +22,19 @@ import torch
 import torch.distributed as dist
 
 from hpp.errors import HppInputError
-from hpp.runtime import checkpoint as ck
-from hpp.runtime.processes import free_port
-from hpp.runtime.model_api import synthetic_batch
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
-from hpp.runtime.training import TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step
+from hpp.runtime.checkpoint import dcp as ck
+from hpp.runtime.checkpoint.export import export_checkpoint
+from hpp.runtime.checkpoint import store
+from hpp.runtime.launch.processes import free_port
+from hpp.runtime.models.api import synthetic_batch
+from hpp.runtime.models.gpt import GPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.training import TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step
 
 pytestmark = pytest.mark.distributed
 
 CFG = ModelConfig("micro", num_blocks=4, hidden_size=32, num_heads=2, seq_len=16, vocab_size=64)
-MODEL = LegacyGPT(CFG, tie_embeddings=True)
+MODEL = GPT(CFG, tie_embeddings=True)
 L = CFG.num_layers                                   # 6
 TRAIN = TrainingConfig(optimizer="adamw", lr=1e-2, lr_schedule="cosine", warmup_steps=1, total_steps=8,
                        dtype="float64")
@@ -175,8 +177,8 @@ def test_resume_on_other_layouts_is_exact(tmp_path: Path) -> None:
     reference(0), reference(K)                                          # computed once, before the forks
     save = [(0, 3), (3, L), (0, 2), (2, L)]
     paths = run_ranks(save_layout, 4, tmp_path / "save", str(ckpt), save, [0.0, 0.0, 1.0, 1.0])
-    assert set(paths) == {str(ck.step_dir(ckpt, K))}
-    assert ck.latest_checkpoint(ckpt) == ck.step_dir(ckpt, K)
+    assert set(paths) == {str(store.step_dir(ckpt, K))}
+    assert store.latest_checkpoint(ckpt) == store.step_dir(ckpt, K)
     assert not list(ckpt.glob(".tmp-*"))
     control = stage_from_reference(0, 2, reference(K), offset=1.0)
     assert mismatches(*control[:2], reference(K))                     # the offset replica is not the reference
@@ -201,7 +203,7 @@ def test_resume_on_other_layouts_is_exact(tmp_path: Path) -> None:
 def _tp_stage(ref, tp: int, group) -> tuple:
     """The whole model at TP ``tp`` over ``group``, holding the reference's trained state (sharded locally)."""
     from torch.distributed.tensor import distribute_tensor
-    from hpp.runtime.tensor_parallel import parallelize_stage
+    from hpp.runtime.exec.tensor_parallel import parallelize_stage
 
     module, opt, sched = stage_from_reference(0, L, ref)
     full_state = {n: dict(e) for n, e in by_name(module, opt).items()}
@@ -260,19 +262,19 @@ def _save_single(root: Path, step: int, *, model_name: str = "micro", optimizer:
 def test_incomplete_checkpoints_are_refused_and_skipped(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     with pytest.raises(HppInputError, match="no such checkpoint directory"):
-        ck.resolve_checkpoint(root)
+        store.resolve_checkpoint(root)
     _save_single(root, 1)
     _save_single(root, 2)
-    (ck.step_dir(root, 2) / ck.COMPLETE_MARKER).unlink()               # a save that died before its marker
+    (store.step_dir(root, 2) / store.COMPLETE_MARKER).unlink()               # a save that died before its marker
     (root / ".tmp-step-3").mkdir()                                      # one that died before its rename
-    assert ck.latest_checkpoint(root) == ck.step_dir(root, 1)
+    assert store.latest_checkpoint(root) == store.step_dir(root, 1)
     module, opt, sched = fresh(0, L)
     assert ck.load_checkpoint(root, module=module, optimizer=opt, scheduler=sched) == 1
     with pytest.raises(HppInputError, match="incomplete checkpoint") as exc:
-        ck.load_checkpoint(ck.step_dir(root, 2), module=module, optimizer=opt, scheduler=sched)
-    assert "\n" not in str(exc.value) and str(ck.step_dir(root, 2)) in str(exc.value)
+        ck.load_checkpoint(store.step_dir(root, 2), module=module, optimizer=opt, scheduler=sched)
+    assert "\n" not in str(exc.value) and str(store.step_dir(root, 2)) in str(exc.value)
     assert "step-1" in str(exc.value)                                   # the fix names the last complete one
-    (ck.step_dir(root, 1) / ck.COMPLETE_MARKER).unlink()
+    (store.step_dir(root, 1) / store.COMPLETE_MARKER).unlink()
     with pytest.raises(HppInputError, match="no complete checkpoint in this directory: only incomplete ones"):
         ck.load_checkpoint(root, module=module, optimizer=opt, scheduler=sched)
 
@@ -287,14 +289,14 @@ def test_checkpoint_of_another_model_or_optimizer_is_refused(tmp_path: Path) -> 
         "Fix: resume from a checkpoint of gpt-tiny, or resume this one with a plan of micro (hpp plan --model micro ...)")
     with pytest.raises(HppInputError, match="not of 'micro' \\(8 layers\\)"):
         ck.load_checkpoint(root, module=module, optimizer=opt, model_name="micro", num_layers=8)
-    wider = LegacyGPT(ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=16, vocab_size=64))
+    wider = GPT(ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=16, vocab_size=64))
     small = build_stage(wider, 0, L, seed=0, dtype=torch.float64)
     with pytest.raises(HppInputError, match=r"stores \(64, 32\) for parameter layers.0.wte.weight \(64, 16\)"):
         ck.load_checkpoint(root, module=small, model_name="micro", num_layers=L)
     sgd = make_optimizer(module.parameters(), TrainingConfig(optimizer="sgd", lr=0.1))
     with pytest.raises(HppInputError, match="AdamW optimizer state, this run uses SGD"):
         ck.load_checkpoint(root, module=module, optimizer=sgd)
-    assert ck.read_checkpoint_meta(root)["step"] == 1                  # nothing above half-loaded the metadata
+    assert store.read_checkpoint_meta(root)["step"] == 1                  # nothing above half-loaded the metadata
     wrapped = torch.nn.ModuleDict({"stage": module})                  # names 'stage.layers...': not plan-free
     with pytest.raises(ValueError, match="not global"):
         ck.save_checkpoint(tmp_path / "other", step=1, module=wrapped, optimizer=None, model_name="micro",
@@ -308,21 +310,21 @@ def test_export_torch_and_safetensors_full_float32_by_global_name(tmp_path: Path
     _save_single(root, K)
     want = {n: p.detach().float() for n, p in reference(K)[0].named_parameters(remove_duplicate=False)}
     assert "layers.0.wte.weight" in want and f"layers.{L - 1}.lm_head.weight" in want     # both tied names
-    ck.export_checkpoint(root, tmp_path / "m.pt")
-    ck.export_checkpoint(root, tmp_path / "m.safetensors", format="safetensors")
+    export_checkpoint(root, tmp_path / "m.pt")
+    export_checkpoint(root, tmp_path / "m.safetensors", format="safetensors")
     for got in (torch.load(tmp_path / "m.pt"), load_file(str(tmp_path / "m.safetensors"))):
         assert set(got) == set(want)
         assert all(got[n].dtype == torch.float32 and torch.equal(got[n], want[n]) for n in want)
     with pytest.raises(HppInputError, match="unknown export format"):
-        ck.export_checkpoint(root, tmp_path / "m.bin", format="gguf")
-    from hpp.runtime.checkpoint_export import main
+        export_checkpoint(root, tmp_path / "m.bin", format="gguf")
+    from hpp.runtime.checkpoint.export import main
     assert main([str(root), str(tmp_path / "cli.pt")]) == 0 and (tmp_path / "cli.pt").is_file()
 
 
 def test_resave_of_the_same_step_replaces_it_whole(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     _save_single(root, 1)
-    first = json.loads((ck.step_dir(root, 1) / ck.META_FILE).read_text())["saved_unix_s"]
+    first = json.loads((store.step_dir(root, 1) / store.META_FILE).read_text())["saved_unix_s"]
     _save_single(root, 1)
-    assert json.loads((ck.step_dir(root, 1) / ck.META_FILE).read_text())["saved_unix_s"] > first
+    assert json.loads((store.step_dir(root, 1) / store.META_FILE).read_text())["saved_unix_s"] > first
     assert sorted(p.name for p in root.iterdir()) == ["step-1"]

@@ -14,13 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hpp.errors import HppInputError                                          # noqa: E402
-from hpp.runtime import checkpoint as ck                                      # noqa: E402
-from hpp.runtime.checkpoint_reader import (DCP_METADATA_FILE, check_files, file_manifest,     # noqa: E402
+from hpp.runtime.checkpoint import dcp as ck                                      # noqa: E402
+from hpp.runtime.checkpoint import store
+from hpp.runtime.checkpoint.reader import (DCP_METADATA_FILE, check_files, file_manifest,     # noqa: E402
                                            read_dcp_metadata)
 from hpp.runtime.cli import run_main                                          # noqa: E402
-from hpp.runtime.stage import build_stage                                     # noqa: E402
-from hpp.runtime.training import TrainingConfig, make_optimizer               # noqa: E402
-from hpp.runtime.zoo import load_runtime_model                                # noqa: E402
+from hpp.runtime.models.stage import build_stage                                     # noqa: E402
+from hpp.runtime.exec.training import TrainingConfig, make_optimizer               # noqa: E402
+from hpp.runtime.models.zoo import load_runtime_model                                # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +67,7 @@ def _resume(plan: Path, save: Path, tmp_path: Path, capsys) -> tuple[int, str]:
 
 def test_the_save_records_every_file_it_wrote(saved):
     step = saved[0] / "step-1"
-    meta = json.loads((step / ck.META_FILE).read_text())
+    meta = json.loads((step / store.META_FILE).read_text())
     names = {f.name for f in step.iterdir() if f.suffix == ".distcp" and f.stat().st_size} | {DCP_METADATA_FILE}
     assert set(meta["files"]) == names
     assert meta["files"] == file_manifest(step, names)
@@ -91,9 +92,9 @@ def test_a_damaged_shard_without_a_file_list_is_named_by_the_reader(saved, tmp_p
     """A checkpoint saved without the file list (or whose list was removed) fails where DCP reads the shard, with
     the file's name instead of DCP's rank-wrapped error."""
     step = _copy(saved[0], tmp_path / "save")
-    meta = json.loads((step / ck.META_FILE).read_text())
+    meta = json.loads((step / store.META_FILE).read_text())
     del meta["files"]
-    (step / ck.META_FILE).write_text(json.dumps(meta))
+    (step / store.META_FILE).write_text(json.dumps(meta))
     shard = max(step.glob("*.distcp"), key=lambda f: f.stat().st_size)
     shard.write_bytes(shard.read_bytes()[:100])
     rt = load_runtime_model("gpt-tiny")
@@ -109,9 +110,9 @@ def _crafted(step: Path, payload) -> None:
     md = read_dcp_metadata(step / DCP_METADATA_FILE)
     md.planner_data = payload
     (step / DCP_METADATA_FILE).write_bytes(pickle.dumps(md))
-    meta = json.loads((step / ck.META_FILE).read_text())
+    meta = json.loads((step / store.META_FILE).read_text())
     meta["files"].update(file_manifest(step, [DCP_METADATA_FILE]))
-    (step / ck.META_FILE).write_text(json.dumps(meta))
+    (step / store.META_FILE).write_text(json.dumps(meta))
 
 
 def test_metadata_that_would_run_code_is_refused_and_runs_nothing(saved, tmp_path, capsys):

@@ -59,7 +59,7 @@ def test_unknown_flag_check_keeps_values_and_negative_numbers():   # prefixes: t
 
 def test_max_tp_that_is_no_measured_degree_is_said_with_the_degrees_used():
     from hpp.cli_inputs import max_tp_note
-    from hpp.formulation.candidates import SearchSpace
+    from hpp.formulation.space_limits import SearchSpace
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.scenarios import get_scenario
 
@@ -168,3 +168,37 @@ def test_an_unknown_model_names_the_profile_flag(capsys):
     assert main(["plan", "--model", "nope", "--no-baselines"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no bundled profile for model 'nope'" in err[0] and "--profile FILE" in err[0], err
+
+
+# --------------------------------------------------------------------------- 5. small front-door facts
+
+def test_version_flag_and_python_dash_m(capsys):
+    import subprocess
+    import sys
+
+    import hpp
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"hpp {hpp.__version__}"
+    got = subprocess.run([sys.executable, "-m", "hpp", "--version"], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stdout.strip() == f"hpp {hpp.__version__}"
+
+
+def test_an_unknown_scenario_names_the_argument_that_named_it(capsys):
+    assert main(["scenarios", "--cluster", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "field '--cluster'" in err and "opt350-a100x8-v100x8" in err
+    from hpp import HppInputError, load_cluster
+    with pytest.raises(HppInputError, match="unknown scenario 'opt350-a100x8'") as e:     # a typo lists the names
+        load_cluster("opt350-a100x8")
+    assert e.value.field == "cluster" and "opt350-a100x8-v100x8" in e.value.fix
+    with pytest.raises(HppInputError, match="cannot read cluster file"):                 # a path stays a path
+        load_cluster("no/such/cluster")
+
+
+def test_idle_devices_check_has_its_progress_line_and_time(capsys):
+    assert main(["plan", "--scenario", "cpu-hetero-4", "--model", "llama-tiny", "--gbs", "8", "--max-tp", "2",
+                 "--no-baselines", "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "[hpp plan] 2 devices idle: pricing the best plans found that use them" in err
+    assert "HPP search (cp-sat where at most 16 candidates are left;" in err

@@ -245,9 +245,9 @@ def test_bound_classes_in_two_processes_equal_one(monkeypatch):
     assert len(calls) == 1 and calls[0] < 5       # this process solved only its share of the classes
 
 
-def test_the_searches_pause_the_cyclic_collector_and_restore_it():
+def test_the_searches_freeze_the_objects_before_them_and_leave_the_collector_on():
     import gc
-    from hpp.gcpause import gc_paused
+    from hpp.gcfreeze import gc_frozen
     seen = []
     sc = get_scenario("cpu-hetero-4")
     cl, prof = sc.cluster(), load_bundled_profile(sc.model)
@@ -255,16 +255,17 @@ def test_the_searches_pause_the_cyclic_collector_and_restore_it():
     real = planner.make_problem
 
     def spy(*a, **k):
-        seen.append(gc.isenabled())
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
         return real(*a, **k)
 
     planner.make_problem = spy
     try:
-        assert gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
         plan_hpp(cl, prof, sc.global_batch_size, settings=SolverSettings(num_workers=1))
-        assert seen == [False] and gc.isenabled()           # paused inside, restored after
+        assert seen == [(True, True)]                       # collecting inside, the objects before it frozen
+        assert gc.isenabled() and gc.get_freeze_count() == 0    # unfrozen after
         gc.disable()
-        with gc_paused():
+        with gc_frozen():
             pass
         assert not gc.isenabled()                           # a disabled collector stays disabled
     finally:

@@ -4,7 +4,7 @@ activations [10,20,30] B, outputs [5,6,7] B, optimizer 0.1 s per layer; links 10
 import pytest
 
 from hpp.formulation.cost_model import block_decomposition, estimate_plan, pipeline_time_1f1b_s
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from tests.synthetic import toy_cluster, toy_profile
 
 PROFILE = toy_profile({"X": 1.0})
@@ -114,7 +114,9 @@ def test_estimate_cli_on_hand_written_opt350_plan(capsys):
 @pytest.mark.parametrize("key", [("GH-96", 4, 8), ("A100-40", 1, 2), ("V100-16", 1, 1)])
 def test_memo_tables_price_stages_exactly_like_the_cost_model(key):
     """Every range [u, v), in-flight count and recompute on/off: memo table == stage_time_s / stage_memory_bytes."""
-    from hpp.formulation.cost_model import CostModelConfig, stage_memory_bytes, stage_time_s
+    from hpp.formulation.cost_config import CostModelConfig
+    from hpp.formulation.memory_model import stage_memory_bytes
+    from hpp.formulation.cost_model import stage_time_s
     from hpp.profiles.bundled import load_bundled_profile
     from hpp.profiles.network import default_inter_node_link
     from hpp.formulation.stage_costs import build_stage_cost_table
@@ -149,7 +151,7 @@ def test_memo_tables_price_stages_exactly_like_the_cost_model(key):
 
 def test_v1_config_reproduces_the_uncalibrated_model():
     """CostModelConfig.v1(): no framework memory, no workspace, p2p overlapped (the v1 hand values)."""
-    from hpp.formulation.cost_model import CostModelConfig
+    from hpp.formulation.cost_config import CostModelConfig
     p = plan([Pipeline((Stage(0, 1, "X", 1, (0,)), Stage(1, 3, "X", 1, (1,))), 1, 3)], 3)
     est = estimate_plan(p, CLUSTER, PROFILE, config=CostModelConfig.v1())
     assert est.pipeline_time_s == pytest.approx(48.01)
@@ -158,7 +160,7 @@ def test_v1_config_reproduces_the_uncalibrated_model():
 
 def test_p2p_waits_enter_the_bottleneck():
     """k (c_in + c_out) per micro-batch: middle stages wait on both boundaries (k = 2, DeepSpeed)."""
-    from hpp.formulation.cost_model import stage_p2p_wait_s
+    from hpp.formulation.collectives import stage_p2p_wait_s
     from hpp.profiles.cluster import Link
     e = PROFILE.layer_profile("X", 1, 1)
     link = Link(1000.0, 0.0)
@@ -169,7 +171,7 @@ def test_p2p_waits_enter_the_bottleneck():
 
 
 def test_framework_memory_is_per_gpu_type():
-    from hpp.formulation.cost_model import FRAMEWORK_BYTES, CostModelConfig
+    from hpp.formulation.cost_config import FRAMEWORK_BYTES, CostModelConfig
     c = CostModelConfig()
     assert c.framework_bytes_of("GH-96") == 4_760_000_000
     assert c.framework_bytes_of("V100-16") == 3_000_000_000

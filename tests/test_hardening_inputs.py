@@ -259,7 +259,7 @@ def test_metis_import_names_the_missing_layers(tmp_path, capsys):
 
 
 def test_metis_import_reports_the_layer_coverage_beside_another_defect():
-    from hpp.interop import plan_from_metis
+    from hpp.interop.metis import plan_from_metis
     d = _metis()
     d["layer_partition"] = [0, 5, 12, 19]                 # 3 stages' worth: layers 19-25 missing
     d["strategies"][2] = [1, 4]                           # and a bad strategy, found first
@@ -303,7 +303,7 @@ def test_python_api_is_documented_and_exported():
 
 def test_python_api_round_trip(tmp_path):
     res = hpp.plan("opt350-a100x4-v100x4", "OPT-350", global_batch_size=32, workers=1, time_limit_s=2)
-    from hpp.plan import write_plan_json
+    from hpp.plan_data import write_plan_json
     path = tmp_path / "p.json"
     write_plan_json(res.plan, path)
     assert hpp.estimate(path).iteration_time_s == pytest.approx(res.estimate.iteration_time_s, rel=1e-12)

@@ -11,10 +11,11 @@ import pytest
 from hpp.baselines.shapes import group_splits, iter_group_splits, lazy_product, type_orders
 from hpp.baselines.uniform import (_even_split, _make_plan, _price, _uniform_groups, _uniform_layout,
                                   _uniform_pipe_bound_s, _uniform_pipeline, _uniform_sync_s, _uniform_time_s)
-from hpp.baselines.single_shape import _single_shape_candidates, run_baselines, shape_label, single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import _single_shape_candidates, run_baselines, shape_label, single_shape_baseline
+from hpp.baselines.uniform import uniform_baseline
 from hpp.cli import main
-from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes
+from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.stage_balance import StageKind
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import SCENARIOS, get_scenario, make_cluster

@@ -1,4 +1,4 @@
-"""Time truth: ``hpp run`` on CPU predicts at this host's speed (hpp.runtime.host_speed).
+"""Time truth: ``hpp run`` on CPU predicts at this host's speed (hpp.runtime.profile.host_speed).
 
 The probe is monkeypatched except in one test, which runs it for real on the bundled gpt-tiny profile
 with few repeats and asserts no time.
@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 
-import hpp.runtime.host_speed as host_speed
-from hpp.plan import Pipeline, Plan, Stage
+import hpp.runtime.profile.host_speed as host_speed
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
-from hpp.runtime.host_model import scale_cpu_work, simulate_host_run
-from hpp.runtime.host_speed import HostSpeed, calibrate_host_speed
+from hpp.runtime.host.time_model import scale_cpu_work, simulate_host_run
+from hpp.runtime.profile.host_speed import HostSpeed, calibrate_host_speed
 from hpp.runtime.run_report import predict_run
 
 LINK = Link(1e6, 1e-3)
@@ -156,8 +156,8 @@ def test_cli_flag_and_summary(monkeypatch):
         def to_dict(self):
             return {}
 
-    def fake_run_plan(plan, **kw):
-        seen.update(kw)
+    def fake_run_plan(config):
+        seen["host_calibration"] = config.emulation.host_calibration
         return Rep()
     for argv, want in ((["p.json", "--steps", "2"], True), (["p.json", "--steps", "2", "--no-host-calibration"],
                                                             False)):
@@ -186,7 +186,7 @@ def test_cli_flag_and_summary(monkeypatch):
 
 
 def test_probes_before_and_after_the_run_bracket_its_speed():
-    from hpp.runtime.host_speed import bracket
+    from hpp.runtime.profile.host_speed import bracket
     before = HostSpeed(2.0, reference="ref", profile_s=1.0, here_s=2.0, samples_s=(1.9, 2.0, 2.1), probe_wall_s=0.5)
     after = HostSpeed(3.0, reference="ref", profile_s=1.0, here_s=3.0, samples_s=(2.9, 3.0, 3.1), probe_wall_s=0.4)
     both = bracket(before, after)

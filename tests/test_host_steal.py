@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpp.runtime.host_model import simulate_host_run
-from hpp.runtime.host_steal import CpuTicks, parse_cpu_line, read_cpu_ticks, run_steal, steal_fraction, tick_delta
+from hpp.runtime.host.time_model import simulate_host_run
+from hpp.runtime.host.steal import CpuTicks, parse_cpu_line, read_cpu_ticks, run_steal, steal_fraction, tick_delta
 from tests.test_time_truth import cluster, entry, plan, profile
 
 
@@ -76,7 +76,7 @@ def test_a_run_whose_cpu_seconds_disagree_with_the_probe_says_so():
 def test_background_cores_are_the_host_busy_time_the_ranks_did_not_use():
     """Hand-computed: 2 kept steps of 0.5 s; the host was busy 1.6 + 1.4 core-s, the two ranks used 0.6 + 0.5 and
     0.4 + 0.3 CPU s: others kept (3.0 - 1.8) / 1.0 = 1.2 cores busy. The warm-up step is left out."""
-    from hpp.runtime.host_steal import background_cores
+    from hpp.runtime.host.steal import background_cores
 
     def rank(r, procs, busy=None):
         phases = [{"proc_s": c, "host": None if busy is None else {"busy_s": b, "idle_s": 0.0, "steal_s": 0.0}}

@@ -5,20 +5,18 @@ lowest-rank holder before the first step (as DDP broadcasts from rank 0)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpp.plan import Pipeline, Plan, Stage, plan_to_dict, write_plan_json     # noqa: E402
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json                   # noqa: E402
 from hpp.runtime.cli import run_main                                          # noqa: E402
-from hpp.runtime.launch import launch_forked                                  # noqa: E402
-from hpp.runtime.stage import build_stage                                     # noqa: E402
-from hpp.runtime.training import TrainingConfig                               # noqa: E402
-from hpp.runtime.worker import WorkerConfig                                   # noqa: E402
-from hpp.runtime.zoo import load_runtime_model                                # noqa: E402
+from hpp.runtime.models.stage import build_stage                              # noqa: E402
+from hpp.runtime.exec.training import TrainingConfig                          # noqa: E402
+from hpp.runtime.models.zoo import load_runtime_model                         # noqa: E402
+from tests.rank_launch import fork_ranks                                      # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -77,9 +75,8 @@ def test_replicas_of_a_model_on_an_unseeded_numpy_rng_start_equal(tmp_path):
     training = TrainingConfig(optimizer="sgd", lr=1e-3, dtype="float64", total_steps=1)
 
     def copies(out, **kw):
-        cfg = WorkerConfig(plan=plan_to_dict(plan), model_name="tests.test_initial_weights:numpy_fresh_rng",
-                           training=asdict(training), steps=1, save_params=True, timeout_s=60, **kw)
-        res = launch_forked(cfg, world_size=plan.num_devices, out_dir=out, timeout_s=180)
+        res = fork_ranks(plan, "tests.test_initial_weights:numpy_fresh_rng", out, steps=1, training=training,
+                         save_params=True, timeout_s=60, launch_timeout_s=180, **kw)
         assert res.ok, res.failure_message()
         held: dict[str, list[torch.Tensor]] = {}
         for r in range(plan.num_devices):

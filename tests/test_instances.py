@@ -8,9 +8,8 @@ from dataclasses import replace
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.bench.instances import (FAMILIES, InstanceOptions, SyntheticSpec, get_instance, instance_from_dict,
-                           instance_to_dict, library, load_instance, save_instance, scenario_instance,
-                           synthetic_instance)
+from hpp.bench.instances import FAMILIES, SyntheticSpec, get_instance, library, scenario_instance, synthetic_instance
+from hpp.bench.instance_format import (InstanceOptions, instance_from_dict, instance_to_dict, load_instance, save_instance)
 from hpp.profiles.profile_format import save_profile
 
 

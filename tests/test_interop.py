@@ -8,7 +8,9 @@ import pytest
 from hpp.cli import main
 from hpp.errors import HppInputError
 from hpp.formulation.cost_model import estimate_plan
-from hpp.interop import detect_plan_format, load_any_plan, plan_from_metis, plan_from_sailor
+from hpp.interop import detect_plan_format, load_any_plan
+from hpp.interop.metis import plan_from_metis
+from hpp.interop.sailor import plan_from_sailor
 from hpp.profiles.bundled import load_bundled_profile
 
 PROF = load_bundled_profile("OPT-350")

@@ -4,7 +4,7 @@ Rules (README "Layout"):
 
 1. The core -- ``hpp.profiles``, ``hpp.formulation``, ``hpp.pruning``, ``hpp.runtime`` and the top-level
    ``planner``, ``plan``, ``validate``, ``resolve``, ``replan``, ``scenarios``, ``interop``, ``errors``,
-   ``fileio``, ``forkshare``, ``gcpause`` -- imports nothing from the harness (``hpp.bench``,
+   ``fileio``, ``forkshare``, ``gcfreeze`` -- imports nothing from the harness (``hpp.bench``,
    ``hpp.baselines``), directly or through another module.
 2. The runtime imports no planner code: of the planner's model it may use only the cost model
    (:mod:`hpp.formulation.cost_model` and what that imports), never the search (planner, composition,
@@ -27,8 +27,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "hpp"
 
 CORE_PREFIXES = ("hpp.profiles", "hpp.formulation", "hpp.pruning", "hpp.runtime", "hpp.interop")
-CORE_MODULES = {"hpp.planner", "hpp.plan", "hpp.validate", "hpp.resolve", "hpp.replan", "hpp.scenarios",
-                "hpp.interop", "hpp.errors", "hpp.fileio", "hpp.forkshare", "hpp.gcpause"}
+CORE_MODULES = {"hpp.planner", "hpp.plan_data", "hpp.validate", "hpp.resolve", "hpp.replan", "hpp.scenarios",
+                "hpp.interop", "hpp.errors", "hpp.fileio", "hpp.forkshare", "hpp.gcfreeze"}
 HARNESS_PREFIXES = ("hpp.bench", "hpp.baselines")
 SEARCH_PREFIXES = ("hpp.planner", "hpp.replan", "hpp.formulation.composition", "hpp.formulation.candidates",
                    "hpp.formulation.stage_balance", "hpp.formulation.stage_costs", "hpp.formulation.binding",
@@ -117,8 +117,8 @@ def test_the_package_keeps_its_import_rules():
 
 @pytest.mark.parametrize("edge, expect", [
     (("hpp.formulation.cost_model", "hpp.bench.instances"), "core module hpp.formulation.cost_model reaches harness"),
-    (("hpp.plan", "hpp.baselines.uniform"), "core module hpp.plan reaches harness"),
-    (("hpp.runtime.worker", "hpp.planner"), "runtime module hpp.runtime.worker reaches planner module hpp.planner"),
+    (("hpp.plan_data", "hpp.baselines.uniform"), "core module hpp.plan_data reaches harness"),
+    (("hpp.runtime.exec.worker", "hpp.planner"), "runtime module hpp.runtime.exec.worker reaches planner module hpp.planner"),
     (("hpp.pruning.rules", "hpp.formulation.cost_model"), "pruning module hpp.pruning.rules imports"),
 ])
 def test_a_forbidden_import_is_reported(edge, expect):
@@ -130,5 +130,5 @@ def test_a_forbidden_import_is_reported(edge, expect):
 
 def test_a_break_through_another_module_is_reported():
     """A core module reaching the harness through a module in between is a break too."""
-    graph = {"hpp.plan": {"hpp.x"}, "hpp.x": {"hpp.bench.cli"}, "hpp.bench.cli": set()}
-    assert violations(graph) == ["core module hpp.plan reaches harness module hpp.bench.cli (imported by hpp.x)"]
+    graph = {"hpp.plan_data": {"hpp.x"}, "hpp.x": {"hpp.bench.cli"}, "hpp.bench.cli": set()}
+    assert violations(graph) == ["core module hpp.plan_data reaches harness module hpp.bench.cli (imported by hpp.x)"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_time_s
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.memory_model import stage_memory_breakdown
+from hpp.formulation.cost_model import stage_time_s
 from hpp.profiles.cluster import Link
 from hpp.profiles.model_profile import LayerProfile
 from hpp.formulation.stage_costs import build_stage_cost_table

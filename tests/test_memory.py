@@ -11,12 +11,13 @@ import dataclasses
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.formulation.cost_model import CostModelConfig, stage_memory_breakdown, stage_memory_bytes
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.memory_model import stage_memory_breakdown, stage_memory_bytes
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
-from hpp.runtime.memory import StepSpec, measure_stage_step
-from hpp.runtime.memory_profile import LayerMemory, memory_terms, with_memory_terms
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.profile.stage_memory import StepSpec, measure_stage_step
+from hpp.runtime.profile.memory_terms import LayerMemory, memory_terms, with_memory_terms
+from hpp.runtime.models.zoo import load_runtime_model
 
 NO_FRAMEWORK = CostModelConfig(framework_bytes=())
 
@@ -111,7 +112,7 @@ def test_bf16_tp2_first_stage_predicted_within_5_percent():
     """
     import torch
 
-    from hpp.runtime.memory_profile import measure_layer_memory
+    from hpp.runtime.profile.memory_terms import measure_layer_memory
 
     model = load_runtime_model("opt-tiny")
     L, n = model.spec.num_layers, 2 * model.spec.seq_len * model.spec.hidden_size   # n: elements of one (b, s, h)
@@ -231,7 +232,7 @@ def test_estimated_micro_batch_interpolates_the_memory_terms():
 @pytest.mark.parametrize("first_stage", [False, True])
 def test_step_memory_tables_price_every_range_like_the_cost_model(llama_tiny, first_stage):
     """The planner's dense tables (hpp.formulation.step_memory) == stage_memory_breakdown for every range."""
-    from hpp.formulation.cost_model import OPTIMIZER_STATES
+    from hpp.formulation.cost_config import OPTIMIZER_STATES
     from hpp.formulation.step_memory import step_memory_peak, step_memory_tables
 
     _model, terms = llama_tiny

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from hpp.cli import main
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.cost_config import CostModelConfig
 from hpp.scenarios import get_scenario
 
 

@@ -9,11 +9,14 @@ from hypothesis import given, settings, strategies as st
 
 from hpp.baselines.single_shape import _bind_replicas
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import Candidate, SearchSpace
+from hpp.formulation.candidates import Candidate
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.baselines.metis import MetisPricer, _next_strategy, metis_device_groups, metis_search, price_metis_config
+from hpp.baselines.metis_pricing import MetisPricer, price_metis_config
+from hpp.baselines.metis import _next_strategy, metis_device_groups, metis_search
 from hpp.formulation.collectives import pipeline_link
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile

@@ -10,7 +10,7 @@ import pytest
 from hpp.baselines.single_shape import run_baselines
 from hpp.cli import main
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace, stage_kinds
+from hpp.formulation.space_limits import SearchSpace, stage_kinds
 from hpp.formulation.space_limits import space_violations
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario

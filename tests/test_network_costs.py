@@ -9,8 +9,9 @@ all-reduce of B bytes takes 2 (1/2) B / b = B / b.
 import pytest
 
 from hpp.formulation.collectives import allreduce_lower_bound_s, allreduce_s, p2p_link_options
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Link
 from hpp.profiles.cluster_format import cluster_from_dict
 from tests.synthetic import toy_profile

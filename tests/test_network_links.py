@@ -17,9 +17,9 @@ import pytest
 from hpp.profiles.cluster import AggregateFit, Link
 from hpp.profiles.cluster_format import cluster_from_dict
 from hpp.profiles.network_fit import LATENCY_PROBE_BYTES
-from hpp.runtime.network_hosts import HostInfo
-from hpp.runtime.network_links import cluster_file, fit_links
-from hpp.runtime.network_measure import LinkTask, link_tasks
+from hpp.runtime.network.hosts import HostInfo
+from hpp.runtime.network.links import cluster_file, fit_links
+from hpp.runtime.network.measure import LinkTask, link_tasks
 
 SIZES = [int(1e6 * 2 ** i) for i in range(6)]
 TRUE = {"intra_node A": Link(8e9, 5e-6, (0.0, 0.5, 4.0)), "intra_node B": Link(6e9, 6e-6, (0.0, 0.25, 3.0)),

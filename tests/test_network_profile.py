@@ -24,9 +24,9 @@ import pytest
 
 from hpp.cli import main
 from hpp.formulation.collectives import ring_allreduce_s
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.cluster_format import load_cluster
-from hpp.runtime.processes import free_port
+from hpp.runtime.launch.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = "64KB,256KB,1MB"
@@ -59,14 +59,14 @@ def _finish(procs: list[subprocess.Popen], timeout_s: float = TIMEOUT_S + 60) ->
 
 
 def _ranks_alive() -> list[str]:
-    """Command lines of live measuring ranks (``python -m hpp.runtime.network_measure``) on this machine."""
+    """Command lines of live measuring ranks (``python -m hpp.runtime.network.measure``) on this machine."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "hpp.runtime.network_measure" in cmd and "torch.distributed.run" not in cmd:
+        if "hpp.runtime.network.measure" in cmd and "torch.distributed.run" not in cmd:
             found.append(cmd)
     return found
 

@@ -12,7 +12,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, enumerate_shapes, stage_kinds
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.candidates import enumerate_shapes
 from hpp.formulation.collectives import p2p_link_options
 from hpp.formulation.cost_model import stage_time_s
 from hpp.formulation.stage_balance import StageBalancer, StageKind

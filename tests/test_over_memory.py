@@ -9,7 +9,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import plan_from_dict, write_plan_json
+from hpp.plan_data import plan_from_dict, write_plan_json
 from hpp.planner import PlannerConfig, plan_hpp
 from hpp.profiles.cluster_format import cluster_from_dict
 from hpp.profiles.bundled import load_bundled_profile

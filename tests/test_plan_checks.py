@@ -6,9 +6,9 @@ import pytest
 
 from hpp.errors import HppInputError
 from hpp.fileio import check_header
-from hpp.plan import Pipeline, Plan, Stage, make_pipeline, plan_from_dict, plan_to_dict
+from hpp.plan_data import Pipeline, Plan, Stage, make_pipeline, plan_from_dict, plan_to_dict
 from hpp.planner import PlannerConfig
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.cost_config import CostModelConfig
 
 
@@ -118,7 +118,7 @@ def test_planner_config_of():
 def test_load_plan_is_one_trip(tmp_path, monkeypatch):
     """load_plan reads the file once and validates once (no plan -> resolve -> plan round trips)."""
     import hpp.resolve as resolve
-    from hpp.plan import write_plan_json
+    from hpp.plan_data import write_plan_json
     from hpp.profiles.cluster_format import cluster_to_dict
     from hpp.scenarios import get_scenario
 

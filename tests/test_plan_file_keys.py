@@ -9,7 +9,7 @@ import pytest
 
 from hpp.cli import main
 from hpp.errors import HppInputError
-from hpp.plan import plan_from_dict, plan_to_dict
+from hpp.plan_data import plan_from_dict, plan_to_dict
 from hpp.planner import PlannerConfig, plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.resolve import load_plan

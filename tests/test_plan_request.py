@@ -9,7 +9,7 @@ import pytest
 import hpp
 from hpp import HppInputError, load_cluster, load_profile
 from hpp.cli import main
-from hpp.plan import plan_to_dict
+from hpp.plan_data import plan_to_dict
 from hpp.request import build_request
 
 

@@ -6,15 +6,17 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hpp.baselines.single_shape import exhaustive_composition, single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import exhaustive_composition, single_shape_baseline
+from hpp.baselines.uniform import uniform_baseline
 from hpp.errors import HppInputError, InfeasibleError
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.collectives import pipeline_link
 from hpp.planner import make_problem, plan_hpp
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.composition.bound_model import lower_bound_candidates
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.pruning.rules import PruningOptions

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hpp.formulation.candidates import (SearchSpace, enumerate_shapes, model_head_counts, runnable_tp_degrees,
-                                        stage_kinds)
+from hpp.formulation.space_limits import SearchSpace, model_head_counts, runnable_tp_degrees, stage_kinds
+from hpp.formulation.candidates import enumerate_shapes
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.pruning.rules import PruningOptions

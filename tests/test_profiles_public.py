@@ -9,8 +9,8 @@ from hpp.errors import HppInputError
 from hpp.profiles.cluster import Link
 from hpp.profiles.devices import DeviceType, device_type_from_dict
 from hpp.profiles.model_profile import LayerProfile, ModelProfile, estimate_micro_batch
-from hpp.profiles.public import (METIS_FORWARD_FRACTION, METIS_MEMORY_PARAM_FACTOR, load_metis_profiles,
-                                 load_sailor_profiles)
+from hpp.profiles.public_metis import METIS_FORWARD_FRACTION, METIS_MEMORY_PARAM_FACTOR, load_metis_profiles
+from hpp.profiles.public import load_sailor_profiles
 
 MIB = 2 ** 20
 OPT_TYPES = ("A100-40", "A100-80", "GH-96", "RTX-2080", "RTX-3090", "Titan-RTX", "V100-16")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpp.formulation.candidates import Candidate, SearchSpace, remove_dominated
+from hpp.formulation.candidates import Candidate, remove_dominated
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.collectives import p2p_link_options, pipeline_link
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.planner import make_problem

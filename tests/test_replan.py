@@ -7,7 +7,7 @@ import pytest
 from hpp.errors import HppInputError
 from hpp.formulation.composition import SolverSettings
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.replan import (exclude_devices, exclude_nodes, excluded_ids, parse_id_list, replan, seed_from_previous,

@@ -15,9 +15,10 @@ import math
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.runtime.cli import _human_run, run_main
+from hpp.runtime.config import RunConfig
 from hpp.runtime.run import run_plan
 from hpp.scenarios import get_scenario
 
@@ -50,9 +51,9 @@ def reports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("terms")
     two = _plan(tmp / "two.json", [Pipeline(FAST, 2, 8), Pipeline(SLOW, 2, 8)])
     one = _plan(tmp / "one.json", [Pipeline(FAST, 2, 8)])
-    control = run_plan(two, steps=3, launcher="fork", emulate_speed=True, host_calibration=False,
-                       run_timeout_s=180, group_timeout_s=60,
-                       worker_options={"skip_block_allreduce": True}).to_dict()
+    control = run_plan(RunConfig.build(two, steps=3, launcher="fork", emulate_speed=True, host_calibration=False,
+                                       run_timeout_s=180, group_timeout_s=60,
+                                       controls={"skip_block_allreduce": True})).to_dict()
     return {"two": _run_json(two), "one": _run_json(one), "control": control}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpp.runtime.launch import LaunchResult
+from hpp.runtime.launch.launchers import LaunchResult
 from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import HostShare
 from hpp.runtime.run_setup import load_run_inputs

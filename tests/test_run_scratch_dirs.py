@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("torch")
 
 from hpp.cli import main                                                      # noqa: E402
-from hpp.runtime.processes import remove_stale_run_dirs, run_dir_prefix       # noqa: E402
+from hpp.runtime.launch.processes import remove_stale_run_dirs, run_dir_prefix       # noqa: E402
+from hpp.runtime.config import RunConfig                                     # noqa: E402
 from hpp.runtime.run import run_plan                                          # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,5 +61,5 @@ def test_a_run_after_a_killed_launcher_removes_its_folder(tmp_path):
     proc.wait(timeout=30)
     time.sleep(1.0)                                                       # its ranks follow it (parent-death signal)
     assert left[0].is_dir()                                               # what a kill -9 leaves
-    run_plan(plan, steps=1, launcher="fork", out_dir=scratch, host_calibration=False)
+    run_plan(RunConfig.build(plan, steps=1, launcher="fork", out_dir=scratch, host_calibration=False))
     assert not left[0].exists() and not list(scratch.glob("hpp-run-*"))   # nor the new run's own

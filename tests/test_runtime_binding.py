@@ -1,4 +1,4 @@
-"""Device binding from the plan (hpp.runtime.binding): hosts, local GPUs, device types, one-line refusals."""
+"""Device binding from the plan (hpp.runtime.launch.binding): hosts, local GPUs, device types, one-line refusals."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
-from hpp.runtime.binding import (EMULATE_ENV, TABLE_ENV, NodeDevices, check_host, check_node_devices,
+from hpp.runtime.launch.binding import (EMULATE_ENV, TABLE_ENV, NodeDevices, check_host, check_node_devices,
                                  detect_node_devices, device_type_of, host_nodes, host_ranks, load_device_rules,
                                  node_bindings, parse_node_map, rank_bindings, worker_binding)
 

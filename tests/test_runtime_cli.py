@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.profiles.profile_format import profile_to_dict
 from hpp.runtime import run as run_mod
+from hpp.runtime import run_setup
 from hpp.runtime.cli import run_main
-from hpp.runtime.profiler import profile_model, scale_profile
+from hpp.runtime.profile.profiler import profile_model, scale_profile
 
 CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-hetero-4",
            "device_types": {"cpu": {"memory_bytes": 4 * 2**30, "gpus_per_node": 2},
@@ -62,8 +63,8 @@ def not_a_model():
 
 def other_six_layers():
     """A 6-layer model named differently from the plan's gpt-tiny."""
-    from hpp.runtime.models import LegacyGPT, ModelConfig
-    return LegacyGPT(ModelConfig("other", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256))
+    from hpp.runtime.models.gpt import GPT, ModelConfig
+    return GPT(ModelConfig("other", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=256))
 
 
 @pytest.mark.parametrize("case,args,needle", [
@@ -110,9 +111,9 @@ def test_a_user_models_plan_runs_without_model_flag(tmp_path, profile_ref):
     emb["model"] = "other"
     emb.setdefault("meta", {})["runtime_model"] = "tests.test_runtime_cli:other_six_layers"
     path = _plan(tmp_path / "p.json", profile={"embedded": emb}, model="other")
-    plan, _cluster, profile = run_mod.load_run_inputs(path)
-    assert run_mod.model_source(plan, profile, None) == "tests.test_runtime_cli:other_six_layers"
-    assert run_mod.resolve_run_model(plan, profile, None, source=path).spec.name == "other"
+    plan, _cluster, profile = run_setup.load_run_inputs(path)
+    assert run_setup.model_source(plan, profile, None) == "tests.test_runtime_cli:other_six_layers"
+    assert run_setup.resolve_run_model(plan, profile, None, source=path).spec.name == "other"
 
 
 def test_more_devices_than_the_host_can_run(tmp_path, capsys, no_launch, monkeypatch):
@@ -181,7 +182,7 @@ def test_emulated_slow_ranks_are_padded(emulated_run):
 
 
 def test_timeline_has_a_legend_in_every_panel(tmp_path):
-    from hpp.plan import plan_from_dict, read_plan_json
+    from hpp.plan_data import plan_from_dict, read_plan_json
     from hpp.runtime.timeline import write_timeline_png
     plan = plan_from_dict(read_plan_json(_plan(tmp_path / "p.json")))
     ev = [{"kind": k, "micro_batch": 0, "start_s": t, "stop_s": t + 0.1} for k, t in (("F", 0.0), ("B", 0.2))]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.runtime.data import data_spec, make_batch_source
+from hpp.runtime.exec.data import data_spec, make_batch_source
 from hpp.runtime.metrics import StepMonitor, aggregate_step, peak_flops_per_s, plan_peak_flops_per_s
-from hpp.runtime.model_api import IGNORE_INDEX, ModelSpec
+from hpp.runtime.models.api import IGNORE_INDEX, ModelSpec
 
 
 class _Model:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpp.runtime.emulation import Instrument
-from hpp.runtime.profiler import dilate_profile, profile_model
+from hpp.runtime.host.emulation import Instrument
+from hpp.runtime.profile.profiler import dilate_profile, profile_model
 
 
 class FakeClocks:
@@ -33,7 +33,7 @@ class FakeClocks:
 def test_padding_targets_cpu_time_times_factor(monkeypatch, slowdown, scale, wall, cpu, pad):
     clocks = FakeClocks()
     slept = []
-    monkeypatch.setattr("hpp.runtime.emulation.time.sleep", slept.append)
+    monkeypatch.setattr("hpp.runtime.host.emulation.time.sleep", slept.append)
     inst = Instrument(slowdown=slowdown, time_scale=scale, clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu)
     inst.wrap(clocks.op(wall, cpu), "F")(0)
     assert sum(slept) == pytest.approx(pad) and inst.padding_s == pytest.approx(pad)

@@ -6,23 +6,33 @@ launch is bounded by a timeout so nothing can hang CI.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
-from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import launch_forked
-from hpp.runtime.models import ModelConfig
-from hpp.runtime.reference import max_param_difference, train_reference
-from hpp.runtime.worker import WorkerConfig
+from hpp.plan_data import Pipeline, Plan, Stage
+from hpp.runtime.exec.data import make_batch_source
+from hpp.runtime.exec.reference import max_param_difference, train_single_device
+from hpp.runtime.exec.training import TrainingConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
+from tests.rank_launch import fork_ranks, sgd
 
 pytestmark = pytest.mark.distributed
 
 CFG = ModelConfig("micro", num_blocks=4, hidden_size=32, num_heads=2, seq_len=16, vocab_size=64)
 STEPS = 3
 TOL = 1e-6
+
+
+def micro() -> GPT:
+    """The test model (``tests.test_runtime_equivalence:micro``)."""
+    return GPT(CFG)
+
+
+def micro_tied() -> GPT:
+    """The same model with the head tied to the token table."""
+    return GPT(CFG, tie_embeddings=True)
 
 
 def _st(lo: int, hi: int, dev: int, recompute: str = "none") -> Stage:
@@ -53,14 +63,20 @@ def with_idle_pipeline() -> Plan:
                                 Pipeline((_st(0, 1, 2), _st(1, 3, 3), _st(3, 6, 4)), 2, 0, "1F1B")))
 
 
-def _run(tmp_path: Path, plan: Plan, **kw) -> tuple[float, bool, int, list[dict]]:
-    cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(CFG), steps=STEPS, dtype="float64",
-                       save_params=True, timeout_s=30, bucket_bytes=kw.pop("bucket_bytes", 8_000), **kw)
-    res = launch_forked(cfg, world_size=plan.num_devices, out_dir=tmp_path, timeout_s=90)
+def _run(tmp_path: Path, plan: Plan, *, tie_embeddings: bool = False, optimizer: str = "sgd", lr: float = 0.1,
+         **kw) -> tuple[float, bool, int, list[dict]]:
+    """The ranks' parameters after :data:`STEPS` float64 steps against single-device training (SGD, or AdamW
+    with weight decay 0.01); ``kw``: :func:`tests.rank_launch.rank_job`'s options."""
+    model = micro_tied() if tie_embeddings else micro()
+    training = sgd(lr, dtype="float64", total_steps=STEPS) if optimizer == "sgd" else \
+        TrainingConfig(optimizer="adamw", lr=lr, weight_decay=0.01, dtype="float64", total_steps=STEPS)
+    res = fork_ranks(plan, f"tests.test_runtime_equivalence:{'micro_tied' if tie_embeddings else 'micro'}", tmp_path,
+                     steps=STEPS, training=training, save_params=True, bucket_bytes=kw.pop("bucket_bytes", 8_000),
+                     **kw)
     assert res.ok, res.failure_message()
     params = [torch.load(tmp_path / f"rank{r}.pt") for r in range(plan.num_devices)]
-    ref = train_reference(CFG, global_batch_size=plan.global_batch_size, steps=STEPS, dtype=torch.float64,
-                          tie_embeddings=cfg.tie_embeddings, optimizer=cfg.optimizer, lr=cfg.lr)
+    source = make_batch_source(None, model, seed=0, global_batch_size=plan.global_batch_size)
+    ref = train_single_device(model, source=source, steps=STEPS, seed=0, training=training, dtype=torch.float64)
     worst, nan, n = max_param_difference(params, ref)
     assert n == sum(len(p) for p in params) and set().union(*params) == set(ref)   # every parameter compared
     assert not list(tmp_path.glob("*.tmp"))

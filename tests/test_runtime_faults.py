@@ -7,20 +7,25 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
-from hpp.runtime.launch import LaunchResult, launch_forked, launch_torchrun
-from hpp.runtime.processes import descendants, kill_tree
-from hpp.runtime.models import ModelConfig
-from hpp.runtime.worker import WorkerConfig
+from hpp.plan_data import Pipeline, Plan, Stage
+from hpp.runtime.launch.launchers import LaunchResult
+from hpp.runtime.launch.processes import descendants, kill_tree
+from hpp.runtime.models.gpt import GPT, ModelConfig
+from tests.rank_launch import fork_ranks, torchrun_ranks
 
 pytestmark = pytest.mark.distributed
 
 CFG = ModelConfig("micro", num_blocks=2, hidden_size=16, num_heads=2, seq_len=8, vocab_size=32)
+MODEL = "tests.test_runtime_faults:micro"
+
+
+def micro() -> GPT:
+    """The test model (:data:`MODEL`)."""
+    return GPT(CFG)
 
 
 def _plan() -> Plan:
@@ -29,8 +34,7 @@ def _plan() -> Plan:
 
 
 def test_dead_rank_makes_the_others_exit_and_is_named(tmp_path):
-    cfg = WorkerConfig(plan=plan_to_dict(_plan()), model=asdict(CFG), steps=4, timeout_s=15, fail_rank=2, fail_step=1)
-    res = launch_forked(cfg, world_size=4, out_dir=tmp_path, timeout_s=90)
+    res = fork_ranks(_plan(), MODEL, tmp_path, steps=4, timeout_s=15, fail_rank=2, fail_step=1)
     died_at = (tmp_path / "rank2.steps.jsonl").stat().st_mtime        # rank 2's last line: the end of step 0
     assert max((tmp_path / f"rank{r}.error").stat().st_mtime for r in (0, 1, 3)) - died_at < 15
     assert res.exit_codes[2] == 17 and all(res.exit_codes[r] == 1 for r in (0, 1, 3)), res.exit_codes
@@ -58,9 +62,8 @@ def test_a_rank_the_agent_stopped_is_not_named_as_the_cause(tmp_path):
 
 def test_hung_rank_makes_the_others_time_out(tmp_path):
     timeout_s = 5
-    cfg = WorkerConfig(plan=plan_to_dict(_plan()), model=asdict(CFG), steps=4, timeout_s=timeout_s, fail_rank=1,
-                       fail_step=1, fail_mode="hang")
-    res = launch_forked(cfg, world_size=4, out_dir=tmp_path, timeout_s=90)
+    res = fork_ranks(_plan(), MODEL, tmp_path, steps=4, timeout_s=timeout_s, fail_rank=1, fail_step=1,
+                     fail_mode="hang")
     assert not res.ok and res.exit_codes[1] == 17
     hung_at = (tmp_path / "rank1.steps.jsonl").stat().st_mtime      # rank 1's last line: the end of step 0
     for r in (0, 2, 3):
@@ -102,11 +105,9 @@ def test_run_timeout_kills_torchrun_and_every_worker(tmp_path):
     """A hung rank under torchrun: the launcher kills the agent AND its workers and says it timed out."""
     st = lambda lo, hi, d: Stage(lo, hi, "cpu", 1, (d,))  # noqa: E731
     plan = Plan("micro", 4, 2, (Pipeline((st(0, 2, 0), st(2, 4, 1)), 1, 2),))
-    cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(CFG), steps=3, timeout_s=600, fail_rank=1,
-                       fail_step=0, fail_mode="hang")
     seen = []
-    res = launch_torchrun(cfg, world_size=2, out_dir=tmp_path, timeout_s=40,
-                          poll=lambda: seen.append(len(_procs_mentioning(str(tmp_path)))))
+    res = torchrun_ranks(plan, MODEL, tmp_path, steps=3, timeout_s=600, fail_rank=1, fail_step=0, fail_mode="hang",
+                         launch_timeout_s=40, poll=lambda: seen.append(len(_procs_mentioning(str(tmp_path)))))
     assert max(seen) >= 3, seen                          # the agent and both workers ran
     assert res.timed_out and not res.ok and res.exit_codes == (None, None)
     assert res.failure_message().startswith("the run timed out after 40 s (--run-timeout) and every rank was killed")

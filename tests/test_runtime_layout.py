@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage
-from hpp.runtime.layout import (block_holders, blocks, group_layout, rank_roles, split_micro_batches,
-                                synthetic_batch)
-from hpp.runtime.models import (IGNORE_INDEX, ModelConfig, build_stage_module, get_model_config, lm_loss,
-                                tied_param_names)
-from hpp.runtime.timeline import schedule_order, simulate_pipeline
+from hpp.plan_data import Pipeline, Plan, Stage
+from hpp.runtime.exec.layout import block_holders, blocks, group_layout, rank_roles, split_micro_batches
+from hpp.runtime.exec.training import lm_loss
+from hpp.runtime.host.time_model import schedule_order
+from hpp.runtime.models.api import IGNORE_INDEX, synthetic_batch
+from hpp.runtime.models.gpt import ModelConfig, build_stage_module, get_model_config, tied_param_names
+from hpp.runtime.timeline import simulate_pipeline
 
 CFG = ModelConfig("micro", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=32)
 
@@ -88,7 +89,7 @@ def test_tp_degrees_that_differ_within_a_pipeline_are_refused():
 
 def test_samples_that_miss_the_global_batch_are_refused_before_any_rank_runs():
     # a plan built in Python (not read from JSON): 5 of 13 samples would train on a partial batch; such a
-    # Plan cannot be built (hpp.plan.Plan checks at construction), so no rank ever gets one
+    # Plan cannot be built (hpp.plan_data.Plan checks at construction), so no rank ever gets one
     with pytest.raises(HppInputError) as exc:
         Plan("micro", 6, 13, (Pipeline((_st(0, 6, 0),), 3, 5),))
     assert "add up to 5, not the global batch size 13" in str(exc.value)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.runtime.model_api import check_protocol
-from hpp.runtime.models import MODEL_CONFIGS, LegacyGPT, build_stage_module
-from hpp.runtime.stage import build_stage
-from hpp.runtime.zoo import check_layers_match, load_runtime_model, runtime_model_names
+from hpp.runtime.models.api import check_protocol
+from hpp.runtime.models.gpt import MODEL_CONFIGS, GPT, build_stage_module
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.models.zoo import check_layers_match, load_runtime_model, runtime_model_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_module_function_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad_model.py"
     bad.write_text("class NotAModel:\n    spec = None\n    def build_layer(self): pass\n\n"
                    "def build():\n    return NotAModel()\n\ndef boom():\n    raise RuntimeError('no')\n"
-                   "import torch\nfrom hpp.runtime.model_api import ModelSpec\n"
+                   "import torch\nfrom hpp.runtime.models.api import ModelSpec\n"
                    "class Half:\n    spec = ModelSpec('h', 3, 4, 8, 4, 1, 1, 4)\n"
                    "    def build_layer(self, i, *, seed, dtype): pass\n    def tp_plan(self, i, t): return {}\n"
                    "    def tied_parameters(self): return ()\n    bad_spec = 1\n\ndef half():\n    return Half()\n")
@@ -75,7 +75,7 @@ def test_example_user_model_loads_by_module_and_by_path(monkeypatch):
 def test_example_loads_from_the_repo_root_with_the_console_script_path():
     """``hpp`` (a console script) does not put the current directory on sys.path; the zoo does."""
     code = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
-            "from hpp.runtime.zoo import load_runtime_model; print(load_runtime_model('examples.user_model:build')"
+            "from hpp.runtime.models.zoo import load_runtime_model; print(load_runtime_model('examples.user_model:build')"
             ".spec.name)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "user-gpt", out.stderr
@@ -85,12 +85,12 @@ def test_legacy_adapter_builds_what_build_stage_module_built():
     cfg = MODEL_CONFIGS["gpt-tiny"]
     for tie in (False, True):
         old = build_stage_module(cfg, 0, 6, seed=2, dtype=torch.float64, tie_embeddings=tie)
-        new = build_stage(LegacyGPT(cfg, tie_embeddings=tie), 0, 6, seed=2, dtype=torch.float64)
+        new = build_stage(GPT(cfg, tie_embeddings=tie), 0, 6, seed=2, dtype=torch.float64)
         a = [(n, p) for _l, n, p in old.layer_parameters()]
         b = [(n, p) for _l, n, p in new.layer_parameters()]
         assert [n for n, _ in a] == [n for n, _ in b] and all(torch.equal(p, q) for (_, p), (_, q) in zip(a, b))
-    assert LegacyGPT(cfg).tp_plan(1, 2) == {"fc": "colwise", "out": "rowwise"}
-    assert LegacyGPT(cfg).tp_plan(0, 2) == {"wte": "embedding"}
+    assert GPT(cfg).tp_plan(1, 2) == {"fc": "colwise", "out": "rowwise"}
+    assert GPT(cfg).tp_plan(0, 2) == {"wte": "embedding"}
 
 
 def test_stage_ties_a_pair_it_holds_and_yields_it_once():
@@ -130,7 +130,7 @@ def test_stage_refusals_and_layer_count_check():
 
 
 def test_planner_path_does_not_import_transformers():
-    code = ("import sys, hpp.cli, hpp.planner, hpp.runtime.zoo, hpp.runtime.stage; "
-            "hpp.runtime.zoo.load_runtime_model('gpt-tiny'); print('transformers' in sys.modules)")
+    code = ("import sys, hpp.cli, hpp.planner, hpp.runtime.models.zoo, hpp.runtime.models.stage; "
+            "hpp.runtime.models.zoo.load_runtime_model('gpt-tiny'); print('transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -1,7 +1,7 @@
 """Each runtime model's ``tp_plan`` (+ ``prepare_tp``) at TP 2 computes what the unsharded layer computes.
 
 Two gloo ranks shard every layer with torch's ``parallelize_module`` (the styles of
-:mod:`hpp.runtime.model_api`) and compare the forward output and every parameter's full
+:mod:`hpp.runtime.models.api`) and compare the forward output and every parameter's full
 gradient with the unsharded layer in float64 (1e-12). Control: OPT without ``prepare_tp``
 (its attention reshapes by ``self.num_heads``) computes something else.
 """
@@ -38,7 +38,7 @@ def _worker(rank: int, cases: list[tuple[str, bool]], init: str, out: str) -> No
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.zoo import load_runtime_model
     mesh = init_device_mesh("cpu", (2,))
     result = {}
     for name, prepare in cases:
@@ -68,7 +68,7 @@ def _worker(rank: int, cases: list[tuple[str, bool]], init: str, out: str) -> No
 
 
 def _run(cases: list[tuple[str, bool]]) -> dict[str, float]:
-    import hpp.runtime.hf_layers  # noqa: F401  (imported once here; the forked ranks inherit it)
+    import hpp.runtime.models.hf_layers  # noqa: F401  (imported once here; the forked ranks inherit it)
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
         mp.start_processes(_worker, args=(cases, f"file://{d}/init", out), nprocs=2, join=True, start_method="fork")

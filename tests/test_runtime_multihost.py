@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
-from hpp.runtime.processes import free_port
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
+from hpp.runtime.launch.processes import free_port
+from hpp.runtime.models.gpt import GPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
 
 pytestmark = pytest.mark.distributed
 
@@ -45,9 +45,9 @@ VERIFY = re.compile(r"^verify: max \|difference\| (\S+) over (\d+) parameters .*
 LAUNCH_TIMEOUT_S = 150
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model (``--model tests.test_runtime_multihost:micro``): 4 layers, hidden 16."""
-    return LegacyGPT(CFG)
+    return GPT(CFG)
 
 
 def two_node_plan(path: Path) -> str:
@@ -174,7 +174,7 @@ def test_raw_torchrun_lines_from_dry_run_run_both_hosts(tmp_path, capsys):
                          "--group-timeout", "30", "--dry-run", str(tmp_path / f"host{r}")])
         out = capsys.readouterr().out.splitlines()[0]
         assert code == 0 and f"-m torch.distributed.run --nnodes=2 --node-rank={r} --rdzv-backend=static " \
-            f"--rdzv-endpoint=127.0.0.1:{port} --nproc-per-node=2 --max-restarts=0 -m hpp.runtime.worker " \
+            f"--rdzv-endpoint=127.0.0.1:{port} --nproc-per-node=2 --max-restarts=0 -m hpp.runtime.launch.rank_entry " \
             f"{tmp_path / f'host{r}' / 'worker_config.json'} {tmp_path / f'host{r}'}" in out, out
         cmds.append(shlex.split(out))
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ import torch
 from hpp.errors import HppInputError
 from hpp.profiles.profile_format import load_profile, profile_to_dict
 from hpp.runtime.cli import profile_main
-from hpp.runtime.profiler import profile_model, scale_profile, write_profile
+from hpp.runtime.profile.profiler import profile_model, scale_profile, write_profile
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +67,8 @@ def test_profile_cli_writes_scaled_entries(tmp_path, capsys):
 def _fake_host_terms():
     """Model-independent time terms with chosen values (the real probe takes about a minute)."""
     from hpp.profiles.step_time import HostTimeTerms
-    from hpp.runtime.host_probe import P2PFit
-    from hpp.runtime.time_profile import HostStepTerms, ScheduleOverheadFit
+    from hpp.runtime.profile.host_probe import P2PFit
+    from hpp.runtime.profile.time_terms import HostStepTerms, ScheduleOverheadFit
 
     def fit(stages: int, per_mb: float) -> ScheduleOverheadFit:
         return ScheduleOverheadFit("1F1B", stages, (2, 4), (0.0, 0.0), (0.0, 0.0), 1e-4 * stages, per_mb, 0.5)
@@ -78,7 +78,7 @@ def _fake_host_terms():
 
 def test_profile_cli_adds_the_runtime_steps_time_terms_by_default_on_cpu(tmp_path, capsys, monkeypatch):
     """Issue 17 (time): one command gives a profile with the loss, schedule and p2p terms; emulated types too."""
-    import hpp.runtime.time_profile as tp
+    import hpp.runtime.profile.time_terms as tp
     monkeypatch.setattr(tp, "measure_host_step_terms", lambda quick=False: _fake_host_terms())
     out = tmp_path / "p.json"
     assert profile_main(["--model", "gpt-tiny", "--micro-batch-sizes", "1", "--repeats", "1", "--warmup", "0",
@@ -104,7 +104,7 @@ def test_out_of_memory_names_the_largest_micro_batch_that_fits(monkeypatch, tmp_
     """The OOM path, driven without a GPU: micro-batch 4 raises torch's OutOfMemoryError while measuring."""
     import torch
 
-    import hpp.runtime.profiler as profiler
+    import hpp.runtime.profile.profiler as profiler
 
     real = profiler.measure_layer
 
@@ -124,7 +124,7 @@ def test_out_of_memory_names_the_largest_micro_batch_that_fits(monkeypatch, tmp_
 
 @pytest.mark.parametrize("name", ["llama-tiny", "examples.user_model:build"])
 def test_profiles_any_runtime_model_through_the_protocol(name):
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.zoo import load_runtime_model
     model = load_runtime_model(name)
     prof = profile_model(name, micro_batch_sizes=(1,), warmup=0, repeats=1)
     assert prof.model == model.spec.name and prof.num_layers == model.spec.num_layers
@@ -153,7 +153,7 @@ def test_bad_module_function_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("name", ["opt-tiny", "gpt-neo-tiny", "llama-tiny"])
 def test_bundled_tiny_profiles_match_their_runtime_models(name):
     from hpp.profiles.bundled import bundled_models, load_bundled_profile
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.zoo import load_runtime_model
     assert name in bundled_models()
     prof, model = load_bundled_profile(name), load_runtime_model(name)
     assert (prof.model, prof.num_layers, prof.sequence_length) == (name, model.spec.num_layers, model.spec.seq_len)
@@ -196,7 +196,7 @@ def test_measured_tp2_param_bytes_equal_the_tp_plan_share():
     from pathlib import Path
 
     from hpp.profiles.bundled import load_bundled_profile
-    from hpp.runtime.zoo import load_runtime_model
+    from hpp.runtime.models.zoo import load_runtime_model
     path = Path(__file__).resolve().parents[1] / "experiments" / "profile_tiny_models.py"
     spec = importlib.util.spec_from_file_location("profile_tiny_models", path)
     mod = importlib.util.module_from_spec(spec)
@@ -209,7 +209,7 @@ def test_measured_tp2_param_bytes_equal_the_tp_plan_share():
 
 def test_profile_carries_the_runtime_steps_memory_terms_unless_asked_not_to():
     """Issue 17.2: hpp profile measures the memory of the runtime's real step per layer (FakeTensor + MemTracker)."""
-    from hpp.runtime.profiler import profile_model
+    from hpp.runtime.profile.profiler import profile_model
     with_terms = profile_model("llama-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1, mixed_precision=True)
     e = next(iter(with_terms.entries.values()))
     assert e.has_step_memory and len(e.step_activation_bytes) == with_terms.num_layers

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
+from hpp.runtime.models.gpt import GPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
 
 pytestmark = pytest.mark.distributed
 
@@ -41,14 +41,14 @@ TRAIN = ["--lr", "0.01", "--lr-schedule", "cosine", "--lr-warmup-steps", "1", "-
 VERIFY = re.compile(r"^verify: max \|difference\| (\S+) over (\d+) parameters", re.M)
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model: 4 layers, hidden 16, head tied to the token table."""
-    return LegacyGPT(CFG, tie_embeddings=True)
+    return GPT(CFG, tie_embeddings=True)
 
 
-def micro6() -> LegacyGPT:
+def micro6() -> GPT:
     """Another model (6 layers) whose runs must refuse micro's checkpoints."""
-    return LegacyGPT(ModelConfig("micro6", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=64))
+    return GPT(ModelConfig("micro6", num_blocks=4, hidden_size=16, num_heads=2, seq_len=8, vocab_size=64))
 
 
 def _st(lo: int, hi: int, *devices: int) -> Stage:

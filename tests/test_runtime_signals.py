@@ -11,7 +11,7 @@ complete checkpoint still resumes.
   time, the killed host's torchrun agent and workers follow it (parent-death signal), no process
   left, no half checkpoint, the last complete checkpoint resumes.
 
-Processes are followed through ``/proc`` (:func:`hpp.runtime.processes.descendants`: pid and start time,
+Processes are followed through ``/proc`` (:func:`hpp.runtime.launch.processes.descendants`: pid and start time,
 so a recycled pid is not mistaken for a survivor).
 """
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from hpp.runtime.checkpoint import latest_checkpoint, read_checkpoint_meta
+from hpp.runtime.checkpoint.store import latest_checkpoint, read_checkpoint_meta
 from hpp.runtime.cli import run_main
-from hpp.runtime.processes import _proc_stat, descendants
+from hpp.runtime.launch.processes import _proc_stat, descendants
 from tests.test_runtime_multihost import MODEL, ROOT, VERIFY, finish, start_hosts, two_node_plan
 
 pytestmark = pytest.mark.distributed
@@ -152,7 +152,7 @@ def _worker_of(launcher: subprocess.Popen, local_rank: int) -> int:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"hpp.runtime.worker" in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
+        if b"hpp.runtime.launch.rank_entry" in cmd and f"LOCAL_RANK={local_rank}".encode() in env:
             return pid
     raise AssertionError(f"no worker of local rank {local_rank}")
 

@@ -3,31 +3,30 @@
 Every launch forks at most 6 gloo ranks of a tiny Hugging Face model (hidden size 64,
 sequence 32, float64) for 3 steps and compares every parameter with single-process
 training of ``build_stage(model, 0, L)`` on the same global batches with the same
-:mod:`hpp.runtime.training` optimizer, schedule and clipping (<= 1e-9).
+:mod:`hpp.runtime.exec.training` optimizer, schedule and clipping (<= 1e-9).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Pipeline, Plan, Stage, plan_to_dict
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.devices import DeviceType
-from hpp.runtime.data import make_batch_source
-from hpp.runtime.launch import launch_forked
-from hpp.runtime.reference import max_param_difference
-from hpp.runtime.stage import build_stage
-from hpp.runtime.tensor_parallel import shard_dim
-from hpp.runtime.training import (TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step)
-from hpp.runtime.worker import WorkerConfig
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.exec.data import make_batch_source
+from hpp.runtime.exec.reference import max_param_difference
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.tensor_parallel import shard_dim
+from hpp.runtime.exec.training import (TrainingConfig, make_lr_scheduler, make_optimizer, single_device_step)
+from hpp.runtime.models.zoo import load_runtime_model
 from hpp.scenarios import make_emulated_cluster
+from tests.rank_launch import fork_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -77,9 +76,8 @@ def _reference(name: str, plan: Plan, training: TrainingConfig, *, seed: int = 0
 
 
 def _run(tmp_path: Path, name: str, plan: Plan, training: TrainingConfig, **kw) -> tuple[float, list[dict], list]:
-    cfg = WorkerConfig(plan=plan_to_dict(plan), model_name=name, training=asdict(training), steps=STEPS,
-                       save_params=True, timeout_s=60, bucket_bytes=kw.pop("bucket_bytes", 16_000), **kw)
-    res = launch_forked(cfg, world_size=plan.num_devices, out_dir=tmp_path, timeout_s=240)
+    res = fork_ranks(plan, name, tmp_path, steps=STEPS, training=training, save_params=True, timeout_s=60,
+                     bucket_bytes=kw.pop("bucket_bytes", 16_000), launch_timeout_s=240, **kw)
     assert res.ok, res.failure_message()
     params = [torch.load(tmp_path / f"rank{r}.pt") for r in range(plan.num_devices)]
     ref, _norms = _reference(name, plan, training)
@@ -176,9 +174,8 @@ def test_bf16_mixed_precision_trains_fp32_masters(tmp_path):
     """bf16 autocast with fp32 master weights: > 50 % of the weights move in 3 steps at lr 1e-3."""
     training = TrainingConfig(optimizer="adamw", lr=1e-3, dtype="bfloat16", total_steps=STEPS)
     plan = llama_mixed_tp()
-    cfg = WorkerConfig(plan=plan_to_dict(plan), model_name="llama-tiny", training=asdict(training),
-                       steps=STEPS, save_params=True, timeout_s=60)
-    res = launch_forked(cfg, world_size=plan.num_devices, out_dir=tmp_path, timeout_s=240)
+    res = fork_ranks(plan, "llama-tiny", tmp_path, steps=STEPS, training=training, save_params=True, timeout_s=60,
+                     launch_timeout_s=240)
     assert res.ok, res.failure_message()
     model = load_runtime_model("llama-tiny")
     init = {n: p.detach() for _l, n, p in build_stage(model, 0, 7, seed=0, dtype=torch.float32).layer_parameters()}
@@ -195,13 +192,16 @@ def test_bf16_mixed_precision_trains_fp32_masters(tmp_path):
     assert all(4.0 < a["loss"] + b["loss"] < 7.0 for a, b in zip(*lines))      # the two pipelines' parts: ~ln 256
 
 
+def v66():
+    """A GPT whose vocabulary (66) splits at TP 2 but not at TP 4 (``tests.test_runtime_tp:v66``)."""
+    from hpp.runtime.models.gpt import GPT, ModelConfig
+    return GPT(ModelConfig("v66", num_blocks=1, hidden_size=32, num_heads=4, seq_len=8, vocab_size=66))
+
+
 def test_a_parameter_sharded_at_one_tp_degree_and_replicated_at_another_is_refused_by_every_rank(tmp_path):
     """Vocabulary 66: the token table is sharded at TP 2 but not at TP 4; every rank stops, none waits."""
-    from hpp.runtime.models import ModelConfig
-    model = ModelConfig("v66", num_blocks=1, hidden_size=32, num_heads=4, seq_len=8, vocab_size=66)
     plan = Plan("v66", 3, 2, (Pipeline((_st(0, 3, 0, 4),), 1, 1), Pipeline((_st(0, 3, 4, 2),), 1, 1)))
-    cfg = WorkerConfig(plan=plan_to_dict(plan), model=asdict(model), steps=1, timeout_s=60)
-    res = launch_forked(cfg, world_size=6, out_dir=tmp_path, timeout_s=120)
+    res = fork_ranks(plan, "tests.test_runtime_tp:v66", tmp_path, steps=1, timeout_s=60, launch_timeout_s=120)
     assert res.exit_codes == (1,) * 6 and all(e is not None for e in res.errors)
     assert any("layers.0.wte.weight is sharded along dims [0] at TP degrees [2] and replicated at TP [4]" in e
                for e in res.errors), res.errors

@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan, Stage
-from hpp.runtime.gradsync_units import _param_entries, sync_units
-from hpp.runtime.layout import ShardGroups, group_layout, rank_roles
-from hpp.runtime.stage import build_stage
-from hpp.runtime.training import (TrainingConfig, clip_by_global_norm, lr_factor, make_lr_scheduler, make_optimizer,
+from hpp.plan_data import Pipeline, Plan, Stage
+from hpp.runtime.exec.sync_units import _param_entries, sync_units
+from hpp.runtime.exec.layout import ShardGroups, group_layout, rank_roles
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.exec.training import (TrainingConfig, clip_by_global_norm, lr_factor, make_lr_scheduler, make_optimizer,
                                   measure_stage_flops)
-from hpp.runtime.worker import WorkerConfig, training_config
-from hpp.runtime.zoo import load_runtime_model
+from hpp.runtime.config import RunConfig, RunFacts
+from hpp.runtime.exec.worker import training_config
+from hpp.runtime.models.zoo import load_runtime_model
 
 
 def _st(lo: int, hi: int, first: int, tp: int = 1) -> Stage:
@@ -134,11 +135,17 @@ def test_bad_training_settings_name_the_field():
         TrainingConfig(clip_grad_norm=0.0)
 
 
-def test_legacy_worker_fields_map_to_a_training_config():
-    cfg = WorkerConfig(plan={}, optimizer="adamw", lr=0.01, dtype="float64", steps=4)
-    assert training_config(cfg) == TrainingConfig(optimizer="adamw", lr=0.01, weight_decay=0.01, total_steps=4,
-                                                  dtype="float64")
-    assert training_config(WorkerConfig(plan={})).weight_decay == 0.0                  # old SGD: no decay
+def test_a_rank_trains_with_the_resolved_training_over_the_runs_steps():
+    """The facts' training (resolved once by hpp run) as given; its schedule spans the run's steps unless it says."""
+    config = RunConfig.build("p.json", steps=4)
+    facts = RunFacts(plan={}, model="gpt-tiny", training={"optimizer": "adamw", "lr": 0.01, "dtype": "float64"})
+    assert training_config(config, facts) == TrainingConfig(optimizer="adamw", lr=0.01, total_steps=4,
+                                                            dtype="float64")
+    facts = RunFacts(plan={}, model="gpt-tiny", training={"optimizer": "sgd", "total_steps": 9})
+    assert training_config(config, facts).total_steps == 9
+
+
+def test_bfloat16_keeps_fp32_master_weights():
     bf = TrainingConfig(dtype="bfloat16")
     assert (bf.param_dtype, bf.activation_dtype, bf.logits_dtype) == (torch.float32, torch.bfloat16, torch.float32)
 

@@ -11,20 +11,19 @@ model end to end; fork start keeps each launch to seconds.
 
 from __future__ import annotations
 
-import functools
 import json
 import multiprocessing as mp
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from hpp.plan import Pipeline, Plan, Stage, write_plan_json
-from hpp.runtime import run as run_mod
+from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
 from hpp.runtime.cli import run_main
-from hpp.runtime.models import LegacyGPT, ModelConfig
-from hpp.runtime.stage import build_stage
-from hpp.runtime.worker import WorkerConfig
+from hpp.runtime.models.gpt import GPT, ModelConfig
+from hpp.runtime.models.stage import build_stage
+from hpp.runtime.config import Controls, RunConfig
 
 pytestmark = pytest.mark.distributed
 
@@ -36,14 +35,21 @@ CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "cpu-4",
 VERIFY = re.compile(r"^verify: max \|difference\| (\S+) over (\d+) parameters")
 
 
-def micro() -> LegacyGPT:
+def micro() -> GPT:
     """The test model (``--model tests.test_runtime_verify:micro``)."""
-    return LegacyGPT(_CFG)
+    return GPT(_CFG)
 
 
-def micro_tied() -> LegacyGPT:
+def micro_tied() -> GPT:
     """The same model with the head tied to the token table (named ``micro`` too)."""
-    return LegacyGPT(_CFG, tie_embeddings=True)
+    return GPT(_CFG, tie_embeddings=True)
+
+
+def _controls(monkeypatch, **controls) -> None:
+    """``hpp run`` with these :class:`Controls` (deliberate faults; no flag sets them)."""
+    build = RunConfig.from_args.__func__
+    monkeypatch.setattr(RunConfig, "from_args",
+                        classmethod(lambda cls, args: replace(build(cls, args), controls=Controls(**controls))))
 
 
 def _plan(path) -> str:
@@ -78,7 +84,7 @@ def test_verify_passes_with_adamw_cosine_warmup_and_clipping(tmp_path, capsys):
 
 
 def test_verify_control_without_block_allreduce_fails(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(run_mod, "WorkerConfig", functools.partial(WorkerConfig, skip_block_allreduce=True))
+    _controls(monkeypatch, skip_block_allreduce=True)
     code, out, _err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
                            "--verify", "--lr", "0.01")
     diff, _n = _verify_line(out)
@@ -102,7 +108,7 @@ def test_verify_300_chaotic_steps_each_equal_one_single_device_step(tmp_path, ca
 def test_verify_control_one_unsynchronised_step_after_the_drift_fails(tmp_path, capsys, monkeypatch):
     """No gradient sync in step 55 only (0-based 54), when the free-running difference is already chaos: the check
     fails from that step on (the replicas diverged there) and names it."""
-    monkeypatch.setattr(run_mod, "WorkerConfig", functools.partial(WorkerConfig, skip_block_allreduce_step=54))
+    _controls(monkeypatch, skip_block_allreduce_step=54)
     code, out, err = _run(capsys, _plan(tmp_path / "p.json"), "--model", "tests.test_runtime_verify:micro",
                           "--verify", "--lr", "0.03", "--quiet", "--json", steps=60)
     v = json.loads(out)["verify"]
@@ -153,8 +159,7 @@ def test_metrics_lines_jsonl_and_json_keys(tmp_path, capsys):
 
 def test_run_timeout_exits_1_saying_so(tmp_path, capsys, monkeypatch):
     """A hung rank (fault injection) and --run-timeout 5: every rank is killed, exit 1, one line saying why."""
-    monkeypatch.setattr(run_mod, "WorkerConfig", functools.partial(WorkerConfig, fail_rank=1, fail_step=0,
-                                                                   fail_mode="hang"))
+    _controls(monkeypatch, fail_rank=1, fail_step=0, fail_mode="hang")
     code = run_main([_plan(tmp_path / "p.json"), "--steps", "3", "--launcher", "fork", "--run-timeout", "5",
                      "--model", "tests.test_runtime_verify:micro", "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()[-1]

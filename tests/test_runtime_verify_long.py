@@ -3,7 +3,7 @@ TP 2, uneven splits, recomputation and mixed TP.
 
 Float64 training of these models drifts from free-running single-device training after a few hundred steps
 (as single-device training does from itself when a batch is only summed in another order), so ``--verify``
-checks each step from the run's own state (:mod:`hpp.runtime.verify_steps`); these runs check that this holds
+checks each step from the run's own state (:mod:`hpp.runtime.exec.verify_steps`); these runs check that this holds
 for 1,000 steps on every code path, and print the free-running and reversed-order drift beside it.
 
 Slow (minutes per plan on two cores): marked ``slow``, left out of the default run; ``pytest -m slow
@@ -19,7 +19,8 @@ import io
 import pytest
 
 from hpp.cli import main
-from hpp.plan import Plan, write_plan_json
+from hpp.plan_data import Plan, write_plan_json
+from hpp.runtime.config import RunConfig
 from hpp.runtime.run import run_plan
 from tests.test_runtime_tp import llama_mixed_tp, neo_recompute_clip, opt_tp2_tied
 
@@ -55,8 +56,8 @@ def _hand_plan(tmp_path, plan: Plan) -> str:
 
 
 def _verify(plan_path: str, **training) -> dict:
-    rep = run_plan(plan_path, steps=STEPS, verify=True, launcher="fork", host_calibration=False,
-                   run_timeout_s=7200.0, group_timeout_s=300.0, **training)
+    rep = run_plan(RunConfig.build(plan_path, steps=STEPS, verify=True, launcher="fork", host_calibration=False,
+                                   run_timeout_s=7200.0, group_timeout_s=300.0, **training))
     v = rep.verify
     print(f"{plan_path}: {STEPS} steps, per-step max |difference| {v['max_abs_difference']:.3g} (step "
           f"{v['worst_step']}), free-running {v['free_running_difference']:.3g}, reversed-order single-device "

@@ -10,7 +10,9 @@ import pytest
 
 from hpp.errors import HppInputError
 from hpp.bench import search_overhead as search_bench
-from hpp.bench.search_overhead import SearchRow, read_csv, scenario_points, summary_table, sweep_points, target_lines
+from hpp.bench import search_report
+from hpp.bench.search_report import SearchRow, read_csv, summary_table, target_lines
+from hpp.bench.search_overhead import scenario_points, sweep_points
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "search_overhead.py"
 
@@ -128,7 +130,7 @@ def test_summary_states_the_target_and_the_metis_range():
     table = summary_table(rows + [_row("2types-1024", 1024, 2, "hpp", 1.5, 2.4)])
     assert "nan" not in table
     assert "3types-64" in table and ">=150.0x" in table and "30.0x" in table and "6.0x" in table
-    assert math.isclose(search_bench.TARGET_RATIO, 56.0)
+    assert math.isclose(search_report.TARGET_RATIO, 56.0)
 
 
 def test_missing_out_folder_and_bad_numbers_stop_before_measuring(monkeypatch, capsys):
@@ -200,7 +202,7 @@ def test_search_targets_name_the_inputs_that_miss():
     rows = [_hpp_row("2types-8", 8, 2, 0.015, 0.004), _hpp_row("2types-16", 16, 2, 0.030, 0.02),
             _hpp_row("2types-256", 256, 2, 0.2, 0.049), _hpp_row("4types-1024", 1024, 4, 1.3, 0.06),
             _hpp_row("opt350-512", 512, 2, 0.5, 0.051)]
-    lines = search_bench.search_targets(rows)
+    lines = search_report.search_targets(rows)
     assert lines[0] == "gap target <= 1% on inputs up to 64 GPUs: met at 1 of 2 (missed: 2types-16 2.00%)"
     assert lines[1] == ("gap target <= 5% on inputs up to 1024 GPUs and the sweep's scenarios: met at 3 of 5 "
                         "(missed: 4types-1024 6.00%, opt350-512 5.10%)")

@@ -15,7 +15,7 @@ import pytest
 
 from hpp.formulation.collectives import allreduce_s, concurrent_allreduces, edge_link, p2p_flows
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Plan, make_pipeline
+from hpp.plan_data import Plan, make_pipeline
 from hpp.profiles.cluster import AggregateFit, Cluster, Link, Node
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType
 from hpp.profiles.bundled import load_bundled_profile

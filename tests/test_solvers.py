@@ -15,7 +15,7 @@ from ortools.sat.python import cp_model
 from hpp.baselines.single_shape import exhaustive_composition
 from hpp.bench.cli import main as bench_main
 from hpp.errors import HppInputError, InfeasibleError
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition import US_PER_S, composition_objective_s
 from hpp.bench.instances import get_instance, library
 from hpp.planner import make_problem

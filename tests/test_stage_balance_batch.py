@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, enumerate_shapes, stage_kinds
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.candidates import enumerate_shapes
 from hpp.formulation.stage_balance import StageBalancer
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.formulation.collectives import pipeline_link

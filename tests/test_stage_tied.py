@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from examples.user_model import UserGPT
-from hpp.runtime.stage import build_stage
+from hpp.runtime.models.stage import build_stage
 
 
 class TiedUserGPT(UserGPT):

@@ -105,7 +105,7 @@ def test_vectorised_bandwidth_is_the_link_fit_bit_for_bit():
 def test_the_search_follows_the_cost_models_hierarchical_switch():
     """With hierarchical all-reduce off in the cost model the search prices flat rings too (it priced the
     hierarchical form regardless, so switching it off changed no plan)."""
-    from hpp.formulation.cost_model import CostModelConfig
+    from hpp.formulation.cost_config import CostModelConfig
     from hpp.formulation.collectives import ring_allreduce_s
     from hpp.planner import make_problem
     from hpp.profiles.bundled import load_bundled_profile

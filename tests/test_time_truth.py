@@ -7,15 +7,16 @@ from dataclasses import replace
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.formulation.cost_model import (CostModelConfig, estimate_plan, p2p_transfer_s, stage_compute_s,
-                                        stage_fixed_s, stage_p2p_wait_s)
-from hpp.plan import Pipeline, Plan, Stage
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan, stage_compute_s, stage_fixed_s
+from hpp.formulation.collectives import p2p_transfer_s, stage_p2p_wait_s
+from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
-from hpp.runtime.host_model import scale_cpu_work, simulate_host_run
+from hpp.runtime.host.time_model import scale_cpu_work, simulate_host_run
 
 TERMS = StepTimeTerms(loss_forward_s=0.25, loss_backward_s=0.5, micro_batch_overhead_s=0.2,
                       micro_batch_overhead_in_op=0.5, step_overhead_s=0.03, p2p_latency_s=0.01,

@@ -6,8 +6,8 @@ import pytest
 
 from hpp.errors import HppInputError
 from hpp.profiles.step_time import HostTimeTerms
-from hpp.runtime.host_model import simulate_host_run
-from hpp.runtime.host_ops import MeasuredHost, OpProbe, op_probe_of
+from hpp.runtime.host.time_model import simulate_host_run
+from hpp.runtime.host.ops import MeasuredHost, OpProbe, op_probe_of
 from tests.test_time_truth import cluster, entry, plan, profile
 
 
@@ -81,7 +81,7 @@ def test_the_profile_meta_supplies_the_probe_unless_host_terms_are_given():
 
 
 def test_scaling_the_cpu_work_scales_the_probe_seconds_not_its_ratios():
-    from hpp.runtime.host_model import scale_cpu_work
+    from hpp.runtime.host.time_model import scale_cpu_work
     prof = profile(entry(), host_time=MeasuredHost(2, (1.0, 1.0), ops=probe(kappa=(1.0, 1.5), wake=0.5)).to_dict())
     ops = op_probe_of(scale_cpu_work(prof, 2.0).meta)
     assert ops.wake_s == (1.0, 1.0) and ops.kappa == (1.0, 1.5) and ops.hot_s == 2.0

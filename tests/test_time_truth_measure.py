@@ -7,9 +7,9 @@ import torch  # noqa: F401  (forked children need torch imported in the parent)
 
 from hpp.profiles.profile_format import profile_from_dict, profile_to_dict
 from hpp.profiles.step_time import HostTimeTerms, StepTimeTerms
-from hpp.runtime.host_probe import measure_contention, measure_host_ops, measure_p2p
-from hpp.runtime.profiler import profile_model, scale_profile
-from hpp.runtime.time_profile import add_time_terms, measure_loss_s, measure_schedule_overhead
+from hpp.runtime.profile.host_probe import measure_contention, measure_host_ops, measure_p2p
+from hpp.runtime.profile.profiler import profile_model, scale_profile
+from hpp.runtime.profile.time_terms import add_time_terms, measure_loss_s, measure_schedule_overhead
 
 pytestmark = pytest.mark.distributed
 

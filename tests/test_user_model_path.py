@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from hpp.cli import main                                                     # noqa: E402
 from hpp.runtime.cli import profile_main, run_main                           # noqa: E402
-from hpp.runtime.zoo import portable_model_spec                              # noqa: E402
+from hpp.runtime.models.zoo import portable_model_spec                              # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = {"format": "hpp-cluster", "version": 1, "name": "two-cpus",
@@ -47,7 +47,7 @@ def test_a_plan_of_a_model_file_runs_from_another_folder(tmp_path, monkeypatch, 
     assert run_main([str(planned / "plan.json"), "--steps", "1", "--launcher", "fork", "--dry-run", "dry",
                      "--json"]) == 0, capsys.readouterr().err
     cfg = json.loads((elsewhere / "dry" / "worker_config.json").read_text())
-    assert cfg["model_name"] == recorded                                   # what every rank loads
+    assert cfg["facts"]["model"] == recorded                               # what every rank loads
     # control: the path as given at the root (what the profile recorded before) does not resolve from here
     assert run_main([str(planned / "plan.json"), "--steps", "1", "--launcher", "fork",
                      "--model", "examples/user_model.py:build", "--dry-run", "dry2"]) == 2

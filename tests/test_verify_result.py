@@ -1,4 +1,4 @@
-"""``--verify``'s verdict (:func:`hpp.runtime.reference.verify_against`) on hand-made differences: the per-step
+"""``--verify``'s verdict (:func:`hpp.runtime.exec.reference.verify_against`) on hand-made differences: the per-step
 check decides, the free-running difference is reported beside it, unchecked steps and missing parameters fail."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import torch
 
 from hpp.runtime.cli import _verify_line
-from hpp.runtime.reference import verify_against
+from hpp.runtime.exec.reference import verify_against
 
 REF = {"a": torch.tensor([1.0, 2.0], dtype=torch.float64), "b": torch.tensor([3.0], dtype=torch.float64)}
 RUN = {"a": torch.tensor([1.0, 2.5], dtype=torch.float64), "b": torch.tensor([3.0], dtype=torch.float64)}

@@ -24,7 +24,7 @@ first, restated from that code (none of it copied):
 Costing is HPP's cost model, not Metis's estimator, and the layer partition is HPP's stage-balance DP
 (:mod:`hpp.baselines.metis_pricing`); plans whose stages differ in dp_s are outside HPP's plan format
 (every HPP pipeline is a full replica), so the result is a priced configuration, not a
-:class:`~hpp.plan.Plan`.
+:class:`~hpp.plan_data.Plan`.
 
 Inputs as Metis takes them: one global cap on the TP degree and one on the micro-batch size
 (``MAX_PROFILED_TP``, ``MAX_PROFILED_BATCH_SIZE``), by default the largest values that every GPU type
@@ -54,14 +54,14 @@ from typing import Iterator
 from hpp.baselines.metis_pricing import MetisPricer, price_metis_config
 from hpp.baselines.shapes import group_orders
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace
-from hpp.formulation.cost_model import CostModelConfig
-from hpp.gcpause import gc_paused
+from hpp.formulation.space_limits import SearchSpace
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.gcfreeze import gc_frozen
 from hpp.planner import check_micro_batch_sizes
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 
-__all__ = ["MetisConfig", "MetisResult", "MetisPricer", "metis_device_groups", "metis_search", "price_metis_config"]
+__all__ = ["MetisConfig", "MetisResult", "metis_device_groups", "metis_search"]
 
 #: Metis's settings in its README example (``SCALE_VARIANCE=1 MAX_PERMUTE_LEN=4``; ``arguments.py`` parses the
 #: variance as an int, so the generator's own default of 0.5 is not reachable from its command line).
@@ -279,7 +279,7 @@ def _intra_stage_walk(pricer: MetisPricer, ns, dg, types_of_stage, m: int, globa
     return best, attempts, False
 
 
-@gc_paused()
+@gc_frozen()
 def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                  space: SearchSpace = SearchSpace(allow_recompute=False),
                  config: CostModelConfig = CostModelConfig(), variance: float = METIS_VARIANCE,
@@ -317,7 +317,7 @@ def metis_search(cluster: Cluster, profile: ModelProfile, global_batch_size: int
         A global batch, ``max_permute_len``, ``max_tp``, ``max_micro_batch_size`` or
         ``max_candidates`` that is not a positive integer; ``variance`` not positive and finite; a
         negative time budget; micro-batch sizes that no GPU type has profiled; a GPU type without a
-        profile (from :func:`~hpp.formulation.candidates.stage_kinds`).
+        profile (from :func:`~hpp.formulation.space_limits.stage_kinds`).
     """
     def positive_int(value, name: str, fix: str) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpp.formulation.candidates import SearchSpace, stage_kinds
-from hpp.formulation.cost_model import CostModelConfig, ring_allreduce_s
+from hpp.formulation.space_limits import SearchSpace, stage_kinds
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.collectives import ring_allreduce_s
 from hpp.formulation.stage_balance import least_fill_within
 from hpp.formulation.stage_costs import StageCostCache
 from hpp.profiles.cluster import Cluster

@@ -52,20 +52,20 @@ from typing import Any, Callable, Iterator, Mapping
 from hpp.baselines.shapes import group_splits, lazy_product, min_groups
 from hpp.baselines.uniform import BaselineResult, _Clock, _even_split, _fmt_s, _make_plan, _price, uniform_baseline
 from hpp.errors import HppInputError
-from hpp.gcpause import gc_paused
+from hpp.gcfreeze import gc_frozen
 from hpp.formulation.binding import bind_devices
-from hpp.formulation.candidates import Candidate, SearchSpace, common_micro_batch_sizes, stage_kinds
+from hpp.formulation.candidates import Candidate
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.space_limits import space_violations
 from hpp.formulation.composition import CompositionProblem, composition_objective_s
-from hpp.formulation.cost_model import CostModelConfig
+from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.stage_balance import StageBalancer, StageKind
-from hpp.plan import Plan, make_pipeline
+from hpp.plan_data import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.formulation.stage_costs import StageCostCache
 
-__all__ = ["BaselineResult", "uniform_baseline", "single_shape_baseline", "exhaustive_composition",
-           "run_baselines", "BASELINES"]
+__all__ = ["single_shape_baseline", "exhaustive_composition", "run_baselines", "BASELINES"]
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def shape_label(shape: tuple[StageKind, ...]) -> str:
     return "+".join(f"{n}x{k.device_type}" + (f"(tp{k.tp_degree})" if k.tp_degree > 1 else "") for k, n in runs)
 
 
-@gc_paused()
+@gc_frozen()
 def single_shape_baseline(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
                           space: SearchSpace = SearchSpace(), config: CostModelConfig = CostModelConfig(),
                           max_candidates: int | None = None, time_budget_s: float | None = None,

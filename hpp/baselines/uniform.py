@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hpp.formulation.candidates import SearchSpace, common_micro_batch_sizes, runnable_tp_degrees
+from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, runnable_tp_degrees
 from hpp.formulation.collectives import allreduce_s, concurrent_allreduces, edge_link, p2p_flows
-from hpp.formulation.cost_model import CostModelConfig, estimate_plan, stage_compute_s
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.cost_model import estimate_plan, stage_compute_s
 from hpp.formulation.stage_balance import StageKind
-from hpp.plan import Pipeline, Plan, make_pipeline
+from hpp.plan_data import Pipeline, Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile

@@ -18,8 +18,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from hpp.bench.instances import (InstanceOptions, SyntheticSpec, get_instance, library, load_instance, save_instance,
-                                 synthetic_instance)
+from hpp.bench.instance_format import InstanceOptions, load_instance, save_instance
+from hpp.bench.instances import SyntheticSpec, get_instance, library, synthetic_instance
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import single_shape_baseline
+from hpp.baselines.uniform import uniform_baseline
 from hpp.bench.gap_decomposition import decomposition_markdown, read_decomposition
 from hpp.bench.gap_table import gap_table_markdown, read_gap_table, read_relaxation, relaxation_markdown
 from hpp.bench.gap_progress import limits_lines, read_gap_csv, summarise, summary_table, type_class_lines
@@ -25,7 +26,7 @@ from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, rea
                                      target_lines)
 from hpp.errors import InfeasibleError
 from hpp.fileio import write_dataclass_csv
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile

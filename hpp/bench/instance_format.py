@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from hpp.errors import HppInputError
 from hpp.fileio import check_header, read_json, write_atomic
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.cluster_format import cluster_from_dict, cluster_to_dict

@@ -20,18 +20,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hpp.bench.instance_format import (INSTANCE_FORMAT, INSTANCE_VERSION, Instance, InstanceOptions,
-                                       instance_from_dict, instance_to_dict, load_instance, options_from_dict,
-                                       save_instance)
+from hpp.bench.instance_format import (Instance, InstanceOptions,
+                                       options_from_dict)
 from hpp.errors import HppInputError
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.scenarios import SCENARIOS
 
-__all__ = ["INSTANCE_FORMAT", "INSTANCE_VERSION", "InstanceOptions", "Instance", "SyntheticSpec", "instance_from_dict",
-           "instance_to_dict", "load_instance", "save_instance", "scenario_instance", "synthetic_instance",
-           "synthetic_profile", "synthetic_cluster", "library", "get_instance", "SUITES", "FAMILIES"]
+__all__ = ["SyntheticSpec", "scenario_instance", "synthetic_instance", "synthetic_profile", "synthetic_cluster",
+           "library", "get_instance", "SUITES", "FAMILIES"]
 
 SUITES = ("quick", "full")
 

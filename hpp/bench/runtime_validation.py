@@ -3,7 +3,7 @@
 For each emulated heterogeneous CPU cluster (fast devices at 1x, slow ones k x
 slower with a smaller memory cap) this module profiles ``gpt-tiny`` once on this host
 (per-layer times, and the runtime step's time terms and the host's CPU contention,
-:mod:`hpp.runtime.time_profile`), plans it with HPP (:func:`hpp.planner.plan_hpp`), the
+:mod:`hpp.runtime.profile.time_terms`), plans it with HPP (:func:`hpp.planner.plan_hpp`), the
 uniform and the single-shape baselines (:mod:`hpp.baselines.single_shape`), runs the plans with the
 runtime (fork launcher, gloo; speed emulation at the common time scale ``D`` of
 :func:`hpp.runtime.run.default_time_scale`, or none for a cluster with ``emulate=False``,
@@ -11,12 +11,12 @@ whose ranks then all run at the host's speed) and returns one :class:`Validation
 
 Predictions of a run (host seconds):
 
-- ``predicted_s``: :func:`hpp.runtime.host_model.simulate_host_run`, the step as this
+- ``predicted_s``: :func:`hpp.runtime.host.time_model.simulate_host_run`, the step as this
   host executes it (ranks sharing its cores, CPU contention, emulation padding, the
   real-op probe measured with the profile: kappa past the cores and the CPU an op pays
-  after a wait, :mod:`hpp.runtime.host_ops`, and ``steal``, the share of the time the
+  after a wait, :mod:`hpp.runtime.host.ops`, and ``steal``, the share of the time the
   cores wanted to run that the hypervisor took during the run's kept steps,
-  :mod:`hpp.runtime.host_steal`); the target compares the measured time with this
+  :mod:`hpp.runtime.host.steal`); the target compares the measured time with this
   (``error``); ``predicted_nosteal_s`` is the same without the steal;
 - ``predicted_model_s``: the cost model's closed form at this run's ``D`` (dedicated cores);
 - ``predicted_plan_s``: the plan's own prediction (``D = 1``, the emulated cluster).
@@ -27,7 +27,7 @@ worker's ``cpu_s``) / what the host model predicts they use: 1 when the host ran
 speed it was profiled at. ``predicted_norm_s`` is the host model with every CPU term of
 the profile x ``cpu_ratio`` (the host's speed during the run), and ``error_norm`` the error
 against it: the model's error with the host's speed drift taken out. ``background`` is the number of
-other processes computing on the host just before the run (:func:`hpp.runtime.host_probe.background_load`): 0 on
+other processes computing on the host just before the run (:func:`hpp.runtime.profile.host_probe.background_load`): 0 on
 a quiet host; ``predicted_bg_s`` is the host model with that many always-busy processes
 beside the ranks (informative: the load changes while the run lasts).
 """
@@ -42,18 +42,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from hpp.baselines.single_shape import single_shape_baseline, uniform_baseline
+from hpp.baselines.single_shape import single_shape_baseline
+from hpp.baselines.uniform import uniform_baseline
 from hpp.formulation.composition import SolverSettings
-from hpp.plan import Plan, write_plan_json
+from hpp.plan_data import Plan, write_plan_json
 from hpp.planner import plan_hpp
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.devices import DeviceType
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.profile_format import profile_to_dict, save_profile
-from hpp.runtime.host_model import scale_cpu_work, simulate_host_run
+from hpp.runtime.host.time_model import scale_cpu_work, simulate_host_run
 from hpp.scenarios import make_emulated_cluster
 
-# hpp.runtime.profiler, time_profile, host_probe and run are imported inside the functions that use them: they
+# hpp.runtime.profile.profiler, time_profile, host_probe and run are imported inside the functions that use them: they
 # load torch (~4 s), which building clusters and planning do not need.
 
 __all__ = ["EmulatedCluster", "ValidationRow", "DEFAULT_CLUSTERS", "QUICK_CLUSTERS", "CLOSED_LOOP",
@@ -139,8 +140,8 @@ def build_cluster(spec: EmulatedCluster) -> Cluster:
 def profile_for(specs: Sequence[EmulatedCluster], *, model: str = "gpt-tiny", micro_batch_sizes=(1, 2, 4),
                 repeats: int = 10, warmup: int = 3, time_terms: bool = True, quick: bool = False) -> ModelProfile:
     """Profile ``model`` on this CPU (one thread), add each slow type as a scaled copy, then the time terms."""
-    from hpp.runtime.profiler import profile_model, scale_profile
-    from hpp.runtime.time_profile import add_measured_time_terms
+    from hpp.runtime.profile.profiler import profile_model, scale_profile
+    from hpp.runtime.profile.time_terms import add_measured_time_terms
     prof = profile_model(model, device="cpu", micro_batch_sizes=micro_batch_sizes, repeats=repeats, warmup=warmup,
                          memory_terms=False)          # the emulated memory caps are set for the calibrated formula
     prof = scale_profile(prof, {s.slow_type: s.slowdown for s in specs}, base_device_type="cpu")
@@ -183,7 +184,8 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
                     steps: int = 8, time_scale: float | None = None, work_dir: Path | None = None,
                     timeline: Path | None = None) -> list[ValidationRow]:
     """Run every plan of one cluster with the runtime (fork launcher) and compare with the predictions."""
-    from hpp.runtime.host_probe import background_load
+    from hpp.runtime.profile.host_probe import background_load
+    from hpp.runtime.config import RunConfig
     from hpp.runtime.run import run_plan
     cluster = build_cluster(spec)
     rows: list[ValidationRow] = []
@@ -193,9 +195,10 @@ def run_and_compare(spec: EmulatedCluster, plans: dict[str, tuple[Plan, str]], p
             path = Path(tmp) / f"{spec.name}-{name}.json"
             write_plan_json(plan, path)
             bg, load0 = background_load(), _load()
-            rep = run_plan(path, steps=steps, emulate_speed=spec.emulate, launcher="fork", time_scale=time_scale,
-                           timeline=timeline if (name == "hpp" and timeline is not None) else None,
-                           run_timeout_s=600.0, host_calibration=False)   # the profile is this host's, just measured
+            rep = run_plan(RunConfig.build(path, steps=steps, emulate_speed=spec.emulate, launcher="fork",
+                                           time_scale=time_scale,
+                                           timeline=timeline if (name == "hpp" and timeline is not None) else None,
+                                           run_timeout_s=600.0, host_calibration=False))   # the profile is this host's, just measured
             load1 = _load()
             m, p = rep.measured, rep.predicted
             D = float(p.get("time_scale") or 1.0)

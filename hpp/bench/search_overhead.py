@@ -25,11 +25,10 @@ from typing import Callable, Iterable, Iterator
 
 from hpp.baselines.metis import metis_search
 from hpp.baselines.single_shape import run_baselines, single_shape_baseline
-from hpp.bench.search_report import (GAP_TARGETS, LARGE_TARGET_S, METIS_RANGE_S, OTHER_REFERENCE, REFERENCE,
-                                     SMALL_GPUS, SMALL_TARGET_S, TARGET_GPUS, TARGET_RATIO, SearchRow, read_csv,
-                                     search_targets, summary_table, target_lines, write_csv)
+from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE,
+                                     SearchRow)
 from hpp.errors import HppInputError
-from hpp.formulation.candidates import SearchSpace
+from hpp.formulation.space_limits import SearchSpace
 from hpp.formulation.composition import SolverSettings
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
@@ -38,11 +37,8 @@ from hpp.profiles.profile_format import load_profile
 from hpp.pruning.rules import PruningOptions
 from hpp.scenarios import SCENARIOS, get_scenario, make_cluster
 
-__all__ = ["BenchPoint", "SearchRow", "sweep_points", "scenario_points", "measure_point", "write_csv",
-           "plot_rows", "summary_table", "target_lines", "read_csv", "TYPE_MIXES", "ABLATIONS",
-           "METIS_RANGE_S", "GAP_TARGETS", "SMALL_TARGET_S", "LARGE_TARGET_S", "search_targets",
-           "BaselineCheck", "baseline_check", "baseline_cases", "REFERENCE", "OTHER_REFERENCE", "TARGET_RATIO",
-           "TARGET_GPUS", "SMALL_GPUS"]
+__all__ = ["BenchPoint", "sweep_points", "scenario_points", "measure_point", "plot_rows", "TYPE_MIXES", "ABLATIONS",
+           "BaselineCheck", "baseline_check", "baseline_cases"]
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from hpp.bench.instances import Instance
+from hpp.bench.instance_format import Instance
 from hpp.errors import InfeasibleError
 from hpp.fileio import write_rows_csv
 from hpp.formulation.composition.solve import (OPTIMUM_ATOL_S, OPTIMUM_RTOL, SOLVER_NAMES, SolveResult, SolverSettings,

@@ -29,14 +29,14 @@ from typing import Any, Mapping, Sequence
 from hpp.errors import HppInputError
 from hpp.formulation.binding_exact import exact_assign
 from hpp.formulation.binding_rules import best_fit_assign, packed_assign
-from hpp.formulation.binding_score import BindingScore, BindingScorer, node_crossings
+from hpp.formulation.binding_score import BindingScore, BindingScorer
 from hpp.formulation.candidates import Candidate, StageKind
 from hpp.formulation.data_balance import balance_data
-from hpp.plan import Plan, make_pipeline
+from hpp.plan_data import Plan, make_pipeline
 from hpp.profiles.cluster import Cluster
 
-__all__ = ["bind_devices", "bind_nodes", "build_plan", "rebind_plan", "node_crossings", "EXACT_MAX_STAGES",
-           "EXACT_MAX_NODES", "EXACT_MAX_EXPANSIONS"]
+__all__ = ["bind_devices", "bind_nodes", "build_plan", "rebind_plan", "EXACT_MAX_STAGES", "EXACT_MAX_NODES",
+           "EXACT_MAX_EXPANSIONS"]
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,7 @@ from typing import Callable, Iterator, Sequence
 
 from hpp.errors import HppInputError
 from hpp.forkshare import can_fork, run_shares, usable_cores
-from hpp.formulation.space_limits import (SearchSpace, common_micro_batch_sizes, model_head_counts,
-                                         runnable_tp_degrees, stage_kinds, tp_capacity)
+from hpp.formulation.space_limits import (SearchSpace, common_micro_batch_sizes, stage_kinds, tp_capacity)
 from hpp.formulation.stage_balance import Partition, StageBalancer, StageKind
 from hpp.formulation.stage_balance_batch import PartitionBatch, balance_pairs
 from hpp.profiles.cluster import Cluster
@@ -33,9 +32,8 @@ from hpp.profiles.model_profile import ModelProfile
 from hpp.pruning.rules import (DominanceKeys, PruningOptions, dominance_order, ends_with_dead_suffix,
                                 type_group_orders, undominated_mask)
 
-__all__ = ["SearchSpace", "Candidate", "stage_kinds", "enumerate_shapes", "build_candidates", "build_candidates_bounded",
-           "remove_dominated", "tp_capacity", "model_head_counts", "runnable_tp_degrees",
-           "common_micro_batch_sizes", "usable_cores", "PARALLEL_MIN_PAIRS"]
+__all__ = ["Candidate", "enumerate_shapes", "build_candidates", "build_candidates_bounded", "remove_dominated",
+           "PARALLEL_MIN_PAIRS"]
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ class CostModelConfig:
         The optimizer step's temporaries in units of the stage's parameter bytes (step-memory
         terms only). 1.0: torch's multi-tensor (``foreach``) AdamW, the GPU default,
         materialises sqrt(v) for every parameter, and foreach SGD with weight decay
-        grad + wd x param (both measured by :mod:`hpp.runtime.memory`: 1.00 P).
+        grad + wd x param (both measured by :mod:`hpp.runtime.profile.stage_memory`: 1.00 P).
     hierarchical_allreduce : bool
         Price a block's all-reduce hierarchically (reduce-scatter in node, ring across nodes,
         all-gather in node) where that is cheaper than the flat ring, as NCCL does

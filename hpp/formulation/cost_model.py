@@ -68,22 +68,16 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from hpp.formulation.collectives import (allreduce_s, concurrent_allreduces, edge_link, p2p_transfer_s,
-                                         p2p_waits_per_transfer, ring_allreduce_s, stage_p2p_wait_s)
+                                         stage_p2p_wait_s)
 from hpp.formulation.collectives import p2p_flows as count_p2p_flows
-from hpp.formulation.cost_config import FRAMEWORK_BYTES, OPTIMIZER_STATES, CostModelConfig
-from hpp.formulation.memory_model import (in_flight_micro_batches, stage_activation_bytes, stage_memory_breakdown,
-                                          stage_memory_bytes)
-from hpp.plan import Plan, Stage
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.memory_model import (in_flight_micro_batches, stage_activation_bytes, stage_memory_breakdown)
+from hpp.plan_data import Plan, Stage
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 
-__all__ = [
-    "FRAMEWORK_BYTES", "CostModelConfig", "StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate",
-    "pipeline_time_1f1b_s", "ring_allreduce_s", "allreduce_s", "in_flight_micro_batches", "stage_activation_bytes",
-    "stage_compute_s", "stage_fixed_s", "stage_p2p_wait_s", "p2p_transfer_s", "p2p_waits_per_transfer",
-    "stage_time_s", "stage_memory_bytes", "stage_memory_breakdown",
-    "block_decomposition", "estimate_plan", "OPTIMIZER_STATES",
-]
+__all__ = ["StageEstimate", "PipelineEstimate", "BlockEstimate", "PlanEstimate", "pipeline_time_1f1b_s",
+           "stage_compute_s", "stage_fixed_s", "stage_time_s", "block_decomposition", "estimate_plan"]
 
 
 # ------------------------------------------------------------------ small formulas

@@ -4,7 +4,7 @@ Split out of :mod:`hpp.formulation.cost_model` (which re-exports every name; its
 gives the calibrated formula and its sources).
 
 Memory from the runtime step's own terms (profiles measured by ``hpp profile``,
-:mod:`hpp.runtime.memory_profile`; :func:`stage_memory_breakdown`): with P the stage's
+:mod:`hpp.runtime.profile.memory_terms`; :func:`stage_memory_breakdown`): with P the stage's
 parameter bytes (fp32 masters also under bf16 mixed precision), n the optimizer's
 states per parameter (AdamW 2, SGD 0; a tied pair held by one stage counted once), K = sum of ``step_activation_bytes[lo:hi]``
 (``first_stage_step_activation_bytes`` on a first stage where measured)

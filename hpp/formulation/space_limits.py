@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hpp.errors import HppInputError
 from hpp.formulation.stage_balance import StageKind
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 

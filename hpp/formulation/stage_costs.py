@@ -24,8 +24,9 @@ from typing import Callable
 import numpy as np
 
 from hpp.formulation.collectives import p2p_link_options, pipeline_link
-from hpp.formulation.cost_model import (OPTIMIZER_STATES, CostModelConfig, p2p_transfer_s, p2p_waits_per_transfer,
-                                        stage_fixed_s)
+from hpp.formulation.cost_config import OPTIMIZER_STATES, CostModelConfig
+from hpp.formulation.collectives import p2p_transfer_s, p2p_waits_per_transfer
+from hpp.formulation.cost_model import stage_fixed_s
 from hpp.formulation.step_memory import StepMemoryTables, step_memory_peak, step_memory_tables
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.model_profile import LayerProfile, ModelProfile

@@ -20,15 +20,14 @@ from typing import Any, Mapping
 
 from hpp.errors import HppInputError
 from hpp.interop.metis import plan_from_metis
-from hpp.interop.sailor import SailorMeasurement, plan_from_sailor, sailor_measurement
-from hpp.plan import Plan, read_plan_json
+from hpp.interop.sailor import plan_from_sailor
+from hpp.plan_data import Plan, read_plan_json
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
 
-__all__ = ["FOREIGN_FORMATS", "SailorMeasurement", "detect_plan_format", "plan_from_sailor", "plan_from_metis",
-           "sailor_measurement", "load_any_plan"]
+__all__ = ["FOREIGN_FORMATS", "detect_plan_format", "load_any_plan"]
 
 FOREIGN_FORMATS = ("sailor", "metis")
 

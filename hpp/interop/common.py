@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.plan import Pipeline, Plan
+from hpp.plan_data import Pipeline, Plan
 from hpp.profiles.cluster import Cluster, Node
 from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 from hpp.errors import HppInputError
 from hpp.interop.common import (check_gpu, finish_plan, foreign_cluster, global_batch, int_field, list_field,
                                 missing_layers, required)
-from hpp.plan import Pipeline, Plan, Stage, default_schedule
+from hpp.plan_data import Pipeline, Plan, Stage, default_schedule
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.profiles.network import NETWORK_ZONE

@@ -2,7 +2,7 @@
 (see ``hpp/profiles/data/NOTICE``), and the CPU profiles hpp measured itself (provenance in each
 file): ``gpt-tiny`` (``hpp profile``), and ``opt-tiny``, ``gpt-neo-tiny``, ``llama-tiny``
 (``experiments/profile_tiny_models.py``: device types ``cpu`` and ``cpu-2x``, TP 1 measured and
-TP 2 derived). A profile's model name is the runtime model's name (:mod:`hpp.runtime.zoo`).
+TP 2 derived). A profile's model name is the runtime model's name (:mod:`hpp.runtime.models.zoo`).
 
 Each ``data/profile-<MODEL>.json`` is a native hpp profile (:mod:`hpp.profiles.model_profile`)
 written by ``experiments/convert_public_profiles.py`` from eth-easl/sailor commit cf2c8e3

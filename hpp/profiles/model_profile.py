@@ -14,7 +14,7 @@ that type running one micro-batch:
   that selective recomputation (Megatron) drops; ``None`` = not measured.
 
 Optional memory terms of the runtime's own training step (measured by
-:mod:`hpp.runtime.memory_profile` with FakeTensor + MemTracker; ``None`` = not measured,
+:mod:`hpp.runtime.profile.memory_terms` with FakeTensor + MemTracker; ``None`` = not measured,
 and the cost model then uses its calibrated formula on ``activation_bytes``):
 
 - ``step_activation_bytes[l]``: bytes layer ``l`` adds to its stage per micro-batch in

@@ -1,6 +1,6 @@
 """Links fitted to measured transfer times: what ``hpp profile-network`` writes into a cluster file.
 
-Pure functions (no I/O, no torch): the measurement is :mod:`hpp.runtime.network_measure`'s.
+Pure functions (no I/O, no torch): the measurement is :mod:`hpp.runtime.network.measure`'s.
 
 Input: for one pair of nodes (or two devices of one node), the one-way time of one message of ``x``
 bytes, for each message size and each number of concurrent flows ``k`` (``k`` devices of one node

@@ -46,14 +46,9 @@ from hpp.fileio import read_json
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES
 from hpp.profiles.model_profile import Key, LayerProfile, ModelProfile
 from hpp.profiles.public_common import (SAILOR_ARTIFACT, SAILOR_LICENCE, PathLike, as_mapping, check_known,
-                                        check_same_layer_counts, int_keys, layer_list, load_llm_info,
-                                        sequence_length_from_llm_info)
-from hpp.profiles.public_metis import (METIS_FORWARD_FRACTION, METIS_MEMORY_PARAM_FACTOR, MIB_BYTES,
-                                       load_metis_profiles)
+                                        check_same_layer_counts, int_keys, layer_list, load_llm_info)
 
-__all__ = ["load_sailor_profiles", "load_metis_profiles", "load_llm_info", "read_json", "sequence_length_from_llm_info",
-           "SAILOR_ARTIFACT", "SAILOR_LICENCE", "METIS_MEMORY_PARAM_FACTOR", "METIS_FORWARD_FRACTION",
-           "MIB_BYTES"]
+__all__ = ["load_sailor_profiles"]
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Optional time terms of a profile entry: what the runtime's step costs besides the layers.
 
-Measured by :mod:`hpp.runtime.time_profile` (``hpp profile`` on the runtime itself); the
+Measured by :mod:`hpp.runtime.profile.time_terms` (``hpp profile`` on the runtime itself); the
 bundled public GPU profiles (Sailor's Megatron measurements) do not carry them, and the
 cost model then prices stages exactly as before. For one device type and micro-batch size:
 
@@ -19,7 +19,7 @@ cost model then prices stages exactly as before. For one device type and micro-b
 :class:`HostTimeTerms` (a profile's ``meta["host_time"]``) describes the host the profile
 was measured on: its cores and ``contention[n-1]``, the CPU time of a compute op while ``n``
 processes compute at once / alone (what a CPU run with several ranks per host pays;
-:mod:`hpp.runtime.host_model`).
+:mod:`hpp.runtime.host.time_model`).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class StepTimeTerms:
     def emulated(self, factor: float) -> "StepTimeTerms":
         """The terms of a device emulated ``factor`` x slower by padding the stage's ops.
 
-        :mod:`hpp.runtime.emulation` pads ``forward_one_chunk``/``backward_one_chunk``: the
+        :mod:`hpp.runtime.host.emulation` pads ``forward_one_chunk``/``backward_one_chunk``: the
         loss's backward and the in-op share of the per-micro-batch overhead run inside them
         (x ``factor``); the loss's forward, the rest of the schedule, the transfers and their
         posting do not.
@@ -132,7 +132,7 @@ class StepTimeTerms:
                     p2p_overhead_s=float(d.get("p2p_overhead_s", 0.0)))
         except KeyError as exc:
             raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
-                                fix="measure the time terms with hpp.runtime.time_profile") from None
+                                fix="measure the time terms with hpp.runtime.profile.time_terms") from None
         except (TypeError, ValueError) as exc:
             raise HppInputError(f"bad value ({exc})", source=source, field=where, fix="use numbers") from None
         t.validate(source=source, where=where)

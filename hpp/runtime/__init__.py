@@ -1,9 +1,10 @@
 """Execute HPP plans with torch.distributed and profile runtime models.
 
-Public entry points: :func:`hpp.runtime.run.run_plan` (``hpp run``),
-:func:`hpp.runtime.profiler.profile_model` (``hpp profile``), the model
-registry :mod:`hpp.runtime.models`, and the launchers in :mod:`hpp.runtime.launch`.
-Submodules import torch; this package module does not import them eagerly.
+Top level: ``hpp run`` as a library call (:func:`hpp.runtime.run.run_plan`), its configuration
+(:class:`hpp.runtime.config.RunConfig`), its checks, failure lines and report. Subpackages by
+responsibility, lowest first: ``models`` (what a model is), ``host`` (CPU emulation and time truth),
+``checkpoint``, ``exec`` (one rank's step), ``launch`` (starting ranks), ``profile`` (``hpp profile``),
+``network`` (``hpp profile-network``). A package imports only packages before it in this list and
+:mod:`hpp.runtime.config` (the top level imports them all). Submodules import torch; this package module
+does not.
 """
-
-__all__ = ["models", "layout", "gradsync", "emulation", "worker", "launch", "run", "profiler", "timeline", "cli"]

@@ -1,5 +1,5 @@
 """Thin entry points of ``hpp run`` and ``hpp profile`` (dispatched to from :mod:`hpp.cli`; ``hpp profile-network``'s
-is :mod:`hpp.runtime.network_cli`).
+is :mod:`hpp.runtime.network.cli`).
 
 Exit codes: 0 success; 2 bad input (one line on stderr); 1 a run that failed
 (the line names the failed rank, or says it timed out) or a ``--verify`` that found a
@@ -18,7 +18,7 @@ from typing import Sequence
 
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
-from hpp.runtime.processes import RunInterrupted, interrupt_signals
+from hpp.runtime.launch.processes import RunInterrupted, interrupt_signals
 from hpp.runtime.step_terms import summary_lines
 from hpp.wording import count
 
@@ -258,22 +258,9 @@ def few_steps_note(steps: int, warmup_steps: int) -> str | None:
 
 
 def _run(args: argparse.Namespace, run_plan) -> dict:
-    """``run_plan`` with the parsed flags; the report as a dict."""
-    return run_plan(args.plan, steps=args.steps, model=args.model, verify=args.verify,
-                    emulate_speed=args.emulate_speed, naive_allreduce=args.naive_allreduce,
-                    timeline=args.timeline, launcher=args.launcher, device=args.device,
-                    warmup_steps=args.warmup_steps, world_size=args.world_size, seed=args.seed, dtype=args.dtype,
-                    optimizer=args.optimizer, lr=args.lr, lr_schedule=args.lr_schedule,
-                    lr_warmup_steps=args.lr_warmup_steps, clip_grad_norm=args.clip_grad_norm,
-                    weight_decay=args.weight_decay, data=args.data, metrics_jsonl=args.metrics_jsonl,
-                    progress=not args.quiet, group_timeout_s=args.group_timeout,
-                    run_timeout_s=args.run_timeout, time_scale=args.time_scale,
-                    num_threads=args.threads, nnodes=args.nnodes, node_rank=args.node_rank,
-                    rdzv_endpoint=args.rdzv_endpoint, node_map=args.node_map,
-                    emulate_node_type=args.emulate_node_type, save=args.save, save_every=args.save_every,
-                    resume=args.resume, lr_total_steps=args.lr_total_steps, log_dir=args.log_dir,
-                    dry_run=args.dry_run, host_calibration=args.host_calibration,
-                    allow_over_memory=args.allow_over_memory).to_dict()
+    """``run_plan`` over the run configuration of the parsed flags; the report as a dict."""
+    from hpp.runtime.config import RunConfig
+    return run_plan(RunConfig.from_args(args)).to_dict()
 
 
 def _profile_parser() -> argparse.ArgumentParser:
@@ -337,8 +324,8 @@ def profile_main(argv: Sequence[str] | None = None) -> int:
 def _profile_command(args: argparse.Namespace) -> int:
     """Measure, write and summarise the profile."""
     # here, not on top: torch and the runtime take 2-6 s to import (-X importtime); --help stays instant
-    from hpp.runtime.profiler import profile_model, scale_profile, write_profile
-    from hpp.runtime.time_profile import add_measured_time_terms
+    from hpp.runtime.profile.profiler import profile_model, scale_profile, write_profile
+    from hpp.runtime.profile.time_terms import add_measured_time_terms
     time_terms = args.device == "cpu" if args.time_terms is None else args.time_terms
     if time_terms and args.device != "cpu":
         raise HppInputError("--time-terms with --device cuda", field="time_terms",
@@ -376,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "profile":
         return profile_main(argv[1:])
     if argv and argv[0] == "profile-network":
-        from hpp.runtime.network_cli import profile_network_main
+        from hpp.runtime.network.cli import profile_network_main
         return profile_network_main(argv[1:])
     sys.stderr.write("usage: python -m hpp.runtime.cli run|profile|profile-network ...\n")
     return 2

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence, TextIO
 from hpp.wording import count
 
 __all__ = ["PEAK_FLOPS_PER_S", "peak_flops_per_s", "plan_peak_flops_per_s", "StepMetrics", "aggregate_step",
-           "format_step", "StepMonitor", "read_steps_jsonl"]
+           "format_step", "StepMonitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,14 +178,6 @@ def format_step(m: StepMetrics, *, steps: int) -> str:
     return (f"step {m.step}/{steps}  loss {loss}  time {m.step_time_s:.4f} s  {m.samples_per_s:.1f} samples/s  "
             f"{m.tokens_per_s:.0f} tokens/s  MFU {mfu}  peak mem {m.peak_memory_bytes / 2**20:.1f} MiB "
             f"(max of {count(len(m.peak_memory_bytes_per_rank), 'rank')})")
-
-
-def read_steps_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of one rank's ``steps.jsonl`` (a missing file: none)."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 class StepMonitor:

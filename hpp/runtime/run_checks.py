@@ -9,10 +9,10 @@ from typing import Sequence
 from hpp.errors import HppInputError
 from hpp.fileio import folder_writable
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.runtime.layout import rank_roles
+from hpp.runtime.exec.layout import rank_roles
 from hpp.validate import check_fits_memory
 
 __all__ = ["mem_available_bytes", "check_host_memory", "check_device_memory", "check_png_path"]
@@ -35,7 +35,7 @@ def check_host_memory(plan: Plan, cluster: Cluster, profile: ModelProfile | None
     """Refuse a CPU run whose ranks cannot fit this host's memory, before any rank starts: the cost model's
     predicted peak of each rank's stage (:func:`~hpp.formulation.cost_model.estimate_plan`), summed over this
     host's ``ranks``, against ``available_bytes`` (default: MemAvailable). Without it a GPU plan of a real model
-    runs on a CPU host until the OS kills a rank (found in a fresh-user trial: OPT-350 on 16 ranks, 148 s).
+    runs on a CPU host until the OS kills a rank (OPT-350 on 16 ranks: 148 s).
 
     Raises
     ------

@@ -1,17 +1,17 @@
-"""The one line ``hpp run`` prints when its ranks fail (:class:`~hpp.runtime.launch.LaunchResult`), with what a host
-of a multi-host run can tell beyond its own ranks: that another host's ranks stopped (this host's ranks only lost
-their connections to them: gloo's "Connection reset by peer", none died on its own), or that no step started before
-``--run-timeout`` (the other hosts never joined the rendezvous)."""
+"""The one line ``hpp run`` prints when its ranks fail (:class:`~hpp.runtime.launch.launchers.LaunchResult`),
+with what a host of a multi-host run can tell beyond its own ranks: that another host's ranks stopped (this
+host's ranks only lost their connections to them: gloo's "Connection reset by peer", none died on its own), or
+that no step started before ``--run-timeout`` (the other hosts never joined the rendezvous)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Sequence
 
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
-from hpp.runtime.binding import host_ranks
-from hpp.runtime.launch import LaunchResult
+from hpp.runtime.launch.binding import host_ranks
+from hpp.runtime.launch.launchers import LaunchResult
 
 __all__ = ["failure_line", "LOST_CONNECTION"]
 

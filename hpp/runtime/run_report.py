@@ -1,10 +1,10 @@
 """What ``hpp run`` reports: the measured step (from the ranks' results) beside the cost model's prediction.
 
 :class:`RunReport` is ``hpp run --json``'s object; :func:`summarise_run` reduces the ranks'
-``rank<r>.json`` (:func:`hpp.runtime.worker.run_worker`) to the measured iteration time,
+``rank<r>.json`` (:func:`hpp.runtime.exec.worker.run_worker`) to the measured iteration time,
 throughput, loss, MFU, collectives and per-rank rows; :func:`predict_run` is the prediction of
 the same run (:func:`hpp.formulation.cost_model.estimate_plan`, and on CPU the host model
-:func:`hpp.runtime.host_model.simulate_host_run`).
+:func:`hpp.runtime.host.time_model.simulate_host_run`).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from typing import Any
 
 from hpp.errors import HppInputError
 from hpp.formulation.cost_model import estimate_plan
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
-from hpp.runtime.host_model import host_terms, scale_cpu_work, simulate_host_run
-from hpp.runtime.host_speed import HostSpeed
-from hpp.runtime.host_steal import background_cores, run_steal
-from hpp.runtime.launch import LaunchResult
-from hpp.runtime.layout import blocks
+from hpp.runtime.host.time_model import host_terms, scale_cpu_work, simulate_host_run
+from hpp.runtime.profile.host_speed import HostSpeed
+from hpp.runtime.host.steal import background_cores, run_steal
+from hpp.runtime.launch.launchers import LaunchResult
+from hpp.runtime.exec.layout import blocks
 from hpp.runtime.metrics import StepMetrics
-from hpp.runtime.profiler import dilate_profile
+from hpp.runtime.profile.profiler import dilate_profile
 from hpp.runtime.step_terms import measured_terms, predicted_terms
 
 __all__ = ["RunReport", "predict_run", "summarise_run", "speed_moved_note"]
@@ -47,7 +47,7 @@ class RunReport:
         ``step_times_s`` (all steps), ``pipelines`` (per pipeline: ``schedule_s`` of the
         last step, from the stages' events), ``host_steal`` (on Linux: the stolen share of the
         time this host's cores wanted to run during the kept steps,
-        :func:`hpp.runtime.host_steal.run_steal`; else ``None``), ``grad_sync_s`` (median; per step
+        :func:`hpp.runtime.host.steal.run_steal`; else ``None``), ``grad_sync_s`` (median; per step
         ``grad_sync_steps_s``) and ``stages`` (per stage ``compute_s`` and ``p2p_wait_s``): the
         communication terms of :func:`hpp.runtime.step_terms.measured_terms`.
     predicted : dict
@@ -63,11 +63,11 @@ class RunReport:
     ranks : list[dict]
         Per rank: pipeline, stage, device type, layers, ``peak_memory_bytes``, compute and padding seconds
         (last step) and ``phases_s`` (median over the kept steps of each step phase, see
-        :func:`hpp.runtime.worker.run_worker`).
+        :func:`hpp.runtime.exec.worker.run_worker`).
     dtype, training, data
-        The run's dtype, :class:`hpp.runtime.training.TrainingConfig` fields and ``--data`` file.
+        The run's dtype, :class:`hpp.runtime.exec.training.TrainingConfig` fields and ``--data`` file.
     verify : dict or None
-        With ``--verify``: :meth:`hpp.runtime.reference.VerifyResult.to_dict`.
+        With ``--verify``: :meth:`hpp.runtime.exec.reference.VerifyResult.to_dict`.
     hosts : dict
         ``nnodes``, ``node_rank``, ``ranks`` (the plan ranks this host ran) and ``nodes`` (plan nodes).
     checkpoint : dict
@@ -109,20 +109,20 @@ class RunReport:
 def predict_run(plan: Plan, cluster: Cluster, profile: ModelProfile | None, *, time_scale: float = 1.0,
                 device: str = "cpu", emulate_speed: bool = False, host_speed: HostSpeed | None = None,
                 steal: float | None = None, run_cpu_s: list[float] | None = None) -> dict[str, Any]:
-    """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host_model``).
+    """The cost model's prediction of this run; on CPU, the host model's (``hpp.runtime.host.time_model``).
 
     A CPU run shares this host's cores among its ranks (and pads emulated devices): the host
     model replays the step with processor sharing, and its iteration time is what the run should
     measure (``cost_model_iteration_time_s`` keeps the closed form, ``plan_iteration_time_s`` the
     plan's own estimate, both on the profile as is).
 
-    ``host_speed`` (CPU only; :func:`hpp.runtime.host_speed.calibrate_host_speed`): with a factor,
+    ``host_speed`` (CPU only; :func:`hpp.runtime.profile.host_speed.calibrate_host_speed`): with a factor,
     the host model runs on the profile with every CPU term x that factor
-    (:func:`hpp.runtime.host_model.scale_cpu_work`), i.e. at this host's speed, once (the time
+    (:func:`hpp.runtime.host.time_model.scale_cpu_work`), i.e. at this host's speed, once (the time
     scale pads the CPU time so scaled); ``host_speed`` in the result says what was compared, or why
     not, and ``host_model.profile_as_is_iteration_time_s`` is the host model without the factor.
 
-    ``steal`` (CPU only; :func:`hpp.runtime.host_steal.run_steal`'s ``fraction`` of this run): the share
+    ``steal`` (CPU only; :func:`hpp.runtime.host.steal.run_steal`'s ``fraction`` of this run): the share
     of the time the host's cores wanted to run that its hypervisor took; the host model gives every
     computing rank ``1 - steal`` of its core share. ``host_model.steal`` says what was used and
     ``host_model.without_steal_iteration_time_s`` is the host model without it (0 or ``None``: the same).

@@ -9,11 +9,11 @@ deep inside the ranks:
 - :func:`check_host_capacity`, :func:`training_config`, :func:`open_metrics`;
 
 - :func:`host_share`: this host's share of the plan (``--nnodes``, ``--node-rank``,
-  ``--rdzv-endpoint``, ``--node-map``; :func:`hpp.runtime.binding.host_ranks`) after
+  ``--rdzv-endpoint``, ``--node-map``; :func:`hpp.runtime.launch.binding.host_ranks`) after
   checking its devices (CUDA: the GPUs' types and count; CPU: ``--emulate-node-type``
   or ``$HPP_EMULATE_NODE_TYPE`` plays a node of a type, else nothing to check);
 - :func:`check_resume`: ``--resume DIR`` names a complete checkpoint of this model
-  (name and layer count) and optimizer (:func:`hpp.runtime.checkpoint.read_checkpoint_meta`);
+  (name and layer count) and optimizer (:func:`hpp.runtime.checkpoint.store.read_checkpoint_meta`);
 - :func:`prepare_save_dir`: ``--save DIR`` can be created and written;
 - :func:`clean_partial_checkpoints`: after a failed or interrupted run, the host of plan
   rank 0 (the only rank that renames checkpoints into place) removes what an unfinished
@@ -34,20 +34,21 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from hpp.errors import HppInputError
-from hpp.plan import Plan
+from hpp.plan_data import Plan
 from hpp.profiles.cluster import Cluster
 from hpp.profiles.model_profile import ModelProfile
 from hpp.resolve import load_plan
-from hpp.runtime.binding import EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_node_map
-from hpp.runtime.checkpoint_store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
+from hpp.runtime.launch.binding import (EMULATE_ENV, check_host, detect_node_devices, host_nodes, parse_endpoint,
+                                        parse_node_map)
+from hpp.runtime.checkpoint.store import (COMPLETE_MARKER, META_FILE, complete_checkpoints, other_model_error,
                                           read_checkpoint_meta, stored_entries)
-from hpp.runtime.model_api import RuntimeModel, check_tp_degree
-from hpp.runtime.training import TrainingConfig
-from hpp.runtime.zoo import canonical_model_name, check_layers_match, load_runtime_model, portable_model_spec
+from hpp.runtime.models.api import RuntimeModel, check_tp_degree
+from hpp.runtime.exec.training import TrainingConfig
+from hpp.runtime.models.zoo import canonical_model_name, check_layers_match, load_runtime_model, portable_model_spec
 from hpp.wording import count
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
-           "training_config", "open_metrics", "HostShare", "host_share", "parse_endpoint", "check_resume",
+           "training_config", "open_metrics", "HostShare", "host_share", "check_resume",
            "resume_notes", "prepare_save_dir", "clean_partial_checkpoints"]
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def _names_match(plan_model: str, model_arg: str | None, spec_name: str) -> bool
 
 def model_source(plan: Plan, profile: ModelProfile | None, model: str | None) -> str:
     """What to load the run's model from (see :func:`resolve_run_model`); a ``path/file.py:FUNCTION`` given here
-    is made absolute (:func:`hpp.runtime.zoo.portable_model_spec`: the ranks load it, whatever their folder)."""
+    is made absolute (:func:`hpp.runtime.models.zoo.portable_model_spec`: the ranks load it, whatever their folder)."""
     if model:
         return portable_model_spec(model)
     if canonical_model_name(plan.model) is None and profile is not None and profile.meta.get("runtime_model"):
@@ -147,7 +148,7 @@ def resolve_run_model(plan: Plan, profile: ModelProfile | None, model: str | Non
 def training_config(*, optimizer: str | None, lr: float | None, lr_schedule: str | None,
                     lr_warmup_steps: int | None, clip_grad_norm: float | None, weight_decay: float | None, dtype: str,
                     steps: int, lr_total_steps: int | None = None, saved: Mapping[str, Any] | None = None) -> Any:
-    """The run's :class:`hpp.runtime.training.TrainingConfig` (validated there: bad values are HppInputError).
+    """The run's :class:`hpp.runtime.exec.training.TrainingConfig` (validated there: bad values are HppInputError).
 
     Each setting left ``None`` is the checkpoint's (``saved``: its ``extra.training``, on
     ``--resume``), else the default (AdamW, lr 1e-3, constant schedule, no warm-up, no
@@ -223,23 +224,6 @@ class HostShare:
         return self.nnodes == 1
 
 
-def parse_endpoint(text: str) -> str:
-    """Check ``HOST:PORT`` (port 1-65535) and return it.
-
-    >>> parse_endpoint("10.0.0.1:29500")
-    '10.0.0.1:29500'
-
-    Raises
-    ------
-    HppInputError
-    """
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise HppInputError(f"--rdzv-endpoint {text!r} is not HOST:PORT", field="--rdzv-endpoint",
-                            fix="give node rank 0's address and a free port, e.g. 10.0.0.1:29500")
-    return text
-
-
 def host_share(plan: Plan, cluster: Cluster, *, nnodes: int = 1, node_rank: int = 0,
                rdzv_endpoint: str | None = None, node_map: str | Sequence[int] | None = None,
                emulate_node_type: str | None = None, device: str = "cpu", launcher: str = "torchrun"
@@ -262,7 +246,7 @@ def host_share(plan: Plan, cluster: Cluster, *, nnodes: int = 1, node_rank: int 
     ------
     HppInputError
         A bad flag, a host that is not the plan's node type or has too few devices
-        (:func:`hpp.runtime.binding.check_host`), ``--node-map`` without several hosts.
+        (:func:`hpp.runtime.launch.binding.check_host`), ``--node-map`` without several hosts.
     """
     if nnodes < 1:
         raise HppInputError(f"--nnodes {nnodes}", field="--nnodes", fix="give the number of hosts (>= 1)")
@@ -302,9 +286,9 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
     optimizer : ``"adamw"`` or ``"sgd"`` (None: not checked).
 
     Also read, before any rank starts: every file against the sizes and SHA-256 saved with it
-    (:func:`hpp.runtime.checkpoint_reader.check_files`; a checkpoint saved without that list is not checked),
+    (:func:`hpp.runtime.checkpoint.reader.check_files`; a checkpoint saved without that list is not checked),
     and DCP's ``.metadata`` with only DCP's metadata classes admitted
-    (:func:`~hpp.runtime.checkpoint_reader.read_dcp_metadata`).
+    (:func:`~hpp.runtime.checkpoint.reader.read_dcp_metadata`).
 
     Raises
     ------
@@ -313,7 +297,7 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
         (name or layer count), another optimizer, a damaged file (naming it), or DCP metadata that names
         anything but DCP's metadata classes.
     """
-    from hpp.runtime.checkpoint_reader import check_files   # lazy: torch DCP, 2-3.5 s
+    from hpp.runtime.checkpoint.reader import check_files   # lazy: torch DCP, 2-3.5 s
     meta = read_checkpoint_meta(path)
     if meta.get("files"):
         check_files(meta["path"], meta["files"])

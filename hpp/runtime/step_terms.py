@@ -5,7 +5,7 @@ The cost model prices one iteration as ``T = max_p T_p + T_sync + T_opt``
 stage computes ``m (F_s + B_s)`` and otherwise waits (for its point-to-point transfers, ``m P_s``,
 and for its neighbours: the fill and drain); then the gradient all-reduces ``T_sync``, not overlapped;
 then the optimizer step. A run measures the same decomposition from each rank's step phases
-(:func:`hpp.runtime.worker_steps.phase_record`: ``batch_s``, ``schedule_s``, ``sync_wait_s``,
+(:func:`hpp.runtime.exec.step.phase_record`: ``batch_s``, ``schedule_s``, ``sync_wait_s``,
 ``compute_s``, ``padding_s``, all relative to the barrier that starts the step on every rank) and
 its collectives (``joined_count``):
 
@@ -64,7 +64,7 @@ def measured_terms(results: Sequence[Mapping[str, Any]], *, warmup_steps: int) -
     Parameters
     ----------
     results : sequence of dict
-        The ranks' ``rank<r>.json`` (:func:`hpp.runtime.worker.run_worker`): ``pipeline``, ``stage``,
+        The ranks' ``rank<r>.json`` (:func:`hpp.runtime.exec.worker.run_worker`): ``pipeline``, ``stage``,
         ``phases`` (per step) and ``collectives`` (per step) of every rank this host ran.
     warmup_steps : int
         Steps left out of the medians.

@@ -14,30 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from hpp.plan import Plan
+from hpp.fileio import write_atomic
+from hpp.plan_data import Plan
+from hpp.runtime.host.time_model import schedule_order
 
-__all__ = ["schedule_order", "simulate_pipeline", "write_timeline_png"]
-
-
-def schedule_order(stage: int, num_stages: int, num_micro_batches: int, schedule: str) -> list[tuple[str, int]]:
-    """The op order ``[("F"|"B", micro_batch), ...]`` of ``stage`` under ``schedule``.
-
-    >>> schedule_order(0, 2, 3, "1F1B")
-    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
-    """
-    m = num_micro_batches
-    if schedule == "GPipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warm = min(num_stages - stage, m)
-    order = [("F", i) for i in range(warm)]
-    nf, nb = warm, 0
-    while nb < m:
-        order.append(("B", nb))
-        nb += 1
-        if nf < m:
-            order.append(("F", nf))
-            nf += 1
-    return order
+__all__ = ["simulate_pipeline", "write_timeline_png"]
 
 
 def simulate_pipeline(forward_s: Sequence[float], backward_s: Sequence[float], num_micro_batches: int,
@@ -139,8 +120,6 @@ def write_timeline_png(path: Path, *, plan: Plan, results: list[dict[str, Any] |
             f"; on this host's shared cores: {host:.3f} s" if host is not None and "host_model" in predicted else ""))
     _draw(axes[0][-1], measured_rows, "measured (last step)")
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
-    tmp.replace(path)
     return fig

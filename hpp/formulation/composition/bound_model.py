@@ -54,7 +54,9 @@ import numpy as np
 
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.collectives import p2p_link_options
-from hpp.formulation.cost_model import CostModelConfig, p2p_transfer_s, p2p_waits_per_transfer, stage_compute_s
+from hpp.formulation.cost_config import CostModelConfig
+from hpp.formulation.collectives import p2p_transfer_s, p2p_waits_per_transfer
+from hpp.formulation.cost_model import stage_compute_s
 from hpp.errors import HppInputError
 from hpp.formulation.stage_balance import StageKind
 from hpp.profiles.cluster import Cluster, Link

@@ -11,7 +11,7 @@ copies as
              slowest stage's sum
     T_opt  = max over used c of its slowest optimizer step
 
-where ``ring`` is :func:`hpp.formulation.cost_model.ring_allreduce_s` over ``sync_link`` (the
+where ``ring`` is :func:`hpp.formulation.collectives.ring_allreduce_s` over ``sync_link`` (the
 inter-node link; the intra-node link on a one-node cluster). On a per-pair (version 2) cluster
 each ring is priced on its holders' links instead (:mod:`hpp.formulation.composition.sync_pricing`: the stage
 type's own links, hierarchical when copies pack into nodes; the best class order for a block held
@@ -39,7 +39,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hpp.formulation.candidates import Candidate, tp_capacity
+from hpp.formulation.candidates import Candidate
+from hpp.formulation.space_limits import tp_capacity
 from hpp.formulation.collectives import ring_allreduce_np, ring_allreduce_s
 from hpp.formulation.composition.sync_floor import SyncFloor
 from hpp.formulation.composition.sync_pricing import holders_per_node, ring_table_s, type_links
@@ -226,7 +227,7 @@ class CompositionProblem:
         """Gradient sync of one copy of candidate ``c`` among ``h`` pipelines [s] (memoised).
 
         The slowest stage's ring all-reduce of its whole gradient (one bucket) among the h
-        holders, :func:`~hpp.formulation.cost_model.ring_allreduce_s` (bandwidth at the ring's
+        holders, :func:`~hpp.formulation.collectives.ring_allreduce_s` (bandwidth at the ring's
         chunk size, as in the cost model; the cost model splits a stage's gradient further
         into blocks).
         """
@@ -269,7 +270,7 @@ class CompositionProblem:
     def ring_s(self, num_bytes: float, h: int) -> float:
         """Ring all-reduce of ``num_bytes`` among ``h`` holders over the sync link [s] (memoised).
 
-        :func:`~hpp.formulation.cost_model.ring_allreduce_s`; candidates share stage gradients of the
+        :func:`~hpp.formulation.collectives.ring_allreduce_s`; candidates share stage gradients of the
         same size, so the memo answers most calls. (The memo also holds :meth:`sync_s` per tuple of
         stage bytes.)
         """

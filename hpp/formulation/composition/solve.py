@@ -352,7 +352,8 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
             else:
                 note = (note + "; " if note else "") + f"{exact} saw {len(sel)} of {len(pool)} candidates"
             if budgeted:
-                report(f"{exact} {status_x or 'done'}")
+                # its status is of its own model (the bound model), not of the plan's cost-model time
+                report(f"{exact} {status_x} on its model" if status_x else f"{exact} done")
         else:
             note = f"{name} skipped: {len(pool)} candidates > {limit}; the LP and copy bound cover all"
             if name == "cp-sat" and settings.cpsat_params:

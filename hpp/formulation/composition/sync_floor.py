@@ -142,7 +142,7 @@ def sync_rate_table(links: list[Link], a: int, b: int, beta_max: float, *, facto
     A device's blocks of one stage (bytes beta_j, summing to at least its W) cost, on a flat ring
     of h ranks, sum_j ring(beta_j, h) = sum_j beta_j r_h(beta_j) with
     r_h(beta) = 2 (h-1)/h / bw(beta/h) + 2 (h-1) lat / beta
-    (:func:`~hpp.formulation.cost_model.ring_allreduce_s`), so at least W * min r over the block
+    (:func:`~hpp.formulation.collectives.ring_allreduce_s`), so at least W * min r over the block
     sizes possible, for ANY bandwidth fit (non-monotone ones included): the cheapest way W could
     be split. The sizes are cut into a geometric grid; each cell [beta_i, beta_i+1] gets r's least
     over the cell and over h in [a, b], term by term: ``factor`` (default 2 (a-1)/a) over the
