@@ -19,7 +19,7 @@ from hpp.formulation.composition.bound_model import one_node_copy
 from hpp.formulation.composition.copy_bound_levels import Search, floor_tables
 from hpp.formulation.candidates import SearchSpace
 from hpp.formulation.cost_model import CostModelConfig, estimate_plan
-from hpp.plan import Plan, make_pipeline
+from hpp.plan_data import Plan, make_pipeline
 from hpp.planner import make_problem
 from hpp.profiles.cluster import Cluster, Link, Node
 from hpp.profiles.devices import DeviceType
