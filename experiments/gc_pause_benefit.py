@@ -19,7 +19,7 @@ from hpp.bench.search_overhead import sweep_points
 from hpp.cliparse import Parser
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
-from hpp.formulation.composition import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

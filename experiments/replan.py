@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpp.formulation.composition import SolverSettings  # noqa: E402
+from hpp.formulation.composition.settings import SolverSettings  # noqa: E402
 from hpp.planner import plan_hpp  # noqa: E402
 from hpp.profiles.bundled import load_bundled_profile  # noqa: E402
 from hpp.replan import replan  # noqa: E402

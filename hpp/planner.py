@@ -23,7 +23,8 @@ from hpp.formulation.binding import build_plan
 from hpp.formulation.space_limits import SearchSpace, stage_kinds
 from hpp.formulation.candidates import build_candidates_bounded
 from hpp.formulation.composition.bound_model import crossing_times, lower_bound_candidates
-from hpp.formulation.composition import CompositionProblem, SyncFloor
+from hpp.formulation.composition.problem import CompositionProblem
+from hpp.formulation.composition.sync_floor import SyncFloor
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import PlanEstimate, estimate_plan
 from hpp.formulation.composition.settings import SolverSettings

@@ -13,7 +13,8 @@ from hpp.bench.cli import main as bench_main
 from hpp.bench.instances import get_instance
 from hpp.bench.solvers import BenchRow, summary_table
 from hpp.errors import HppInputError
-from hpp.formulation.composition.solve import SolveResult, bench_settings, solve
+from hpp.formulation.composition.solve import SolveResult, solve
+from hpp.formulation.composition.settings import bench_settings
 
 # two quick-suite instances on which both exact solvers end in well under a second at 0.2 work units
 INSTANCES = "opt350-a100x4-v100x4-s3b2,syn-t3-g8-l16-m4-s3-r1"

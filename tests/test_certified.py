@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from hpp.baselines.single_shape import exhaustive_composition
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.space_limits import SearchSpace
-from hpp.formulation.composition import SyncFloor, composition_objective_s
+from hpp.formulation.composition.sync_floor import SyncFloor
+from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.collectives import ring_allreduce_s
 from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.space_limits import space_violations

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hpp.formulation.composition import heuristics as comp
-from hpp.formulation.composition import SolverSettings, composition_objective_s
+from hpp.formulation.composition.settings import SolverSettings
+from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.composition.heuristics import solo_objective_s
 from hpp.formulation.data_balance import least_time_s
 from hpp.planner import make_problem, plan_hpp

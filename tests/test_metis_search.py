@@ -11,7 +11,8 @@ from hpp.baselines.single_shape import _bind_replicas
 from hpp.errors import HppInputError
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.space_limits import SearchSpace
-from hpp.formulation.composition import CompositionProblem, composition_objective_s
+from hpp.formulation.composition.problem import CompositionProblem
+from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan
 from hpp.formulation.stage_balance import StageBalancer, StageKind

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from hpp.cli import main
-from hpp.formulation.composition.solve import SOLVER_NAMES
+from hpp.formulation.composition.settings import SOLVER_NAMES
 from hpp.scenarios import SCENARIOS
 
 #: The bundled GPU scenarios (``hpp scenarios``) but opt350-4096-6types (minutes of candidates alone).

@@ -10,7 +10,7 @@ from hpp.baselines.single_shape import exhaustive_composition, single_shape_base
 from hpp.baselines.uniform import uniform_baseline
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.space_limits import SearchSpace
-from hpp.formulation.composition import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.data_balance import balance_data
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.formulation.collectives import pipeline_link

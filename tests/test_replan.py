@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpp.errors import HppInputError
-from hpp.formulation.composition import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.cost_model import estimate_plan
 from hpp.plan_data import Pipeline, Plan, Stage
 from hpp.planner import plan_hpp

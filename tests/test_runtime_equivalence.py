@@ -87,11 +87,11 @@ def test_three_heterogeneous_pipelines_match_one_device(tmp_path):
     worst, nan, _n, results = _run(tmp_path, three_pipelines(), lr=0.5)
     assert not nan and worst <= TOL, worst
     assert sum(r["collectives"][-1]["launched_in_backward"] for r in results) > 0   # overlap really happened
-    assert [r["outputs_kept"] for r in results] == [0] * 6          # issue 17.1: no logits kept after the loss
+    assert [r["outputs_kept"] for r in results] == [0] * 6          # no logits kept after the loss
 
 
 def test_recomputing_stages_match_one_device(tmp_path):
-    """Issue 9: stages that recompute (torch.utils.checkpoint) still train exactly like one device."""
+    """Stages that recompute (torch.utils.checkpoint) still train exactly like one device."""
     worst, nan, _n, results = _run(tmp_path, with_recompute(), lr=0.5)
     assert not nan and worst <= TOL, worst
     assert [r["recompute"] for r in results] == ["full", "none", "full", "none", "full", "full"]

@@ -77,7 +77,7 @@ def _fake_host_terms():
 
 
 def test_profile_cli_adds_the_runtime_steps_time_terms_by_default_on_cpu(tmp_path, capsys, monkeypatch):
-    """Issue 17 (time): one command gives a profile with the loss, schedule and p2p terms; emulated types too."""
+    """One command gives a profile with the loss, schedule and p2p terms; emulated types too."""
     import hpp.runtime.profile.time_terms as tp
     monkeypatch.setattr(tp, "measure_host_step_terms", lambda quick=False: _fake_host_terms())
     out = tmp_path / "p.json"
@@ -208,7 +208,7 @@ def test_measured_tp2_param_bytes_equal_the_tp_plan_share():
 
 
 def test_profile_carries_the_runtime_steps_memory_terms_unless_asked_not_to():
-    """Issue 17.2: hpp profile measures the memory of the runtime's real step per layer (FakeTensor + MemTracker)."""
+    """hpp profile measures the memory of the runtime's real step per layer (FakeTensor + MemTracker)."""
     from hpp.runtime.profile.profiler import profile_model
     with_terms = profile_model("llama-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1, mixed_precision=True)
     e = next(iter(with_terms.entries.values()))

@@ -182,7 +182,7 @@ def test_bad_resume_input_is_one_line_exit_2(saved, tmp_path, capsys):
 
 def test_verify_on_a_float32_checkpoint_and_a_timeline_in_no_folder_are_refused_up_front(saved, tmp_path, capsys):
     # a float32 run's checkpoint cannot reproduce float64 training: refused before any rank starts (it used to run
-    # and report "verify ... FAILED", which reads as a runtime bug; fresh-user trial 12)
+    # and report "verify ... FAILED", which reads as a runtime bug)
     f32 = tmp_path / "f32" / "step-3"
     shutil.copytree(saved / "ck" / "step-3", f32)
     meta = json.loads((f32 / "hpp_checkpoint.json").read_text())
@@ -200,7 +200,7 @@ def test_verify_on_a_float32_checkpoint_and_a_timeline_in_no_folder_are_refused_
 
 def test_save_into_another_runs_folder_is_refused_and_continuing_names_its_own_step(saved, tmp_path, capsys):
     """A fresh run saving into a folder with another run's checkpoints used to write step-1 there while its summary
-    named the old step-3, and --resume then took the old run (fresh-user trial 41): now refused; resuming from
+    named the old step-3, and --resume then took the old run: now refused; resuming from
     that folder and saving on into it is the one allowed case, and the summary names the step it wrote."""
     ck = tmp_path / "ck"
     shutil.copytree(saved / "ck", ck)

@@ -12,7 +12,7 @@ import pytest
 
 from hpp.bench.search_report import SearchRow, read_csv
 from hpp.bench.solvers import CSV_COLUMNS, BenchRow, summary_table, write_csv
-from hpp.formulation.composition import SolveResult
+from hpp.formulation.composition.solve import SolveResult
 
 RESULTS = Path(__file__).resolve().parent.parent / "experiments" / "results"
 

@@ -16,13 +16,14 @@ from hpp.baselines.single_shape import exhaustive_composition
 from hpp.bench.cli import main as bench_main
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.formulation.space_limits import SearchSpace
-from hpp.formulation.composition import US_PER_S, composition_objective_s
+from hpp.formulation.composition.problem import US_PER_S
+from hpp.formulation.composition.objective import composition_objective_s
 from hpp.bench.instances import get_instance, library
 from hpp.planner import make_problem
 from hpp.bench.solvers import check_consistency, run_bench, summary_table
 from hpp.formulation.composition.exact_step import export_cpsat_model
-from hpp.formulation.composition.solve import (SOLVER_NAMES, SolverSettings, bench_settings, model_objective_s, solve,
-                         within_tolerance)
+from hpp.formulation.composition.settings import SOLVER_NAMES, SolverSettings, bench_settings
+from hpp.formulation.composition.solve import model_objective_s, solve, within_tolerance
 from tests.synthetic import toy_cluster, toy_profile
 
 # The small quick-suite instances every exact solver closes in about a second (the test subset of

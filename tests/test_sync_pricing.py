@@ -9,7 +9,8 @@ import pytest
 
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.collectives import allreduce_s
-from hpp.formulation.composition import CompositionProblem, block_sync_s, composition_objective_s
+from hpp.formulation.composition.problem import CompositionProblem
+from hpp.formulation.composition.objective import block_sync_s, composition_objective_s
 from hpp.formulation.stage_balance import Partition, StageKind
 from hpp.profiles.cluster_format import cluster_from_dict
 

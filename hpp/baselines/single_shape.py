@@ -57,7 +57,8 @@ from hpp.formulation.binding import bind_devices
 from hpp.formulation.candidates import Candidate
 from hpp.formulation.space_limits import SearchSpace, common_micro_batch_sizes, stage_kinds
 from hpp.formulation.space_limits import space_violations
-from hpp.formulation.composition import CompositionProblem, composition_objective_s
+from hpp.formulation.composition.problem import CompositionProblem
+from hpp.formulation.composition.objective import composition_objective_s
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.stage_balance import StageBalancer, StageKind
 from hpp.plan_data import Plan, make_pipeline

@@ -157,7 +157,8 @@ def instances_main(argv: Sequence[str]) -> int:
         print(args.out)
         return 0
     # solve
-    from hpp.formulation.composition.solve import bench_settings, solve
+    from hpp.formulation.composition.settings import bench_settings
+    from hpp.formulation.composition.solve import solve
 
     wall, units = _limits(args.time_limit, args.work_limit, 10.0)
     settings = replace(bench_settings(args.solver, wall, args.workers, args.cpsat_params or "", work_units=units),
@@ -209,7 +210,8 @@ def bench_solvers_main(argv: Sequence[str]) -> int:
     # local: the solve path loads OR-Tools and SciPy (~0.6 s), which `hpp instances list` does not need
     from hpp.bench.solvers import (DEFAULT_TIME_LIMIT_S, check_consistency, plot_performance_profile,
                                   plot_time_to_best, run_bench, summary_table, write_csv)
-    from hpp.formulation.composition.solve import SOLVER_NAMES, bench_settings, check_solver
+    from hpp.formulation.composition.settings import SOLVER_NAMES, bench_settings
+    from hpp.formulation.composition.solve import check_solver
 
     ap = Parser(prog="hpp bench-solvers", description="every solver on every instance of a suite")
     ap.add_argument("--suite", choices=["quick", "full"], default="quick")

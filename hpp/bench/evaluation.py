@@ -27,7 +27,7 @@ from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE, ratio_text, rea
 from hpp.errors import InfeasibleError
 from hpp.fileio import write_dataclass_csv
 from hpp.formulation.space_limits import SearchSpace
-from hpp.formulation.composition import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import load_bundled_profile
 from hpp.scenarios import get_scenario

@@ -44,7 +44,7 @@ from typing import Sequence
 
 from hpp.baselines.single_shape import single_shape_baseline
 from hpp.baselines.uniform import uniform_baseline
-from hpp.formulation.composition import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.plan_data import Plan, write_plan_json
 from hpp.planner import plan_hpp
 from hpp.profiles.cluster import Cluster

@@ -29,7 +29,7 @@ from hpp.bench.search_report import (OTHER_REFERENCE, REFERENCE,
                                      SearchRow)
 from hpp.errors import HppInputError
 from hpp.formulation.space_limits import SearchSpace
-from hpp.formulation.composition import SolverSettings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.planner import plan_hpp
 from hpp.profiles.bundled import bundled_models, load_bundled_profile
 from hpp.profiles.cluster import Cluster

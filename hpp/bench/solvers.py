@@ -32,8 +32,8 @@ from typing import Callable, Iterable, Sequence
 from hpp.bench.instance_format import Instance
 from hpp.errors import InfeasibleError
 from hpp.fileio import write_rows_csv
-from hpp.formulation.composition.solve import (OPTIMUM_ATOL_S, OPTIMUM_RTOL, SOLVER_NAMES, SolveResult, SolverSettings,
-                                               bench_settings, solve, within_tolerance)
+from hpp.formulation.composition.solve import OPTIMUM_ATOL_S, OPTIMUM_RTOL, SolveResult, solve, within_tolerance
+from hpp.formulation.composition.settings import SOLVER_NAMES, SolverSettings, bench_settings
 
 __all__ = ["BenchRow", "CSV_COLUMNS", "run_bench", "check_consistency", "write_csv", "plot_time_to_best",
            "plot_performance_profile", "summary_table", "DEFAULT_TIME_LIMIT_S"]

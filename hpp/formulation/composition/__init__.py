@@ -11,21 +11,9 @@ sync_pricing, sync_floor, bound_model, lp_bound, copy_bound, step_lp
             the search's sync prices and the lower bounds (sync floor, bound problem, LP, copy B&B)
 solve       ``solve(problem, settings)``: CP-SAT, MILP or heuristic behind one interface, one status vocabulary
 
-The public names are re-exported here (``from hpp.formulation.composition import CompositionProblem, solve``);
-the submodules import each other, never this package, so there is no import cycle.
+Import each name from the module that defines it (``from hpp.formulation.composition.solve import solve``).
 
->>> from hpp.formulation.composition import CompositionProblem, SolverSettings, solve
+>>> from hpp.formulation.composition.settings import SolverSettings
 >>> SolverSettings().solver
 'cp-sat'
 """
-
-from hpp.formulation.composition.problem import US_PER_S, CompositionProblem, ProblemCaches, to_us
-from hpp.formulation.composition.objective import block_sync_s, composition_objective_s, pipeline_time_for_counts
-from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings
-from hpp.formulation.composition.sync_floor import SyncFloor
-from hpp.formulation.composition.exact_step import export_cpsat_model
-from hpp.formulation.composition.solve import SolveResult, certify, solve
-
-__all__ = ["US_PER_S", "CompositionProblem", "ProblemCaches", "to_us", "block_sync_s", "composition_objective_s",
-           "pipeline_time_for_counts", "DEFAULT_SOLVER", "SOLVER_NAMES", "SolverSettings", "SyncFloor",
-           "SolveResult", "certify", "export_cpsat_model", "solve"]

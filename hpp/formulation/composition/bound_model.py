@@ -7,7 +7,7 @@ can be faster (two stages of one type on one node). For the bound, every boundar
 the cheapest link it can get:
 
 - every link a binding can put there: ``collectives.p2p_link_options(cluster, a, b)`` with
-  ``run=None`` (issue 19's lower-bound set), the links the search priced, and, when both stages
+  ``run=None`` (its lower-bound set), the links the search priced, and, when both stages
   are of one device type, the intra-node link of each node of that type that holds both TP groups
   (``num_devices >= tp_a + tp_b``; a version-1 cluster's option set lacks them).
 

@@ -1,7 +1,7 @@
 """Branch and bound over pipeline counts and penalty levels: a lower bound of the composition
 objective over every candidate, and a better incumbent from the same LPs.
 
-Relaxation (issue 21, item 6). A plan of h pipelines (copies) built from candidates U costs
+Relaxation. A plan of h pipelines (copies) built from candidates U costs
 
     T = T_pipe + T_sync + T_opt >= T_pipe + max_{c in U} pen_c(h),   pen_c(h) = floor_c(h) + opt_c
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from hpp.formulation.composition.problem import CompositionProblem
 from hpp.formulation.composition.step_lp import StepLP
-from hpp.formulation.composition.sync_floor import cluster_links, has_hierarchical, stage_sync_rates
+from hpp.formulation.composition.sync_floor import cluster_links, stage_sync_rates
 
 __all__ = ["Search", "Range", "few_copies_s", "floor_tables"]
 
@@ -104,7 +104,7 @@ class Search:
         else:           # no per-layer bytes: blocks can be as large as the largest stage of any candidate
             self.beta_max = np.full(n, self.w_stage.max(initial=0.0))
         cl = problem.cluster
-        self.hier = has_hierarchical()
+        self.hier = True      # the cost model may price any block's sync hierarchically
         type_links = {t: links_of(cl, t) for t in {k.device_type for _, _, k in largest}}
         # candidates whose largest stage has the same TP degree and node links share a sync rate table
         kind_id: dict[tuple, int] = {}

@@ -224,7 +224,7 @@ def composition_bounds(problem: CompositionProblem, *, num_classes: int = 4, wor
 
     The second value is the larger of the sync-class LP bound below (with ``copies``: its class of all
     candidates only) and, with ``copies`` (default), the branch and bound of :func:`hpp.formulation.composition.copy_bound.copy_bound` (micro-batches per copy
-    kept integer, pipeline counts and penalty levels searched; issue 21 item 6). ``incumbent_s``:
+    kept integer, pipeline counts and penalty levels searched). ``incumbent_s``:
     the objective of a known plan; parts of the search worth at least it are dropped with that
     value (the bound is then at most ``incumbent_s``, still a valid lower bound). ``search_price``,
     ``search_cutoff_s`` and ``on_copy_bound`` (with ``copies``): passed to the copy bound / called with its result (its LP

@@ -52,13 +52,12 @@ from hpp.formulation.composition.anytime import (LOCAL_POOL, Budget, cost_model_
                                                  local_search_pool)
 from hpp.formulation.composition.heuristics import ROUNDED_POOL, heuristic_incumbent, rounded_lp_incumbent
 from hpp.formulation.composition.lp_bound import composition_bounds
-from hpp.formulation.composition.settings import DEFAULT_SOLVER, SOLVER_NAMES, SolverSettings, bench_settings
+from hpp.formulation.composition.settings import SolverSettings
 from hpp.formulation.composition.type_classes import type_class_bound
 from hpp.pruning.rules import exceeds_incumbent
 
-__all__ = ["SolverSettings", "SolveResult", "SOLVER_NAMES", "DEFAULT_SOLVER", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S",
-           "STATUSES", "solve", "bench_settings", "check_solver", "model_objective_s", "within_tolerance", "gap",
-           "status_of", "certify"]
+__all__ = ["SolveResult", "OPTIMUM_RTOL", "OPTIMUM_ATOL_S", "STATUSES", "solve", "check_solver",
+           "model_objective_s", "within_tolerance", "gap", "status_of", "certify"]
 
 log = logging.getLogger(__name__)
 

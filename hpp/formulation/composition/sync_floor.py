@@ -3,8 +3,7 @@ model prices (:mod:`hpp.formulation.collectives`: flat ring, hierarchical) and A
 
 A device's blocks of one stage (bytes beta_j, summing to at least its own W) cost sum_j beta_j r_h(beta_j)
 with r_h the ring's seconds per byte, so at least W times the least r over the block sizes possible (the
-cheapest way W could be split: the case a per-stage bucket got wrong for fits that fall at large messages,
-issue 21). :func:`stage_sync_rate` tabulates that least rate per block-size cap for a range of pipeline
+cheapest way W could be split: the case a per-stage bucket got wrong for fits that fall at large messages). :func:`stage_sync_rate` tabulates that least rate per block-size cap for a range of pipeline
 counts; :mod:`hpp.formulation.composition.copy_bound` uses it as the penalty of each candidate.
 :class:`SyncFloor` is the coarser per-stage floor of the bound problem's sync tables (one peak per cluster).
 """
@@ -12,7 +11,6 @@ counts; :mod:`hpp.formulation.composition.copy_bound` uses it as the penalty of 
 from __future__ import annotations
 
 import bisect
-import importlib.util
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,7 +22,7 @@ from hpp.formulation.collectives import fit_x
 from hpp.profiles.cluster import Cluster, Link
 
 __all__ = ["SyncFloor", "sync_rate_table", "stage_sync_rate", "stage_sync_rates", "ring_cost_increasing_from",
-           "cluster_links", "cross_type_links", "has_hierarchical"]
+           "cluster_links", "cross_type_links"]
 
 _GRID_RATIO = 1.03          # block-size grid of the sync floor (each cell priced at its least) ...
 _GRID_FROM = 1e4            # ... from (0, 10 kB], priced at the peak with one latency at 10 kB
@@ -257,11 +255,6 @@ def _inter_links(cluster, device_type: str | None = None, *, own: bool = True) -
         links.extend((getattr(net, "inter", None) or {}).values())
         links.extend((getattr(net, "zone_links", None) or {}).values())
     return list(dict.fromkeys(links))
-
-
-def has_hierarchical() -> bool:
-    """Whether the cost model may price a gradient sync hierarchically (:mod:`hpp.formulation.collectives`)."""
-    return importlib.util.find_spec("hpp.formulation.collectives") is not None
 
 
 def cluster_links(cluster, device_type: str | None = None) -> tuple[int, list[Link], list[Link]]:

@@ -1,5 +1,5 @@
 """Type classes: a stronger lower bound of the composition objective, by the device types a plan's candidates
-share (issue 21, item 6: the bound's side of the gap; ``SolverSettings(type_classes=True)``, ``hpp plan
+share (the bound's side of the gap; ``SolverSettings(type_classes=True)``, ``hpp plan
 --type-classes``).
 
 The copy bound (:mod:`hpp.formulation.composition.copy_bound`) prices each candidate's sync floor on the fastest

@@ -2,9 +2,8 @@
 
 A CPU profile of ``hpp profile`` (:func:`hpp.runtime.profile.profiler.profile_model`) records CPU
 seconds of one compute thread on the host and the day it ran. Virtual hosts change speed
-between days: the bundled ``profile-gpt-tiny.json`` (layers measured 2026-11-29) ran a
-gpt-tiny block 2.4-2.6 x faster than the same VM on 2026-12-01 (forward 0.89 ms there,
-2.36 ms here). A prediction of ``hpp run`` on CPU from the profile as is is then off by
+between days: the host that measured the bundled ``profile-gpt-tiny.json`` ran a gpt-tiny block 2.4-2.6 x
+faster than the same VM two days later (forward 0.89 ms there, 2.36 ms here). A prediction of ``hpp run`` on CPU from the profile as is is then off by
 that factor, whatever the host model (:mod:`hpp.runtime.host.time_model`) gets right.
 
 :func:`calibrate_host_speed` measures, on this host and now, the same quantity the profile
