@@ -21,35 +21,26 @@ from typing import Sequence
 
 from hpp.bench.gap_progress import (FULL_SCENARIOS, FULL_SIZES, FULL_TYPES, MAX_EXACT_CANDIDATES, GapRow, gap_points,
                                     limits_lines, measure_inputs, summarise, summary_table)
-from hpp.cliparse import Parser
+from hpp.cliparse import Parser, comma_list
 from hpp.errors import HppInputError, InfeasibleError
 from hpp.fileio import write_dataclass_csv
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _list(kind):
-    def parse(text: str) -> list:
-        try:
-            return [kind(x) for x in text.split(",") if x]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
-    return parse
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = Parser(prog="gap_progress", help_command="python experiments/gap_progress.py --help",
                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2types-8 and 2types-16, exact solvers at 1 unit only")
-    ap.add_argument("--sizes", type=_list(int),
+    ap.add_argument("--sizes", type=comma_list(int),
                     help=f"GPU counts of the sweep (default {','.join(map(str, FULL_SIZES))})")
-    ap.add_argument("--types", type=_list(int), help=f"type counts (default {','.join(map(str, FULL_TYPES))})")
-    ap.add_argument("--scenarios", type=_list(str), help="bundled scenarios to add (comma-separated; '' for none)")
-    ap.add_argument("--cpsat-budgets", type=_list(float), help="CP-SAT deterministic budgets (default 1,10)")
+    ap.add_argument("--types", type=comma_list(int), help=f"type counts (default {','.join(map(str, FULL_TYPES))})")
+    ap.add_argument("--scenarios", type=comma_list(str), help="bundled scenarios to add (comma-separated; '' for none)")
+    ap.add_argument("--cpsat-budgets", type=comma_list(float), help="CP-SAT deterministic budgets (default 1,10)")
     ap.add_argument("--milp-budget", type=float, help="MILP deterministic budget (default 10; 0: no MILP)")
     ap.add_argument("--exact-up-to", type=int,
                     help="run CP-SAT and the MILP only on inputs up to this many GPUs")
-    ap.add_argument("--large-on", type=_list(str),
+    ap.add_argument("--large-on", type=comma_list(str),
                     help="inputs on which CP-SAT budgets above 1 unit and the MILP run (default: full mode "
                          "2types-8,3types-12,4types-16; --quick: all; '' : all)")
     ap.add_argument("--max-exact-candidates", type=int, default=MAX_EXACT_CANDIDATES,

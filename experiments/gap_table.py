@@ -24,30 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpp.bench.gap_table import (DEFAULT_SCENARIOS, LARGE_SCENARIOS, TIME_LIMITS_S, gap_table_markdown,  # noqa: E402
                                  measure_row, relaxation_markdown, relaxation_row, write_rows)
-from hpp.cliparse import Parser  # noqa: E402
+from hpp.cliparse import Parser, comma_list  # noqa: E402
 from hpp.errors import HppInputError  # noqa: E402
 from hpp.scenarios import SCENARIOS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _list(kind):
-    def parse(text: str) -> list:
-        try:
-            return [kind(x) for x in text.split(",") if x]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
-    return parse
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = Parser(prog="gap_table", help_command="python experiments/gap_table.py --help",
                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", type=_list(str), default=list(DEFAULT_SCENARIOS),
+    ap.add_argument("--scenarios", type=comma_list(str), default=list(DEFAULT_SCENARIOS),
                     help="scenarios at the default budget (comma-separated)")
-    ap.add_argument("--large", type=_list(str), default=list(LARGE_SCENARIOS),
+    ap.add_argument("--large", type=comma_list(str), default=list(LARGE_SCENARIOS),
                     help="scenarios also run with each --limits budget")
-    ap.add_argument("--limits", type=_list(float), default=list(TIME_LIMITS_S), help="wall-clock budgets [s]")
+    ap.add_argument("--limits", type=comma_list(float), default=list(TIME_LIMITS_S), help="wall-clock budgets [s]")
     ap.add_argument("--workers", type=int, default=0, help="processes and CP-SAT workers (0: one per core)")
     ap.add_argument("--out", type=Path, default=RESULTS / "gap_table.csv", help="CSV to write")
     ap.add_argument("--progress", action="store_true", help="the search's progress lines on stderr")

@@ -24,11 +24,11 @@ import difflib
 import os
 import re
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from hpp.errors import HppInputError
 
-__all__ = ["Parser", "DefaultsFormatter", "DefaultsRawFormatter", "run_command"]
+__all__ = ["Parser", "DefaultsFormatter", "DefaultsRawFormatter", "run_command", "comma_list"]
 
 #: What argparse reads as a negative number rather than an option (its ``_negative_number_matcher``).
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -186,3 +186,19 @@ def _subcommand(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> argp
         if isinstance(a, argparse._SubParsersAction):
             return a.choices.get(getattr(ns, a.dest, None) or "")
     return None
+
+
+def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list]:
+    """An argparse ``type`` for comma-separated values of ``kind`` (``int``, ``float``, ``str``): ``"8,16"`` -> [8, 16].
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        A value ``kind`` refuses (argparse turns it into its one-line error naming the flag).
+    """
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
+    return parse

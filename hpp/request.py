@@ -174,7 +174,7 @@ def build_request(cluster: Cluster, profile: ModelProfile, global_batch_size: in
         cluster, id_map = shrink_cluster(full, excluded)
     return PlanRequest(cluster, profile, global_batch_size, planner, baselines=baselines,
                        baseline_time_limit_s=baseline_time_limit_s, previous=previous,
-                       profile_ref=dict(profile_ref or profile_ref_for(profile)),
+                       profile_ref=dict(profile_ref or {}),      # empty: __post_init__ derives it
                        full_cluster=full if excluded else None, excluded=excluded, id_map=id_map)
 
 
