@@ -54,16 +54,26 @@ def test_unknown_library_option_is_named():
     assert "max_stages" in str(e.value)
 
 
-@pytest.mark.parametrize("kw, field", [({"global_batch_size": 0}, "global_batch_size"),
-                                       ({"baseline_time_limit_s": 0.0}, "baseline_time_limit_s"),
-                                       ({"solver": "gurobi"}, "solver"),
-                                       ({"exclude_devices": [4]}, "--exclude-devices")])
-def test_request_checks_its_values(kw, field):
+@pytest.mark.parametrize("kw, field, message", [
+    ({"global_batch_size": 0}, "global_batch_size", "global batch size 0. Fix: give a positive integer number of samples"),
+    ({"baseline_time_limit_s": 0.0}, "baseline_time_limit_s", "baseline time limit 0.0. Fix: give a positive number"),
+    ({"solver": "gurobi"}, "solver", "unknown solver 'gurobi'. Fix: use one of cp-sat, milp, heuristic"),
+    ({"exclude_devices": [4]}, "--exclude-devices", "device id 4 is not in the cluster (valid: 0..3)")])
+def test_request_checks_its_values(kw, field, message):
     cl, prof = load_cluster("cpu-hetero-4"), load_profile("gpt-tiny")
     args = {"global_batch_size": 8, **kw}
     with pytest.raises(HppInputError) as e:
         build_request(cl, prof, **args)
-    assert e.value.field == field
+    assert e.value.field == field and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_comma_list_names_the_bad_list():
+    import argparse
+
+    from hpp.cliparse import comma_list
+    assert comma_list(int)("8,16,") == [8, 16] and comma_list(float)("10,30") == [10.0, 30.0]
+    with pytest.raises(argparse.ArgumentTypeError, match="'8,a' is not a comma-separated list of int"):
+        comma_list(int)("8,a")
 
 
 def test_request_is_frozen():
