@@ -4,7 +4,7 @@
 #   experiments/gpu_check.sh OUT_DIR                 (torch with CUDA and this package installed)
 #   HPP_GPU_CHECK_DEVICE=cpu experiments/gpu_check.sh OUT_DIR   (smoke test of this script on a CPU: tiny models)
 #
-# For each model (opt-350 and llama-3-8 at their real architecture, Hugging Face classes; on the CPU smoke test
+# For each model (opt-350 and gpt-neo-2.7 at their real architecture, Hugging Face classes; on the CPU smoke test
 # opt-tiny and llama-tiny):
 # 1. hpp profile --dtype bfloat16: the layers timed on the device under bf16 autocast, and the runtime step's
 #    memory per layer (FakeTensor + MemTracker);
@@ -22,7 +22,7 @@ if [ "$device" = cuda ]; then
         exit 2
     fi
     read -r name mem < <(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name.replace(' ', '-'), p.total_memory)")
-    models=${HPP_GPU_CHECK_MODELS:-"opt-350 llama-3-8"}
+    models=${HPP_GPU_CHECK_MODELS:-"opt-350 gpt-neo-2.7"}   # llama-3-8 with AdamW needs > 1 H200 (216 GiB in bf16)
     sizes=1,2,4; gbs=16; steps=6; warm=2
 else
     name=cpu; mem=$((8 * 2**30)); models=${HPP_GPU_CHECK_MODELS:-"opt-tiny llama-tiny"}
