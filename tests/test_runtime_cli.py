@@ -214,3 +214,12 @@ def test_gpu_check_refuses_a_host_without_cuda_in_one_line(tmp_path):
         "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). "
         "Fix: run on a host with a CUDA GPU and a CUDA build of torch"]
     assert not (tmp_path / "out").exists()
+
+
+def test_fork_launcher_with_cuda_is_refused_before_any_rank_starts(tmp_path, capsys, profile_ref):
+    """A forked rank cannot use CUDA once the launching process has (seen on an H200: every rank aborted)."""
+    path = _plan(tmp_path / "p.json", profile=profile_ref)
+    assert run_main([path, "--steps", "1", "--launcher", "fork", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hpp run: error: field 'launcher': --launcher fork with --device cuda: a forked rank cannot use "
+                   "CUDA once the launching process has. Fix: use --launcher torchrun (the default) on GPUs"]

@@ -161,7 +161,7 @@ class LaunchOptions:
     Attributes
     ----------
     launcher : str
-        ``torchrun`` or ``fork`` (one host, fast start).
+        ``torchrun`` or ``fork`` (one host, fast start; CPU only: refused with ``cuda``).
     device : str
         ``cpu`` or ``cuda``.
     nnodes, node_rank, rdzv_endpoint, node_map
@@ -193,6 +193,11 @@ class LaunchOptions:
             raise HppInputError(f"launcher {self.launcher!r}", field="launcher", fix=f"use one of {_LAUNCHERS}")
         if self.device not in _DEVICES:
             raise HppInputError(f"device {self.device!r}", field="device", fix=f"use one of {_DEVICES}")
+        if self.launcher == "fork" and self.device == "cuda":
+            # the launching process reads its GPUs before it forks, and torch cannot use CUDA again
+            # in a forked child ("Cannot re-initialize CUDA in forked subprocess")
+            raise HppInputError("--launcher fork with --device cuda: a forked rank cannot use CUDA once the launching "
+                                "process has", field="launcher", fix="use --launcher torchrun (the default) on GPUs")
         if not (self.group_timeout_s > 0 and self.run_timeout_s > 0):
             raise HppInputError(f"--group-timeout {self.group_timeout_s} --run-timeout {self.run_timeout_s}",
                                 field="group_timeout", fix="give timeouts > 0 seconds")

@@ -152,7 +152,8 @@ def _build_rank(config: RunConfig, facts: RunFacts, plan: Plan, model: RuntimeMo
     if facts.resume:                                  # collective; parameters loaded in place (buckets stay)
         start = load_checkpoint(facts.resume, module=module, optimizer=optimizer, scheduler=scheduler,
                                 model_name=spec.name, num_layers=spec.num_layers)
-    verifier = StepVerifier(model, tcfg, seed=facts.seed, rank=rank, timeout_s=config.launch.group_timeout_s) \
+    verifier = StepVerifier(model, tcfg, seed=facts.seed, rank=rank, timeout_s=config.launch.group_timeout_s,
+                            device=device) \
         if config.verify.enabled else None
     verify_init = verifier.start(module, optimizer, fresh=not facts.resume) if verifier is not None else None
     second = {b for _a, b in model.tied_parameters()}
