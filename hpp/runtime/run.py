@@ -72,7 +72,7 @@ from hpp.runtime.launch.processes import remove_stale_run_dirs, run_dir_prefix
 from hpp.runtime.exec.reference import verify_run
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
-from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
+from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume, check_weights,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
                                    prepare_save_dir, resolve_run_model, resume_notes, training_config)
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
@@ -160,7 +160,8 @@ def run_plan(config: RunConfig) -> RunReport:
         verified = verify_run(prep.rt, Path(tmp), prep.share.ranks, res.results, source=prep.source,
                               first_step=prep.start, steps=config.training.steps, seed=prep.facts.seed,
                               training=prep.training, whole=prep.share.whole,
-                              num_threads=config.training.num_threads) if config.verify.enabled else None
+                              num_threads=config.training.num_threads,
+                              weights=prep.facts.weights) if config.verify.enabled else None
     return _report(config, prep, res, monitor, speed_before=speed_before, verified=verified)
 
 
@@ -185,9 +186,14 @@ def _prepare(config: RunConfig) -> _Prepared:
     rt = resolve_run_model(plan, profile, tr.model, source=str(plan_path))
     spec = rt.spec
     notes: list[str] = [over_memory] if over_memory else []
+    weights = check_weights(tr.weights, rt, resume=ck.resume) if tr.weights is not None else None
     meta = check_resume(ck.resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=tr.optimizer) \
         if ck.resume is not None else None
     seed, data, training = _resolve_training(config, meta, notes)
+    if weights is not None:
+        stored = sorted(set(weights.dtypes.values()))
+        notes.append(f"--weights {weights.path}: the folder's {'/'.join(stored)} tensors are cast to the run's "
+                     f"{training.dtype if training.dtype != 'bfloat16' else 'float32 master weights'}")
     save_dir = prepare_save_dir(ck.save, meta["path"] if meta is not None else None) if ck.save is not None \
         else None
     if meta is not None:
@@ -210,6 +216,7 @@ def _prepare(config: RunConfig) -> _Prepared:
                      slowdown={n: dt.slowdown for n, dt in cluster.device_types.items()} if em.emulate_speed else {},
                      time_scale=scale, save_dir=str(save_dir.resolve()) if save_dir is not None else None,
                      resume=str(Path(meta["path"]).resolve()) if meta is not None else None,
+                     weights=str(weights.path) if weights is not None else None,
                      node_map=list(share.node_map) if share.node_map and not share.whole else None)
     mine = [_device_types(plan)[r] for r in share.ranks]
     gpus = sorted({t for t in mine if peak_flops_per_s(t, training.dtype) is not None})

@@ -42,6 +42,7 @@ from hpp.runtime.exec.reference import max_param_difference
 from hpp.runtime.models.stage import StageModule, build_stage
 from hpp.runtime.exec.training import TrainingConfig, lr_factor, make_optimizer, single_device_step
 from hpp.runtime.exec.step import full_params
+from hpp.runtime.exec.weights import load_weights_folder
 
 __all__ = ["rank_state", "StepVerifier"]
 
@@ -83,13 +84,16 @@ class StepVerifier:
     timeout_s : float
         Of the gloo group of every rank that the state travels in, made here when the default group is
         not gloo (NCCL), so the construction is collective too.
+    weights : str, optional
+        The run's ``--weights`` folder: the single-device model loads it whole (rank 0), so the initial
+        check compares every rank's slices with the folder's tensors.
 
     Every rank must construct it at the same point, call :meth:`start` once and :meth:`check` after
     every optimizer step (all three are collective).
     """
 
     def __init__(self, model: RuntimeModel, training: TrainingConfig, *, seed: int, rank: int,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, weights: str | None = None) -> None:
         self.model, self.training, self.seed, self.rank = model, training, seed, rank
         self.group: dist.ProcessGroup | None = None                # the CPU tensors travel over gloo
         if dist.get_backend() != "gloo":
@@ -100,6 +104,8 @@ class StepVerifier:
         self._optimizer: torch.optim.Optimizer | None = None
         if rank == 0:
             self._module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=training.param_dtype)
+            if weights is not None:
+                load_weights_folder(self._module, model, weights)
             self._optimizer = make_optimizer([p for _l, _n, p in self._module.layer_parameters()], training)
 
     def _gather(self, module: StageModule, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]] | None:

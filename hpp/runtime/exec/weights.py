@@ -32,7 +32,8 @@ from hpp.runtime.exec.tensor_parallel import local_tensor
 from hpp.runtime.models.hf_folder import WeightsFolder
 from hpp.runtime.models.stage import StageModule
 
-__all__ = ["SLACK_BYTES", "rss_bytes", "local_slices", "load_margin_bytes", "load_stage_weights"]
+__all__ = ["SLACK_BYTES", "rss_bytes", "local_slices", "load_margin_bytes", "load_stage_weights",
+           "load_weights_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,3 +132,10 @@ def load_stage_weights(module: StageModule, model, folder: WeightsFolder) -> dic
              "peak_rss_growth_bytes": max(0, peak), "margin_bytes": load_margin_bytes(folder, module, model)}
     logger.info("loaded %d tensors (%d bytes) from %s", tensors, loaded, folder.path)
     return stats
+
+
+def load_weights_folder(module: StageModule, model, path: str | os.PathLike) -> dict[str, Any]:
+    """:func:`load_stage_weights` from the folder ``path`` (opened here, headers only; checked by ``hpp run`` before
+    any rank started)."""
+    from hpp.runtime.models.hf_folder import open_weights_folder
+    return load_stage_weights(module, model, open_weights_folder(path))
