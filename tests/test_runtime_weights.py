@@ -93,8 +93,7 @@ def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path)
     assert len(set(index["weight_map"].values())) >= 2 and "lm_head.weight" not in index["weight_map"]
     cls = hf_layers.causal_lm_class("opt")
     back, info = cls.from_pretrained(out, output_loading_info=True, dtype=torch.float64)
-    assert info["missing_keys"] == set() or not info["missing_keys"], info
-    assert not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     state = export_checkpoint(tmp_path / "ck", tmp_path / "m.pt", format="torch", dtype=torch.float64) and \
         torch.load(tmp_path / "m.pt")
     tokens = x.clone()
@@ -166,6 +165,51 @@ def test_bfloat16_folder_is_cast_to_the_runs_float64(tmp_path):
     theirs = dict(hf.named_parameters())
     for _l, name, p in module.layer_parameters():
         assert p.dtype == torch.float64 and torch.equal(p.detach(), theirs[model.hf_name(name)].double()), name
+
+
+def opt_wide() -> HFModel:
+    """``tests.test_runtime_weights:opt_wide``: an OPT of 12 blocks of width 512 (38 M parameters, 155 MB in
+    float32), most of them in the blocks, so that a quarter of the model is far from all of it."""
+    cfg = {**load_model_file("opt-tiny")["hf_config"], "hidden_size": 512, "word_embed_proj_dim": 512,
+           "ffn_dim": 2048, "num_attention_heads": 8, "num_hidden_layers": 12, "vocab_size": 2048,
+           "max_position_embeddings": 16}
+    return HFModel("opt-wide", cfg, seq_len=16)
+
+
+@pytest.mark.distributed
+def test_a_ranks_memory_while_loading_grows_by_one_tensor_not_the_model(tmp_path):
+    """Two stages at TP 2 (4 ranks, a quarter of the model each): while loading, no rank's resident memory grows
+    by more than the stated margin (one tensor: load_margin_bytes), a fraction of the model; control: reading
+    the whole file with safetensors' load_file grows it by the whole model."""
+    from safetensors.torch import load_file
+    from hpp.runtime.exec.weights import release_free_memory, rss_bytes
+    from hpp.runtime.launch.launchers import launch_forked
+    from tests.rank_launch import rank_job, sgd
+
+    model = opt_wide()
+    save_hf(model, tmp_path / "in")
+    whole = (tmp_path / "in" / "model.safetensors").stat().st_size
+    n = model.spec.num_layers
+    plan = Plan("opt-wide", n, 2, (Pipeline((Stage(0, n // 2, "cpu", 2, (0, 1)), Stage(n // 2, n, "cpu", 2, (2, 3))),
+                                            1, 2),), sequence_length=16)
+    config, facts = rank_job(plan, "tests.test_runtime_weights:opt_wide", steps=1, training=sgd(), timeout_s=60)
+    facts = replace(facts, weights=str(tmp_path / "in"))
+    res = launch_forked(config, facts, world_size=4, out_dir=tmp_path / "ranks", timeout_s=240)
+    assert res.ok, res.failure_message()
+    for r in res.results:
+        w = r["weights"]
+        print(f"rank {r['rank']}: shard {w['bytes'] / 2**20:.1f} MiB of {whole / 2**20:.1f} MiB; resident memory "
+              f"grew by {w['peak_rss_growth_bytes'] / 2**20:.1f} MiB while loading (margin "
+              f"{w['margin_bytes'] / 2**20:.1f} MiB)")
+        assert w["bytes"] < whole / 3 and w["read_bytes"] == w["bytes"]
+        assert w["peak_rss_growth_bytes"] <= w["margin_bytes"] < whole / 3
+    release_free_memory()
+    before = rss_bytes()
+    everything = load_file(str(tmp_path / "in" / "model.safetensors"))
+    assert all(math.isfinite(float(t.sum())) for t in everything.values())      # every value read
+    grown = rss_bytes() - before
+    print(f"control: load_file grew resident memory by {grown / 2**20:.1f} MiB")
+    assert grown >= 0.9 * whole and len(everything) > 0
 
 
 # -- bad input: one line, exit 2, before any process -----------------------------------------------------------------

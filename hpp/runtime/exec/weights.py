@@ -14,15 +14,17 @@ head on the last stage) reads the token table, which is the one tensor the folde
 Memory: each file is opened (``safe_open``, memory-mapped) for one tensor and closed after
 it, so what loading adds to a rank's resident memory at any moment is one tensor's mapped
 pages (all of them for a slice along dimension 1 of a row-major tensor: its rows are
-strided) plus the slice and its cast copy. :func:`load_stage_weights` samples the resident
-set (``/proc/self/statm``) while each slice is held and returns the largest growth over
-the resident set before loading, beside the bound it must stay under
-(:func:`load_margin_bytes`).
+strided) plus the slice and its cast copy. :func:`load_stage_weights` first hands the
+allocator's free pages back to the OS (:func:`release_free_memory`: the full layers that
+sharding freed), then samples the resident set (``/proc/self/statm``) while each slice is
+held and returns the largest growth over the resident set before loading, beside the bound
+it must stay under (:func:`load_margin_bytes`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -32,7 +34,7 @@ from hpp.runtime.exec.tensor_parallel import local_tensor
 from hpp.runtime.models.hf_folder import WeightsFolder
 from hpp.runtime.models.stage import StageModule
 
-__all__ = ["SLACK_BYTES", "rss_bytes", "local_slices", "load_margin_bytes", "load_stage_weights",
+__all__ = ["SLACK_BYTES", "release_free_memory", "rss_bytes", "local_slices", "load_margin_bytes", "load_stage_weights",
            "load_weights_folder"]
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,23 @@ logger = logging.getLogger(__name__)
 SLACK_BYTES = 16 * 2**20
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def release_free_memory() -> None:
+    """Hand the C allocator's free pages back to the OS (glibc ``malloc_trim(0)``; nothing elsewhere).
+
+    Called before loading: the stage's full layers, freed when TP sharding replaced them, would otherwise sit
+    in the allocator's free lists, so the memory loading needs would reuse them unseen by the resident set.
+    """
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
 
 
 def rss_bytes() -> int:
@@ -69,19 +88,20 @@ def _source_name(model, name: str) -> str:
 
 
 def load_margin_bytes(folder: WeightsFolder, module: StageModule, model) -> int:
-    """The most :func:`load_stage_weights` may add to the resident set: the largest tensor the stage reads from,
-    in full as stored, plus twice its largest local part in the run's dtype (the slice and its cast copy), plus
-    :data:`SLACK_BYTES`."""
-    full = part = 0
+    """The most :func:`load_stage_weights` may add to the resident set [bytes]: the most file bytes one tensor's
+    read maps (a slice along dimension 0 maps its rows only; any other slice, the whole tensor as stored), plus
+    twice the largest local part (the slice and its cast copy, at the larger of the stored and the run's dtype),
+    plus :data:`SLACK_BYTES`."""
+    mapped = part = 0
     for _l, name, p in module.layer_parameters():
         src = _source_name(model, name)
-        n = 1
-        for d in folder.shapes[src]:
-            n *= d
-        full = max(full, n * _DTYPE_BYTES.get(folder.dtypes[src], 8))
+        size = _DTYPE_BYTES.get(folder.dtypes[src], 8)
+        shape = folder.shapes[src]
         lt = local_tensor(p)
-        part = max(part, lt.numel() * max(lt.element_size(), _DTYPE_BYTES.get(folder.dtypes[src], 8)))
-    return full + 2 * part + SLACK_BYTES
+        rows_only = tuple(lt.shape[1:]) == tuple(shape[1:])
+        mapped = max(mapped, (lt.numel() if rows_only else math.prod(shape)) * size)
+        part = max(part, lt.numel() * max(lt.element_size(), size))
+    return mapped + 2 * part + SLACK_BYTES
 
 
 def load_stage_weights(module: StageModule, model, folder: WeightsFolder) -> dict[str, Any]:
@@ -110,6 +130,7 @@ def load_stage_weights(module: StageModule, model, folder: WeightsFolder) -> dic
         A parameter the folder does not hold (an unchecked folder: an internal error).
     """
     from safetensors import safe_open
+    release_free_memory()
     before = rss_bytes()
     peak = tensors = loaded = read = 0
     for _l, name, p in module.layer_parameters():
@@ -119,13 +140,13 @@ def load_stage_weights(module: StageModule, model, folder: WeightsFolder) -> dic
         with safe_open(str(folder.file_of(src)), framework="pt") as f:
             piece = f.get_slice(src)[index]
             value = piece.to(local.dtype)
-            peak = max(peak, rss_bytes() - before)
-        if tuple(value.shape) != tuple(local.shape):
-            raise AssertionError(f"{name}: slice {tuple(value.shape)} of {src}, local shard {tuple(local.shape)}")
-        with torch.no_grad():
-            local.copy_(value)
-        read += piece.numel() * piece.element_size()
-        del piece, value
+            if tuple(value.shape) != tuple(local.shape):
+                raise AssertionError(f"{name}: slice {tuple(value.shape)} of {src}, local shard {tuple(local.shape)}")
+            with torch.no_grad():
+                local.copy_(value)
+            read += piece.numel() * piece.element_size()
+            peak = max(peak, rss_bytes() - before)     # the slice, its copy and the file pages read: all held
+            del piece, value
         tensors += 1
         loaded += local.numel() * local.element_size()
     stats = {"tensors": tensors, "bytes": loaded, "read_bytes": read, "rss_before_bytes": before,
