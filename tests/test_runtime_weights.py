@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from hpp.plan_data import Pipeline, Plan, Stage, write_plan_json
-from hpp.runtime import run as run_mod
 from hpp.runtime.checkpoint import dcp as ck
 from hpp.runtime.checkpoint.export import export_checkpoint, main as export_main
 from hpp.runtime.cli import run_main
@@ -213,13 +212,6 @@ def test_a_ranks_memory_while_loading_grows_by_one_tensor_not_the_model(tmp_path
 
 
 # -- bad input: one line, exit 2, before any process -----------------------------------------------------------------
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("a process was started")
-    monkeypatch.setattr(run_mod, "launch_torchrun", boom)
-    monkeypatch.setattr(run_mod, "launch_forked", boom)
 
 
 def _refused(capsys, argv: list[str]) -> str:

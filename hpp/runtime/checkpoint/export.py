@@ -40,7 +40,7 @@ import torch
 
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
-from hpp.fileio import write_atomic
+from hpp.fileio import process_umask, write_atomic
 from hpp.runtime.checkpoint.store import MODEL_PREFIX, read_checkpoint_meta, resolve_checkpoint, stored_entries
 
 __all__ = ["EXPORT_FORMATS", "EXPORT_DTYPES", "export_checkpoint", "parse_size", "main"]
@@ -116,7 +116,7 @@ def export_checkpoint(path: str | Path, out_file: str | Path, *, format: str | N
             save_file(tensors, str(tmp), metadata={"format": "pt", "hpp_model": str(meta.get("model")),
                                                    "hpp_step": str(meta.get("step")),
                                                    "names": "hpp global names layers.<l>.<path>, not Hugging Face's"})
-        os.chmod(tmp, 0o666 & ~_umask())   # safetensors creates 0600: give what open() gives a new file
+        os.chmod(tmp, 0o666 & ~process_umask())   # safetensors creates 0600: give what open() gives a new file
     write_atomic(out, write)               # no half-written file left behind
     logger.info("exported %d tensors of %s (step %s) to %s", len(tensors), meta.get("model"), meta.get("step"), out)
     return {k: tuple(v.shape) for k, v in tensors.items()}
@@ -188,12 +188,6 @@ def parse_size(text: str) -> int:
                             fix="give bytes or a size such as 500MB or 5GB")
     return n
 
-
-def _umask() -> int:
-    """The process umask (read by setting it and setting it back)."""
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
 
 
 def main(argv: Sequence[str] | None = None) -> int:

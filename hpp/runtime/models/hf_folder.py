@@ -32,7 +32,7 @@ from typing import Mapping
 import torch
 
 from hpp.errors import HppInputError
-from hpp.fileio import read_json
+from hpp.fileio import process_umask, read_json
 
 __all__ = ["CONFIG_FILE", "SINGLE_FILE", "INDEX_FILE", "ARCH_FIELDS", "WeightsFolder", "open_weights_folder",
            "check_weights_match", "hf_state_dict", "write_hf_folder"]
@@ -251,7 +251,7 @@ def write_hf_folder(model, state: Mapping[str, torch.Tensor], out: str | os.Path
         raise HppInputError(f"no folder {out.parent} for {out.name}", field="OUT", fix="create the folder first")
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
     split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_bytes)
-    mode = 0o666 & ~_umask()
+    mode = 0o666 & ~process_umask()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         cfg = hf_layers.make_config(model.arch, model.config.to_dict())
@@ -265,7 +265,7 @@ def write_hf_folder(model, state: Mapping[str, torch.Tensor], out: str | os.Path
                                                       "weight_map": split.tensor_to_filename}, indent=2) + "\n")
         for f in tmp.iterdir():
             os.chmod(f, mode)
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~process_umask())
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -274,8 +274,3 @@ def write_hf_folder(model, state: Mapping[str, torch.Tensor], out: str | os.Path
         raise
     return sorted(p.name for p in out.iterdir())
 
-
-def _umask() -> int:
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
