@@ -66,7 +66,7 @@ def stage_logits(model: HFModel, state: dict[str, torch.Tensor], tokens: torch.T
 
 
 @pytest.mark.distributed
-def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path):
+def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path, capsys):
     """opt-tiny, two pipelines with TP 2: step 1's loss is transformers' forward on that batch (float64, 1e-10),
     --verify passes; after 2 steps, the exported folder loads with from_pretrained (no missing or unexpected
     key) and its logits are hpp's (1e-10), the pad token's row included."""
@@ -76,6 +76,9 @@ def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path)
     assert run_main([plan, "--steps", "2", "--weights", str(tmp_path / "in"), "--verify", "--launcher", "fork",
                      "--save", str(tmp_path / "ck"), "--metrics-jsonl", str(metrics), "--quiet",
                      "--group-timeout", "60", "--run-timeout", "240", "--no-host-calibration"]) == 0
+    out_text = capsys.readouterr().out
+    assert f"note: --weights {tmp_path / 'in'}: its float32 tensors are cast to the run's float64" in out_text
+    assert "verify: max |difference|" in out_text and "): ok" in out_text
     model = hf_model("opt-tiny")
     x, y = make_batch_source(None, model, seed=0, global_batch_size=4).batch(0)
     with torch.no_grad():
@@ -228,7 +231,7 @@ def test_bad_folders_are_one_line_before_any_process(tmp_path, capsys, no_launch
     save_hf("gpt-neo-tiny", tmp_path / "neo")
     assert _refused(capsys, [*run, str(tmp_path / "neo")]) == (
         f"hpp run: error: {tmp_path / 'neo' / 'config.json'}: field 'model_type': model_type 'gpt_neo', but the run's "
-        "model opt-tiny is 'opt'. Fix: give the folder of a opt-tiny model, or run a plan of the folder's model "
+        "model opt-tiny is 'opt'. Fix: give a folder of the model opt-tiny, or run a plan of the folder's model "
         "(its shipped config: hpp/runtime/models/configs/opt-tiny.json)")
     wide = HFModel("opt-wide", {**load_model_file("opt-tiny")["hf_config"], "ffn_dim": 256}, seq_len=32)
     save_hf(wide, tmp_path / "wide")

@@ -74,7 +74,7 @@ from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, sum
 from hpp.runtime.run_failure import failure_line
 from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume, check_weights,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
-                                   prepare_save_dir, resolve_run_model, resume_notes, training_config)
+                                   prepare_save_dir, resolve_run_model, resume_notes, training_config, weights_note)
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
 from hpp.runtime.exec.host_agreement import hosts_disagree_error
@@ -191,9 +191,7 @@ def _prepare(config: RunConfig) -> _Prepared:
         if ck.resume is not None else None
     seed, data, training = _resolve_training(config, meta, notes)
     if weights is not None:
-        stored = sorted(set(weights.dtypes.values()))
-        notes.append(f"--weights {weights.path}: the folder's {'/'.join(stored)} tensors are cast to the run's "
-                     f"{training.dtype if training.dtype != 'bfloat16' else 'float32 master weights'}")
+        notes.append(weights_note(weights, training.dtype))
     save_dir = prepare_save_dir(ck.save, meta["path"] if meta is not None else None) if ck.save is not None \
         else None
     if meta is not None:

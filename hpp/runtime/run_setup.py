@@ -50,7 +50,7 @@ from hpp.runtime.models.zoo import canonical_model_name, check_layers_match, loa
 from hpp.wording import count
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
-           "training_config", "open_metrics", "HostShare", "host_share", "check_resume", "check_weights",
+           "training_config", "open_metrics", "HostShare", "host_share", "check_resume", "check_weights", "weights_note",
            "resume_notes", "prepare_save_dir", "clean_partial_checkpoints"]
 
 logger = logging.getLogger(__name__)
@@ -347,6 +347,27 @@ def check_weights(path: str | Path, model: RuntimeModel, *, resume: str | Path |
     folder = open_weights_folder(path)
     check_weights_match(folder, model)
     return folder
+
+
+#: safetensors dtype codes -> torch's names.
+_STORED_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def weights_note(folder, run_dtype: str) -> str:
+    """The report's note on ``--weights``: the folder and what its tensors' dtype becomes in the run.
+
+    >>> from types import SimpleNamespace as NS
+    >>> weights_note(NS(path="opt", dtypes={"a": "BF16"}), "float64")
+    "--weights opt: its bfloat16 tensors are cast to the run's float64"
+    >>> weights_note(NS(path="opt", dtypes={"a": "F32"}), "bfloat16")
+    '--weights opt: its float32 tensors are the float32 master weights (as stored)'
+    """
+    stored = sorted({_STORED_DTYPES.get(d, d) for d in folder.dtypes.values()})
+    into = "float32" if run_dtype == "bfloat16" else run_dtype
+    what = "the float32 master weights" if run_dtype == "bfloat16" else f"the run's {run_dtype}"
+    verb = "are" if stored == [into] else "are cast to"
+    tail = " (as stored)" if stored == [into] else ""
+    return f"--weights {folder.path}: its {'/'.join(stored)} tensors {verb} {what}{tail}"
 
 
 def prepare_save_dir(path: str | Path, resumed_from: str | Path | None = None) -> Path:

@@ -87,10 +87,6 @@ class WeightsFolder:
         """The path of the file holding tensor ``name`` (KeyError: none does)."""
         return self.path / self.files[name]
 
-    @property
-    def sharded(self) -> bool:
-        return len(set(self.files.values())) > 1 or (self.path / INDEX_FILE).is_file()
-
 
 def _header(path: Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
     """Shapes and dtypes of the tensors of safetensors file ``path`` (its header only)."""
@@ -179,7 +175,7 @@ def check_weights_match(folder: WeightsFolder, model) -> None:
     """
     from hpp.runtime.models import hf_layers   # imports transformers
     src = str(folder.path / CONFIG_FILE)
-    fix = (f"give the folder of a {model.name} model, or run a plan of the folder's model "
+    fix = (f"give a folder of the model {model.name}, or run a plan of the folder's model "
            f"(its shipped config: hpp/runtime/models/configs/{model.name}.json)")
     theirs = folder.config.get("model_type")
     if theirs != model.arch:
