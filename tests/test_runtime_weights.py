@@ -293,3 +293,24 @@ def test_export_hf_of_a_model_without_hf_names_is_refused(tmp_path, capsys):
                            "'micro' is not a shipped OPT, GPT-Neo or Llama model, so it has no Hugging Face names. "
                            "Fix: export it with --format safetensors (its state dict by hpp's global names)")
     assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_export_hf_refuses_an_existing_folder_and_a_bad_shard_size(tmp_path, capsys):
+    model = hf_model("llama-tiny")
+    module = build_stage(model, 0, model.spec.num_layers, seed=0)
+    ck.save_checkpoint(tmp_path / "ck", step=1, module=module, optimizer=None, model_name="llama-tiny",
+                       num_layers=model.spec.num_layers)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("mine")
+    assert export_main([str(tmp_path / "ck"), str(out), "--format", "hf"]) == 2
+    assert capsys.readouterr().err.strip() == (f"python -m hpp.runtime.checkpoint.export: error: field 'OUT': {out} "
+                                               "exists. Fix: give a new folder, or --force to replace that folder")
+    assert [p.name for p in out.iterdir()] == ["keep"]
+    assert export_main([str(tmp_path / "ck"), str(out), "--format", "hf", "--max-shard-size", "lots"]) == 2
+    assert capsys.readouterr().err.strip() == ("python -m hpp.runtime.checkpoint.export: error: field "
+                                               "'--max-shard-size': --max-shard-size 'lots'. Fix: give bytes or a "
+                                               "size such as 500MB or 5GB")
+    assert export_main([str(tmp_path / "ck"), str(out), "--format", "hf", "--force"]) == 0      # control
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]                     # no temporary left
