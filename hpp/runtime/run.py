@@ -11,7 +11,8 @@ the plan's) loads, follows the protocol, has the plan's and the profile's layer
 count and name, and its heads and MLP width split by every stage's TP degree; the
 layout is one the runtime executes (:func:`hpp.runtime.exec.layout.rank_roles`); the
 training configuration is valid; ``--data`` exists and fills at least one global
-batch; the host can run that many ranks (CUDA: one per visible GPU; CPU: at most
+batch; ``--weights`` is a complete Hugging Face folder of the run's model, not given
+with ``--resume`` (:func:`hpp.runtime.run_setup.check_weights`); the host can run that many ranks (CUDA: one per visible GPU; CPU: at most
 :data:`MAX_RANKS_PER_CORE` per core) and, when a world size is imposed, it equals
 the plan's device count.
 
@@ -41,7 +42,9 @@ same ``rdzv_endpoint``; each checks its devices and starts its own ranks
 Checkpoints: ``save`` writes ``SAVE/step-K`` (:mod:`hpp.runtime.checkpoint.dcp`) every
 ``save_every`` steps and after the last; ``resume`` continues from a complete checkpoint
 under this plan (any plan of the same model), the steps numbered on from the saved one;
-with ``verify`` the reference trains the saved steps plus this run's. A failed or
+with ``verify`` the reference trains the saved steps plus this run's. ``weights`` starts the ranks (and
+``verify``'s single-device reference) from a Hugging Face folder instead of the seed's draws
+(:mod:`hpp.runtime.exec.weights`). A failed or
 interrupted run leaves only complete checkpoints
 (:func:`hpp.runtime.run_setup.clean_partial_checkpoints`).
 """
