@@ -110,6 +110,27 @@ def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path,
     assert moved[1].max() > 1e-6 and torch.equal(back.model.decoder.embed_tokens.weight[1], emb[1])
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name, num_layers", [("gpt-neo-tiny", 6), ("llama-tiny", 7)])
+def test_other_architectures_first_loss_is_transformers(tmp_path, capsys, name, num_layers):
+    """GPT-Neo (local attention, tied) and Llama (GQA: 2 key/value heads split at TP 2) under the same plan."""
+    hf = save_hf(name, tmp_path / "in")
+    plan = opt_plan(tmp_path / "plan.json", model=name, num_layers=num_layers)
+    metrics = tmp_path / "m.jsonl"
+    assert run_main([plan, "--steps", "1", "--weights", str(tmp_path / "in"), "--verify", "--launcher", "fork",
+                     "--metrics-jsonl", str(metrics), "--quiet", "--group-timeout", "60", "--run-timeout", "240",
+                     "--no-host-calibration"]) == 0
+    assert "): ok" in capsys.readouterr().out
+    x, y = make_batch_source(None, hf_model(name), seed=0, global_batch_size=4).batch(0)
+    with torch.no_grad():
+        logits = hf.double()(x).logits
+    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    got = json.loads(metrics.read_text().splitlines()[0])["loss"]
+    print(f"{name}: first-step loss |difference| from transformers {abs(got - want):.3g}")
+    assert abs(got - want) <= TOL
+
+
 @pytest.mark.parametrize("name", ["opt-tiny", "gpt-neo-tiny", "llama-tiny"])
 def test_export_after_steps_reloads_with_transformers(tmp_path, name):
     """A stage loaded from a folder, 2 AdamW steps, a checkpoint, --format hf: from_pretrained gives hpp's logits."""
