@@ -65,26 +65,34 @@ def stage_logits(model: HFModel, state: dict[str, torch.Tensor], tokens: torch.T
         return module(tokens)
 
 
+def run_with_weights(tmp_path: Path, capsys, name: str, num_layers: int, *extra: str
+                     ) -> tuple[torch.nn.Module, float, float, str]:
+    """``hpp run --weights --verify`` of a saved folder under :func:`opt_plan`: the transformers model, the run's
+    first-step loss, transformers' loss on that step's batch (float64) and the run's stdout."""
+    hf = save_hf(name, tmp_path / "in")
+    plan = opt_plan(tmp_path / "plan.json", model=name, num_layers=num_layers)
+    metrics = tmp_path / "m.jsonl"
+    assert run_main([plan, "--weights", str(tmp_path / "in"), "--verify", "--launcher", "fork", "--metrics-jsonl",
+                     str(metrics), "--quiet", "--group-timeout", "60", "--run-timeout", "240", "--no-host-calibration",
+                     *extra]) == 0
+    x, y = make_batch_source(None, hf_model(name), seed=0, global_batch_size=4).batch(0)
+    with torch.no_grad():
+        logits = hf.double()(x).logits
+    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    return hf, json.loads(metrics.read_text().splitlines()[0])["loss"], want, capsys.readouterr().out
+
+
 @pytest.mark.distributed
 def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path, capsys):
     """opt-tiny, two pipelines with TP 2: step 1's loss is transformers' forward on that batch (float64, 1e-10),
     --verify passes; after 2 steps, the exported folder loads with from_pretrained (no missing or unexpected
     key) and its logits are hpp's (1e-10), the pad token's row included."""
-    hf = save_hf("opt-tiny", tmp_path / "in")
-    plan = opt_plan(tmp_path / "plan.json")
-    metrics = tmp_path / "m.jsonl"
-    assert run_main([plan, "--steps", "2", "--weights", str(tmp_path / "in"), "--verify", "--launcher", "fork",
-                     "--save", str(tmp_path / "ck"), "--metrics-jsonl", str(metrics), "--quiet",
-                     "--group-timeout", "60", "--run-timeout", "240", "--no-host-calibration"]) == 0
-    out_text = capsys.readouterr().out
+    hf, got, want, out_text = run_with_weights(tmp_path, capsys, "opt-tiny", 6, "--steps", "2",
+                                               "--save", str(tmp_path / "ck"))
     assert f"note: --weights {tmp_path / 'in'}: its float32 tensors are cast to the run's float64" in out_text
     assert "verify: max |difference|" in out_text and "): ok" in out_text
     model = hf_model("opt-tiny")
-    x, y = make_batch_source(None, model, seed=0, global_batch_size=4).batch(0)
-    with torch.no_grad():
-        logits = hf.double()(x).logits
-    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
-    got = json.loads(metrics.read_text().splitlines()[0])["loss"]
+    x, _y = make_batch_source(None, model, seed=0, global_batch_size=4).batch(0)
     print(f"first-step loss {got!r} vs transformers {want!r}: |difference| {abs(got - want):.3g}")
     assert abs(got - want) <= TOL
 
@@ -115,18 +123,8 @@ def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path,
 @pytest.mark.parametrize("name, num_layers", [("gpt-neo-tiny", 6), ("llama-tiny", 7)])
 def test_other_architectures_first_loss_is_transformers(tmp_path, capsys, name, num_layers):
     """GPT-Neo (local attention, tied) and Llama (GQA: 2 key/value heads split at TP 2) under the same plan."""
-    hf = save_hf(name, tmp_path / "in")
-    plan = opt_plan(tmp_path / "plan.json", model=name, num_layers=num_layers)
-    metrics = tmp_path / "m.jsonl"
-    assert run_main([plan, "--steps", "1", "--weights", str(tmp_path / "in"), "--verify", "--launcher", "fork",
-                     "--metrics-jsonl", str(metrics), "--quiet", "--group-timeout", "60", "--run-timeout", "240",
-                     "--no-host-calibration"]) == 0
-    assert "): ok" in capsys.readouterr().out
-    x, y = make_batch_source(None, hf_model(name), seed=0, global_batch_size=4).batch(0)
-    with torch.no_grad():
-        logits = hf.double()(x).logits
-    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
-    got = json.loads(metrics.read_text().splitlines()[0])["loss"]
+    _hf, got, want, out_text = run_with_weights(tmp_path, capsys, name, num_layers, "--steps", "1")
+    assert "): ok" in out_text
     print(f"{name}: first-step loss |difference| from transformers {abs(got - want):.3g}")
     assert abs(got - want) <= TOL
 
