@@ -48,13 +48,6 @@ def _plan(path, *, profile=None, stages0=((0, 3), (3, 6)), tp=1, num_layers=6, m
     return str(path)
 
 
-@pytest.fixture
-def no_launch(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("a process was started")
-    monkeypatch.setattr(run_mod, "launch_torchrun", boom)
-    monkeypatch.setattr(run_mod, "launch_forked", boom)
-
 
 def not_a_model():
     """``--model tests.test_runtime_cli:not_a_model``: no runtime model protocol."""

@@ -74,6 +74,9 @@ class TrainingOptions:
         As the flags of the same names; ``lr_total_steps`` defaults to ``steps``.
     data : str or None
         ``--data FILE`` (default synthetic tokens).
+    weights : str or None
+        ``--weights DIR``: a local Hugging Face model folder to start from (default: the seed's random weights;
+        refused together with ``--resume``).
     num_threads : int
         Each rank's torch compute threads (>= 1).
     """
@@ -91,6 +94,7 @@ class TrainingOptions:
     clip_grad_norm: float | None = None
     weight_decay: float | None = None
     data: str | None = None
+    weights: str | None = None
     num_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -265,7 +269,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "allow_over_memory": ("parallelism", "allow_over_memory"), "naive_allreduce": ("parallelism", "naive_allreduce"),
     **{k: ("training", k) for k in ("steps", "warmup_steps", "model", "seed", "dtype", "optimizer", "lr",
                                     "lr_schedule", "lr_warmup_steps", "lr_total_steps", "clip_grad_norm",
-                                    "weight_decay", "data")},
+                                    "weight_decay", "data", "weights")},
     "threads": ("training", "num_threads"),
     "save": ("checkpoint", "save"), "save_every": ("checkpoint", "save_every"), "resume": ("checkpoint", "resume"),
     "verify": ("verify", "enabled"),
@@ -372,7 +376,7 @@ class RunConfig:
 
 
 #: options that are paths (given as ``Path`` or ``str``, kept as ``str``)
-_PATHS = {"plan", "data", "save", "resume", "log_dir", "dry_run", "timeline", "metrics_jsonl"}
+_PATHS = {"plan", "data", "weights", "save", "resume", "log_dir", "dry_run", "timeline", "metrics_jsonl"}
 
 
 @dataclass(frozen=True)
@@ -396,6 +400,8 @@ class RunFacts:
         Common dilation of every emulated device (>= 1).
     save_dir, resume : str or None
         Absolute checkpoint root and the checkpoint to continue from.
+    weights : str or None
+        The absolute Hugging Face model folder every rank loads its slices from (checked).
     node_map : list[int] or None
         The plan node of each node rank (several hosts).
     """
@@ -409,6 +415,7 @@ class RunFacts:
     time_scale: float = 1.0
     save_dir: str | None = None
     resume: str | None = None
+    weights: str | None = None
     node_map: list[int] | None = None
 
     def __post_init__(self) -> None:

@@ -42,6 +42,7 @@ from hpp.runtime.exec.reference import max_param_difference
 from hpp.runtime.models.stage import StageModule, build_stage
 from hpp.runtime.exec.training import TrainingConfig, lr_factor, make_optimizer, single_device_step
 from hpp.runtime.exec.step import full_params
+from hpp.runtime.exec.weights import load_weights_folder
 
 __all__ = ["rank_state", "StepVerifier"]
 
@@ -88,13 +89,16 @@ class StepVerifier:
         GPU's own arithmetic (HF's Llama RMSNorm and GPT-Neo attention compute in float32 even in a
         float64 run, and CPU and GPU round those differently: on an H200, llama-tiny's first AdamW
         step differed from a CPU reference by 3.6e-6).
+    weights : str, optional
+        The run's ``--weights`` folder: the single-device model loads it whole (rank 0), so the initial
+        check compares every rank's slices with the folder's tensors.
 
     Every rank must construct it at the same point, call :meth:`start` once and :meth:`check` after
     every optimizer step (all three are collective).
     """
 
     def __init__(self, model: RuntimeModel, training: TrainingConfig, *, seed: int, rank: int,
-                 timeout_s: float = 300.0, device: torch.device | str = "cpu") -> None:
+                 timeout_s: float = 300.0, device: torch.device | str = "cpu", weights: str | None = None) -> None:
         self.model, self.training, self.seed, self.rank = model, training, seed, rank
         self.device = torch.device(device)
         self.group: dist.ProcessGroup | None = None                # the CPU tensors travel over gloo
@@ -107,6 +111,8 @@ class StepVerifier:
         if rank == 0:
             self._module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=training.param_dtype,
                                        device=self.device)
+            if weights is not None:
+                load_weights_folder(self._module, model, weights)
             self._optimizer = make_optimizer([p for _l, _n, p in self._module.layer_parameters()], training)
 
     def _gather(self, module: StageModule, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]] | None:
