@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,6 +92,9 @@ def test_weights_run_first_loss_is_transformers_and_its_export_reloads(tmp_path,
                                                "--save", str(tmp_path / "ck"))
     assert f"note: --weights {tmp_path / 'in'}: its float32 tensors are cast to the run's float64" in out_text
     assert "verify: max |difference|" in out_text and "): ok" in out_text
+    assert re.search(r"\n  weights load     4 ranks read \d+ tensors, [\d.]+ MiB \(their slices\); resident memory "
+                     r"grew by at most [\d.]+ MiB while loading \(rank \d; its bound [\d.]+ MiB; every rank stayed "
+                     r"within its own\)\n", out_text), out_text
     model = hf_model("opt-tiny")
     x, _y = make_batch_source(None, model, seed=0, global_batch_size=4).batch(0)
     print(f"first-step loss {got!r} vs transformers {want!r}: |difference| {abs(got - want):.3g}")
@@ -153,6 +157,96 @@ def test_export_after_steps_reloads_with_transformers(tmp_path, name):
         diff = (back.eval()(x).logits - module(x)).abs().max().item()
     print(f"{name}: exported logits |difference| {diff:.3g}")
     assert diff <= TOL
+
+
+def one_rank_plan(path: Path, model: str = "opt-tiny", num_layers: int = 6) -> str:
+    """One pipeline of one stage on one rank; global batch 2."""
+    write_plan_json(Plan(model, num_layers, 2, (Pipeline((Stage(0, num_layers, "cpu", 1, (0,)),), 1, 2),),
+                         sequence_length=32, cluster_ref=CLUSTER4), path)
+    return str(path)
+
+
+@pytest.mark.distributed
+def test_export_hf_carries_the_folders_token_ids_and_generation_config(tmp_path, capsys):
+    """A folder whose token ids differ from the shipped config's (eos a list) and with a generation_config.json:
+    1 step --save, 1 step --resume (its checkpoint carries the record on), --format hf: config.json has the
+    folder's ids, generation_config.json is the folder's, from_pretrained loads it; the --json report holds each
+    rank's load figures. Control: the shipped config's ids differ from these."""
+    from transformers import GenerationConfig
+    folder = tmp_path / "in"
+    save_hf("opt-tiny", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    ids = {"bos_token_id": 1, "eos_token_id": [0, 5], "pad_token_id": 3}
+    shipped = hf_model("opt-tiny").config
+    assert any(getattr(shipped, k) != v for k, v in ids.items())          # control: not the shipped ids
+    (folder / "config.json").write_text(json.dumps({**cfg, **ids}))
+    GenerationConfig(**ids, max_new_tokens=7, do_sample=True, top_p=0.9).save_pretrained(folder)
+    gen = json.loads((folder / "generation_config.json").read_text())
+    plan = one_rank_plan(tmp_path / "plan.json")
+    common = ["--launcher", "fork", "--quiet", "--no-host-calibration", "--steps", "1", "--save", str(tmp_path / "ck")]
+    capsys.readouterr()
+    assert run_main([plan, "--weights", str(folder), "--json", *common]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    w = rep["ranks"][0]["weights"]
+    n_params = len(dict(build_stage(hf_model("opt-tiny"), 0, 6, seed=0).named_parameters()))
+    assert w["tensors"] == n_params and 0 <= w["peak_rss_growth_bytes"] <= w["margin_bytes"]
+    assert run_main([plan, "--resume", str(tmp_path / "ck"), *common]) == 0
+    meta = json.loads((tmp_path / "ck" / "step-2" / "hpp_checkpoint.json").read_text())
+    assert meta["extra"]["hf_source"]["folder"] == str(folder.resolve())
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert export_main([str(tmp_path / "ck"), str(out), "--format", "hf"]) == 0
+    assert capsys.readouterr().err.strip() == (
+        f"wrote {n_params} tensors of opt-tiny step 2 (float32) to {out}; token ids (bos 1, eos [0, 5], pad 3) "
+        f"from the config.json of the --weights folder {folder.resolve()}, its generation_config.json copied")
+    written = json.loads((out / "config.json").read_text())
+    assert {k: written[k] for k in ids} == ids and written["ffn_dim"] == shipped.ffn_dim
+    assert json.loads((out / "generation_config.json").read_text()) == gen
+    back, info = hf_layers.causal_lm_class("opt").from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert back.config.eos_token_id == [0, 5] and back.generation_config.max_new_tokens == 7
+
+
+def test_export_refusals_name_the_checkpoint_folder(tmp_path, capsys):
+    """A truncated .distcp file and a tampered hf_source record: one line naming the export's DIR and an export's
+    fix; control: the untouched checkpoint exports."""
+    model = hf_model("opt-tiny")
+    module = build_stage(model, 0, model.spec.num_layers, seed=0)
+    step = ck.save_checkpoint(tmp_path / "ck", step=1, module=module, optimizer=None, model_name="opt-tiny",
+                              num_layers=model.spec.num_layers, extra={"hf_source": {
+                                  "folder": "/x", "config": {"eos_token_id": 2}, "generation_config": None}})
+    meta_path = step / "hpp_checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["extra"]["hf_source"]["config"]["hidden_size"] = 8
+    meta_path.write_text(json.dumps(meta))
+    prog = "python -m hpp.runtime.checkpoint.export: error:"
+    assert export_main([str(tmp_path / "ck"), str(tmp_path / "out"), "--format", "hf"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"{prog} {meta_path}: field 'extra.hf_source.config.hidden_size': config sets 'hidden_size', a field of the "
+        "model's architecture or of the file, which the export takes from the model opt-tiny. Fix: export a "
+        "checkpoint written by hpp run --save (its extra.hf_source as written)")
+    meta["extra"]["hf_source"] = {"folder": "/x", "config": {}, "generation_config": None, "tokenizer": "t"}
+    meta_path.write_text(json.dumps(meta))
+    assert export_main([str(tmp_path / "ck"), str(tmp_path / "out"), "--format", "hf"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"{prog} {meta_path}: field 'extra.hf_source': holds ['config', 'folder', 'generation_config', 'tokenizer'], "
+        "not the keys ['folder', 'config', 'generation_config']. Fix: export a checkpoint written by hpp run --save "
+        "(its extra.hf_source as written)")
+    del meta["extra"]["hf_source"]["tokenizer"]
+    meta_path.write_text(json.dumps(meta))
+    assert export_main([str(tmp_path / "ck"), str(tmp_path / "out"), "--format", "hf"]) == 0       # control
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 2
+    capsys.readouterr()
+    shard = sorted(step.glob("*.distcp"))[0]
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size // 2)
+    assert export_main([str(tmp_path / "ck"), str(tmp_path / "m.pt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"{prog} {shard}: field 'DIR': checkpoint file of {size // 2} bytes, saved with {size}. Fix: export another "
+        "checkpoint, e.g. an earlier step-K folder of the same --save directory (this one was damaged after it was "
+        "saved)")
+    assert not (tmp_path / "m.pt").exists()
 
 
 def test_sharded_folder_loads_the_same_as_one_file(tmp_path):
@@ -251,7 +345,8 @@ def test_bad_folders_are_one_line_before_any_process(tmp_path, capsys, no_launch
     assert _refused(capsys, [*run, str(tmp_path / "neo")]) == (
         f"hpp run: error: {tmp_path / 'neo' / 'config.json'}: field 'model_type': model_type 'gpt_neo', but the run's "
         "model opt-tiny is 'opt'. Fix: give a folder of the model opt-tiny, or run a plan of the folder's model "
-        "(its shipped config: hpp/runtime/models/configs/opt-tiny.json)")
+        "(the config opt-tiny expects: python -c \"from hpp.runtime.models.zoo import load_runtime_model as m; "
+        "print(m('opt-tiny').config)\")")
     wide = HFModel("opt-wide", {**load_model_file("opt-tiny")["hf_config"], "ffn_dim": 256}, seq_len=32)
     save_hf(wide, tmp_path / "wide")
     assert "field 'ffn_dim': ffn_dim 256, but the run's model opt-tiny has 128. Fix:" in \
@@ -331,5 +426,11 @@ def test_export_hf_refuses_an_existing_folder_and_a_bad_shard_size(tmp_path, cap
                                                "'--max-shard-size': --max-shard-size 'lots'. Fix: give bytes or a "
                                                "size such as 500MB or 5GB")
     assert export_main([str(tmp_path / "ck"), str(out), "--format", "hf", "--force"]) == 0      # control
+    from safetensors import safe_open
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        n = len(list(f.keys()))
+    assert capsys.readouterr().err.strip() == (       # llama-tiny's shipped config: bos 0, eos 0, no pad
+        f"wrote {n} tensors of llama-tiny step 1 (float32) to {out}; token ids (bos 0, eos 0) from hpp's shipped "
+        "llama-tiny config: the run did not start from --weights")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out"]                     # no temporary left

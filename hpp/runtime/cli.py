@@ -164,6 +164,9 @@ def _human_run(rep: dict) -> str:
     if on_cpu and rep["ranks"]:
         lines.append("  memory           on CPU peak_RSS_MB is each rank process's peak resident memory (Python, torch "
                      "and the gloo buffers included), not the device memory that pred_mem_MB predicts")
+    loads = [r for r in rep["ranks"] if r.get("weights")]
+    if loads:
+        lines.append(weights_line(loads))
     ck = rep.get("checkpoint") or {}
     if ck.get("resumed_from"):
         lines.append(f"  resumed          from {ck['resumed_from']} (steps {ck['first_step'] + 1}.."
@@ -176,6 +179,28 @@ def _human_run(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def weights_line(ranks: list[dict]) -> str:
+    """The report's ``--weights`` line: what the ranks loaded and the largest growth of a rank's resident memory
+    while loading, against that rank's bound (``ranks[i].weights``, :func:`hpp.runtime.exec.weights.load_stage_weights`).
+
+    >>> w = lambda n, b, g, m: {"tensors": n, "bytes": b, "peak_rss_growth_bytes": g, "margin_bytes": m}
+    >>> print(weights_line([{"rank": 0, "weights": w(20, 2**20, 3 * 2**20, 2**24)},
+    ...                     {"rank": 1, "weights": w(19, 3 * 2**20, 5 * 2**20, 2**24)}]))   # doctest: +NORMALIZE_WHITESPACE
+      weights load     2 ranks read 39 tensors, 4.0 MiB (their slices); resident memory grew by at most 5.0 MiB
+      while loading (rank 1; its bound 16.0 MiB; every rank stayed within its own)
+    """
+    ws = [(r["rank"], r["weights"]) for r in ranks]
+    worst_rank, worst = max(ws, key=lambda rw: rw[1]["peak_rss_growth_bytes"])
+    over = [rank for rank, w in ws if w["peak_rss_growth_bytes"] > w["margin_bytes"]]
+    within = "every rank stayed within its own" if not over else \
+        f"ABOVE its own on rank{'s' if len(over) > 1 else ''} {', '.join(map(str, over))}"
+    mib = 2**20
+    return (f"  weights load     {count(len(ws), 'rank')} read {sum(w['tensors'] for _r, w in ws)} tensors, "
+            f"{sum(w['bytes'] for _r, w in ws) / mib:.1f} MiB (their slices); resident memory grew by at most "
+            f"{worst['peak_rss_growth_bytes'] / mib:.1f} MiB while loading (rank {worst_rank}; its bound "
+            f"{worst['margin_bytes'] / mib:.1f} MiB; {within})")
+
+
 def _verify_line(v: dict) -> str:
     """The ``verify:`` line (the per-step check, which decides) and, under it, the free-running comparison."""
     tail = f"; {count(len(v['missing']), 'parameter')} saved by no rank, e.g. {v['missing'][0]}" if v["missing"] else ""
@@ -186,7 +211,7 @@ def _verify_line(v: dict) -> str:
     if v.get("first_failed_step") is not None:
         where += f"; first above the tolerance: {step_name(v['first_failed_step'])}"
     line = (f"verify: max |difference| {v['max_abs_difference']:.3g} over {count(v['num_parameters'], 'parameter')} "
-            f"({count(v['num_copies'], 'copy', 'copies')} on the ranks; each of {count(v['steps'], 'step')} against "
+            f"({count(v['num_copies'], 'piece')} on the ranks, copies and TP shards; each of {count(v['steps'], 'step')} against "
             f"one single-device step from the run's state before it{where}; tolerance {v['tolerance']:g}): "
             f"{'ok' if v['passed'] else 'FAILED'}{tail}")
     free = v.get("free_running_difference")

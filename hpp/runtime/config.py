@@ -402,6 +402,9 @@ class RunFacts:
         Absolute checkpoint root and the checkpoint to continue from.
     weights : str or None
         The absolute Hugging Face model folder every rank loads its slices from (checked).
+    hf_source : dict or None
+        What an export needs from the ``--weights`` folder the run (or the run it resumes) started from
+        (:func:`hpp.runtime.models.hf_folder.source_record`); saved in every checkpoint's ``extra.hf_source``.
     node_map : list[int] or None
         The plan node of each node rank (several hosts).
     """
@@ -417,6 +420,7 @@ class RunFacts:
     resume: str | None = None
     weights: str | None = None
     node_map: list[int] | None = None
+    hf_source: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.time_scale >= 1.0:

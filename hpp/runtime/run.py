@@ -218,6 +218,7 @@ def _prepare(config: RunConfig) -> _Prepared:
                      time_scale=scale, save_dir=str(save_dir.resolve()) if save_dir is not None else None,
                      resume=str(Path(meta["path"]).resolve()) if meta is not None else None,
                      weights=str(weights.path) if weights is not None else None,
+                     hf_source=_hf_source(rt, weights, meta),
                      node_map=list(share.node_map) if share.node_map and not share.whole else None)
     mine = [_device_types(plan)[r] for r in share.ranks]
     gpus = sorted({t for t in mine if peak_flops_per_s(t, training.dtype) is not None})
@@ -228,6 +229,19 @@ def _prepare(config: RunConfig) -> _Prepared:
                      "MFU is n/a")
     return _Prepared(plan, cluster, profile, rt, share, facts, training, meta, save_dir, source, jsonl, peak, gpus,
                      notes)
+
+
+def _hf_source(rt: Any, weights: Any, meta: dict | None) -> dict | None:
+    """What the checkpoints keep for an export from the ``--weights`` folder (or carry on from the resumed
+    checkpoint's ``extra.hf_source``, checked); None for a run that started from the seed's weights."""
+    from hpp.runtime.checkpoint.store import META_FILE
+    from hpp.runtime.models.hf_folder import check_source_record, source_record
+    if weights is not None:
+        return source_record(weights, rt)
+    saved = (meta or {}).get("extra", {}).get("hf_source")
+    if saved is None:
+        return None
+    return check_source_record(saved, rt, source=str(Path(meta["path"]) / META_FILE))
 
 
 def _resolve_training(config: RunConfig, meta: dict | None, notes: list[str]

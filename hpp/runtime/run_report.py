@@ -63,7 +63,9 @@ class RunReport:
     ranks : list[dict]
         Per rank: pipeline, stage, device type, layers, ``peak_memory_bytes``, compute and padding seconds
         (last step) and ``phases_s`` (median over the kept steps of each step phase, see
-        :func:`hpp.runtime.exec.worker.run_worker`).
+        :func:`hpp.runtime.exec.worker.run_worker`); with ``--weights``, ``weights``: the rank's load
+        (:func:`hpp.runtime.exec.weights.load_stage_weights`: ``tensors``, ``bytes``, ``read_bytes``,
+        ``rss_before_bytes``, ``peak_rss_growth_bytes`` and its bound ``margin_bytes``).
     dtype, training, data
         The run's dtype, :class:`hpp.runtime.exec.training.TrainingConfig` fields and ``--data`` file.
     verify : dict or None
@@ -241,5 +243,7 @@ def summarise_run(res: LaunchResult, plan: Plan, *, warmup_steps: int, seq_len: 
                                      "time_scale", "compute_s", "cpu_s", "padding_s", "flops_per_step")}
         kept_phases = r["phases"][warmup_steps:] if steps > warmup_steps else r["phases"]
         row["phases_s"] = {k: statistics.median(ph[k] for ph in kept_phases) for k in kept_phases[0] if k != "host"}
+        if r.get("weights") is not None:
+            row["weights"] = r["weights"]
         ranks.append(row)
     return measured, collectives, ranks

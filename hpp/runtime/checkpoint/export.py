@@ -29,8 +29,10 @@ error: ...`` on stderr, exit code 2 (:func:`hpp.cliparse.run_command`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -41,7 +43,8 @@ import torch
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
 from hpp.fileio import process_umask, write_atomic
-from hpp.runtime.checkpoint.store import MODEL_PREFIX, read_checkpoint_meta, resolve_checkpoint, stored_entries
+from hpp.runtime.checkpoint.store import (META_FILE, MODEL_PREFIX, read_checkpoint_meta, resolve_checkpoint,
+                                          stored_entries)
 
 __all__ = ["EXPORT_FORMATS", "EXPORT_DTYPES", "export_checkpoint", "parse_size", "main"]
 
@@ -126,7 +129,7 @@ def _export_hf(path: str | Path, out: Path, *, dtype: torch.dtype, force: bool, 
                ) -> dict[str, tuple[int, ...]]:
     """``format="hf"`` of :func:`export_checkpoint`."""
     from hpp.runtime.models.hf import HFModel
-    from hpp.runtime.models.hf_folder import hf_state_dict, write_hf_folder
+    from hpp.runtime.models.hf_folder import check_source_record, hf_state_dict, write_hf_folder
     from hpp.runtime.models.zoo import load_runtime_model
     if out.exists() and not force:       # before reading the checkpoint: refused at once
         raise HppInputError(f"{out} exists", field="OUT", fix="give a new folder, or --force to replace that folder")
@@ -141,29 +144,75 @@ def _export_hf(path: str | Path, out: Path, *, dtype: torch.dtype, force: bool, 
                             f"no Hugging Face names", field="--format",
                             fix="export it with --format safetensors (its state dict by hpp's global names)")
     state = hf_state_dict(model, tensors)
-    write_hf_folder(model, state, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force)
+    source = (meta.get("extra") or {}).get("hf_source")
+    if source is not None:
+        source = check_source_record(source, model, source=str(Path(meta["path"]) / META_FILE))
+    write_hf_folder(model, state, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force, source=source)
     logger.info("exported %d tensors of %s (step %s) to the folder %s", len(state), name, meta.get("step"), out)
     return {k: tuple(v.shape) for k, v in state.items()}
 
 
 def _read_model(path: str | Path, dtype: torch.dtype) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The checkpoint's metadata and its model's full tensors by global name, cast to ``dtype``."""
+    """The checkpoint's metadata and its model's full tensors by global name, cast to ``dtype``.
+
+    Raises
+    ------
+    HppInputError
+        The checkpoint refusals of ``hpp run --resume`` (missing, incomplete, damaged: naming the file), told as
+        this command's: field ``DIR``, the fix to export another checkpoint (:func:`_as_export_error`).
+    """
     try:
         p = resolve_checkpoint(path)
         meta = read_checkpoint_meta(p)
-    except HppInputError as exc:   # its field is hpp run's --resume: name this command's argument
-        raise HppInputError(exc.message, source=exc.source, field="DIR",
-                            fix=(exc.fix or "").replace("resume from the", "give the") or None) from None
-    state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
-             for k, m in stored_entries(p).items() if k.startswith(MODEL_PREFIX)}
-    import torch.distributed.checkpoint as dcp   # here, not on top: 2-3.5 s to import (-X importtime)
-    from hpp.runtime.checkpoint.reader import CheckedFileSystemReader, check_files
-    if meta.get("files"):
-        check_files(p, meta["files"])
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=CheckedFileSystemReader(p), no_dist=True)   # one process, even inside a group
+        state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+                 for k, m in stored_entries(p).items() if k.startswith(MODEL_PREFIX)}
+        import torch.distributed.checkpoint as dcp   # here, not on top: 2-3.5 s to import (-X importtime)
+        from hpp.runtime.checkpoint.reader import CheckedFileSystemReader, check_files
+        if meta.get("files"):
+            check_files(p, meta["files"])
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=CheckedFileSystemReader(p), no_dist=True)  # one process, even in a group
+    except HppInputError as exc:
+        raise _as_export_error(exc) from None
     return meta, {k[len(MODEL_PREFIX):]: v.to(dtype).contiguous() for k, v in sorted(state.items())}
+
+
+def _as_export_error(exc: HppInputError) -> HppInputError:
+    """A checkpoint refusal worded for ``hpp run --resume`` (field ``--resume``, "resume from ...") as this
+    command's: field ``DIR`` and "export ..." (other fields, e.g. a damaged file list's ``files``, are kept).
+
+    >>> e = HppInputError("damaged", source="ck/step-2/a.distcp", field="--resume",
+    ...                   fix="resume from another checkpoint (this file is damaged)")
+    >>> print(_as_export_error(e))  # doctest: +NORMALIZE_WHITESPACE
+    ck/step-2/a.distcp: field 'DIR': damaged. Fix: export another checkpoint, e.g. an earlier step-K folder of the same --save directory (this file is
+    damaged)
+    """
+    fix = re.sub(r"\bresume (only )?from\b", lambda m: "export" + (" only" if m.group(1) else ""), exc.fix or "")
+    fix = fix.replace("export another checkpoint", "export another checkpoint, e.g. an earlier step-K folder of the "
+                      "same --save directory", 1)
+    return HppInputError(exc.message, source=exc.source, field="DIR" if exc.field == "--resume" else exc.field,
+                         fix=fix or None)
+
+
+def export_line(path: str | Path, out: str | Path, *, hf: bool, dtype: str, tensors: int) -> str:
+    """The line an export prints: what was written (model, step, dtype) and, for a Hugging Face folder, where
+    its token ids came from (read back from the written ``config.json``).
+    """
+    meta = read_checkpoint_meta(path)
+    head = f"wrote {tensors} tensors of {meta.get('model')} step {meta.get('step')} ({dtype}) to {out}"
+    if not hf:
+        return head
+    from hpp.runtime.models.hf_folder import CONFIG_FILE, GENERATION_FILE
+    cfg = json.loads((Path(out) / CONFIG_FILE).read_text())
+    ids = ", ".join(f"{k[:-len('_token_id')]} {cfg[k]}" for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                    if cfg.get(k) is not None) or "none"
+    source = (meta.get("extra") or {}).get("hf_source")
+    if source is None:
+        return (f"{head}; token ids ({ids}) from hpp's shipped {meta.get('model')} config: the run did not start "
+                f"from --weights")
+    gen = f", its {GENERATION_FILE} copied" if (Path(out) / GENERATION_FILE).is_file() else ""
+    return f"{head}; token ids ({ids}) from the config.json of the --weights folder {source['folder']}{gen}"
 
 
 def parse_size(text: str) -> int:
@@ -213,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def export() -> int:
         shapes = export_checkpoint(args.checkpoint, args.out, format=args.format, force=args.force,
                                    dtype=EXPORT_DTYPES[args.dtype], max_shard_bytes=parse_size(args.max_shard_size))
-        print(f"wrote {len(shapes)} tensors to {args.out}", file=sys.stderr)
+        print(export_line(args.checkpoint, args.out, hf=args.format == "hf", dtype=args.dtype, tensors=len(shapes)),
+              file=sys.stderr)
         return 0
 
     return run_command(PROG, export)

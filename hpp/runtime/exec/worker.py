@@ -312,7 +312,8 @@ def _train(r: _Rank, config: RunConfig, facts: RunFacts, *, rank: int, out_dir: 
             save_checkpoint(facts.save_dir, step=done, module=r.module, optimizer=r.optimizer,
                             scheduler=r.scheduler, model_name=spec.name, num_layers=spec.num_layers,
                             extra={"seed": facts.seed, "global_batch_size": plan.global_batch_size,
-                                   "training": asdict(r.training), "data": facts.data})
+                                   "training": asdict(r.training), "data": facts.data,
+                                   **({"hf_source": facts.hf_source} if facts.hf_source is not None else {})})
         line = {"step": step, "time_s": out["time_s"], "loss": out["loss"], "target_tokens": r.denominator[0],
                 "flops": r.flops_per_step, "peak_memory_bytes": peak_memory_bytes(r.device), "lr": out["lr"]}
         if r.verifier is not None:

@@ -14,7 +14,8 @@ read later, slice by slice (:mod:`hpp.runtime.exec.weights`). Every refusal is o
 starts.
 
 Writing (:func:`write_hf_folder`): the config (the model's, ``architectures`` and ``dtype``
-set) and the tensors, split into shards of at most ``max_shard_bytes`` with
+set; with a :func:`source_record`, the ``--weights`` folder's own non-architecture fields such as its token
+ids, and its ``generation_config.json``) and the tensors, split into shards of at most ``max_shard_bytes`` with
 ``huggingface_hub.split_torch_state_dict_into_shards`` (the helper ``save_pretrained``
 uses) and the standard index, so that ``from_pretrained`` loads the folder.
 """
@@ -34,12 +35,14 @@ import torch
 from hpp.errors import HppInputError
 from hpp.fileio import process_umask, read_json
 
-__all__ = ["CONFIG_FILE", "SINGLE_FILE", "INDEX_FILE", "ARCH_FIELDS", "WeightsFolder", "open_weights_folder",
-           "check_weights_match", "hf_state_dict", "write_hf_folder"]
+__all__ = ["CONFIG_FILE", "SINGLE_FILE", "INDEX_FILE", "GENERATION_FILE", "ARCH_FIELDS", "SOURCE_KEYS",
+           "WeightsFolder", "open_weights_folder", "check_weights_match", "source_record", "check_source_record",
+           "hf_state_dict", "write_hf_folder"]
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+GENERATION_FILE = "generation_config.json"
 
 #: The config fields that decide the architecture's parameters and computation, per ``model_type`` (read from the
 #: parsed config object, so aliases such as GPT-Neo's ``num_layers`` compare under the standard name). Dropout,
@@ -55,6 +58,17 @@ ARCH_FIELDS: dict[str, tuple[str, ...]] = {
               "tie_word_embeddings", "intermediate_size", "num_key_value_heads", "head_dim", "rms_norm_eps",
               "hidden_act", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias", "mlp_bias"),
 }
+
+#: Raw ``config.json`` names that the config classes turn into an :data:`ARCH_FIELDS` entry (GPT-Neo's
+#: ``attention_types`` becomes ``attention_layers``); the aliases of ``attribute_map`` are added per class.
+_RAW_ARCH_FIELDS: dict[str, tuple[str, ...]] = {"gpt_neo": ("attention_types",)}
+
+#: ``config.json`` keys that describe the file, not the model: never carried from a folder into an export.
+_FILE_KEYS = frozenset({"architectures", "model_type", "dtype", "torch_dtype", "transformers_version",
+                        "_name_or_path"})
+
+#: The keys of a :func:`source_record` (all required; any other is refused).
+SOURCE_KEYS = ("folder", "config", "generation_config")
 
 _FIX_FOLDER = "give a folder written by save_pretrained (config.json and safetensors weights)"
 
@@ -175,8 +189,9 @@ def check_weights_match(folder: WeightsFolder, model) -> None:
     """
     from hpp.runtime.models import hf_layers   # imports transformers
     src = str(folder.path / CONFIG_FILE)
-    fix = (f"give a folder of the model {model.name}, or run a plan of the folder's model "
-           f"(its shipped config: hpp/runtime/models/configs/{model.name}.json)")
+    fix = (f"give a folder of the model {model.name}, or run a plan of the folder's model (the config "
+           f"{model.name} expects: python -c \"from hpp.runtime.models.zoo import load_runtime_model as m; "
+           f"print(m('{model.name}').config)\")")
     theirs = folder.config.get("model_type")
     if theirs != model.arch:
         raise HppInputError(f"model_type {theirs!r}, but the run's model {model.name} is {model.arch!r}",
@@ -197,6 +212,73 @@ def check_weights_match(folder: WeightsFolder, model) -> None:
         if folder.shapes[name] != shape:
             raise HppInputError(f"tensor {name!r} has shape {list(folder.shapes[name])}, the model's parameter "
                                 f"{list(shape)}", source=str(folder.file_of(name)), field=name, fix=fix)
+
+
+def _arch_keys(model) -> frozenset[str]:
+    """Every ``config.json`` name of ``model``'s architecture fields (:data:`ARCH_FIELDS`, their aliases, the raw
+    names they are parsed from)."""
+    from hpp.runtime.models import hf_layers   # imports transformers
+    aliases = getattr(type(hf_layers.make_config(model.arch, {})), "attribute_map", {}) or {}
+    names = ARCH_FIELDS[model.arch]
+    return frozenset({*names, *(aliases[n] for n in names if n in aliases), *_RAW_ARCH_FIELDS.get(model.arch, ())})
+
+
+def source_record(folder: WeightsFolder, model) -> dict:
+    """What an export of a run started from ``folder`` needs from it (kept in the run's checkpoints).
+
+    Returns
+    -------
+    dict
+        ``folder`` (its absolute path), ``config`` (its ``config.json`` less the architecture's fields, which stay
+        the model's, and the keys that describe the file: token ids, dropout, ``use_cache`` ...) and
+        ``generation_config`` (its ``generation_config.json``, or None without one).
+
+    Raises
+    ------
+    HppInputError
+        An unreadable ``generation_config.json`` or one that is not a JSON object (naming the file).
+    """
+    arch = _arch_keys(model)
+    gen = None
+    if (folder.path / GENERATION_FILE).is_file():
+        gen = read_json(folder.path / GENERATION_FILE, what="Hugging Face generation config")
+        if not isinstance(gen, dict):
+            raise HppInputError("not a JSON object", source=str(folder.path / GENERATION_FILE), field="--weights",
+                                fix="give a folder written by save_pretrained (or remove that file)")
+    return {"folder": str(folder.path),
+            "config": {k: v for k, v in folder.config.items() if k not in arch and k not in _FILE_KEYS},
+            "generation_config": gen}
+
+
+def check_source_record(record, model, *, source: str) -> dict:
+    """Check a :func:`source_record` read back from a checkpoint's metadata (``source``) for ``model``.
+
+    Raises
+    ------
+    HppInputError
+        Not a JSON object of exactly :data:`SOURCE_KEYS`; ``folder`` not a string; ``config`` not an object of
+        names, or naming a key of the architecture or the file (``hidden_size``, ``model_type`` ...);
+        ``generation_config`` neither an object nor null.
+    """
+    fix = "export a checkpoint written by hpp run --save (its extra.hf_source as written)"
+    field = "extra.hf_source"
+    if not isinstance(record, dict) or set(record) != set(SOURCE_KEYS):
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise HppInputError(f"holds {keys}, not the keys {list(SOURCE_KEYS)}", source=source, field=field, fix=fix)
+    if not isinstance(record["folder"], str):
+        raise HppInputError("folder is not a path", source=source, field=f"{field}.folder", fix=fix)
+    cfg, gen = record["config"], record["generation_config"]
+    if not isinstance(cfg, dict):
+        raise HppInputError("config is not a JSON object", source=source, field=f"{field}.config", fix=fix)
+    owned = sorted(k for k in cfg if k in _arch_keys(model) or k in _FILE_KEYS)
+    if owned:
+        raise HppInputError(f"config sets {owned[0]!r}, a field of the model's architecture or of the file, which "
+                            f"the export takes from the model {model.name}", source=source,
+                            field=f"{field}.config.{owned[0]}", fix=fix)
+    if gen is not None and not isinstance(gen, dict):
+        raise HppInputError("generation_config is neither a JSON object nor null", source=source,
+                            field=f"{field}.generation_config", fix=fix)
+    return record
 
 
 def hf_state_dict(model, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -221,8 +303,11 @@ def hf_state_dict(model, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch
 
 
 def write_hf_folder(model, state: Mapping[str, torch.Tensor], out: str | os.PathLike, *, dtype: torch.dtype,
-                    max_shard_bytes: int, force: bool = False) -> list[str]:
+                    max_shard_bytes: int, force: bool = False, source: Mapping | None = None) -> list[str]:
     """Write ``state`` (``{HF name: tensor}``, :func:`hf_state_dict`) and ``model``'s config as a folder.
+
+    ``source`` (a checked :func:`source_record`): its ``config`` fields replace the model's (token ids, dropout
+    ...; never an architecture field) and its ``generation_config`` is written as ``generation_config.json``.
 
     The folder is built beside ``out`` and renamed into place (an existing ``out`` is replaced only
     with ``force``), so no half-written folder is left. Files get the mode ``open()`` gives a new
@@ -250,10 +335,15 @@ def write_hf_folder(model, state: Mapping[str, torch.Tensor], out: str | os.Path
     mode = 0o666 & ~process_umask()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        cfg = hf_layers.make_config(model.arch, model.config.to_dict())
+        fields = model.config.to_dict()
+        if source is not None:
+            fields.update(source["config"])
+        cfg = hf_layers.make_config(model.arch, fields)
         cfg.architectures = [hf_layers.causal_lm_class(model.arch).__name__]
         cfg.dtype = dtype
         cfg.save_pretrained(tmp)
+        if source is not None and source.get("generation_config") is not None:
+            (tmp / GENERATION_FILE).write_text(json.dumps(source["generation_config"], indent=2) + "\n")
         for fname, names in split.filename_to_tensors.items():
             save_file({n: tensors[n] for n in names}, str(tmp / fname), metadata={"format": "pt"})
         if split.is_sharded:
