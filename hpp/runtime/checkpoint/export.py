@@ -180,7 +180,7 @@ def _read_model(path: str | Path, dtype: torch.dtype) -> tuple[dict, dict[str, t
 
 def _as_export_error(exc: HppInputError) -> HppInputError:
     """A checkpoint refusal worded for ``hpp run --resume`` (field ``--resume``, "resume from ...") as this
-    command's: field ``DIR`` and "export ..." (other fields, e.g. a damaged file list's ``files``, are kept).
+    command's: field ``DIR`` and "export ..." / "give the ..." (other fields, e.g. a damaged file list's ``files``, are kept).
 
     >>> e = HppInputError("damaged", source="ck/step-2/a.distcp", field="--resume",
     ...                   fix="resume from another checkpoint (this file is damaged)")
@@ -188,7 +188,8 @@ def _as_export_error(exc: HppInputError) -> HppInputError:
     ck/step-2/a.distcp: field 'DIR': damaged. Fix: export another checkpoint, e.g. an earlier step-K folder of the same --save directory (this file is
     damaged)
     """
-    fix = re.sub(r"\bresume (only )?from\b", lambda m: "export" + (" only" if m.group(1) else ""), exc.fix or "")
+    fix = re.sub(r"\bresume (only )?from\b", lambda m: "export" + (" only" if m.group(1) else ""),
+                 (exc.fix or "").replace("resume from the", "give the"))
     fix = fix.replace("export another checkpoint", "export another checkpoint, e.g. an earlier step-K folder of the "
                       "same --save directory", 1)
     return HppInputError(exc.message, source=exc.source, field="DIR" if exc.field == "--resume" else exc.field,
