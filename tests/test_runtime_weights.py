@@ -223,14 +223,14 @@ def test_export_refusals_name_the_checkpoint_folder(tmp_path, capsys):
     assert export_main([str(tmp_path / "ck"), str(tmp_path / "out"), "--format", "hf"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"{prog} {meta_path}: field 'extra.hf_source.config.hidden_size': config sets 'hidden_size', a field of the "
-        "model's architecture or of the file, which the export takes from the model opt-tiny. Fix: export a "
+        "model's architecture or of the file, which the export takes from the model opt-tiny. Fix: use a "
         "checkpoint written by hpp run --save (its extra.hf_source as written)")
     meta["extra"]["hf_source"] = {"folder": "/x", "config": {}, "generation_config": None, "tokenizer": "t"}
     meta_path.write_text(json.dumps(meta))
     assert export_main([str(tmp_path / "ck"), str(tmp_path / "out"), "--format", "hf"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"{prog} {meta_path}: field 'extra.hf_source': holds ['config', 'folder', 'generation_config', 'tokenizer'], "
-        "not the keys ['folder', 'config', 'generation_config']. Fix: export a checkpoint written by hpp run --save "
+        "not the keys ['folder', 'config', 'generation_config']. Fix: use a checkpoint written by hpp run --save "
         "(its extra.hf_source as written)")
     del meta["extra"]["hf_source"]["tokenizer"]
     meta_path.write_text(json.dumps(meta))
@@ -247,6 +247,19 @@ def test_export_refusals_name_the_checkpoint_folder(tmp_path, capsys):
         "checkpoint, e.g. an earlier step-K folder of the same --save directory (this one was damaged after it was "
         "saved)")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_resume_refuses_a_checkpoint_whose_hf_source_is_not_as_written(tmp_path, capsys, no_launch):
+    model = hf_model("opt-tiny")
+    module = build_stage(model, 0, model.spec.num_layers, seed=0)
+    step = ck.save_checkpoint(tmp_path / "ck", step=1, module=module, optimizer=None, model_name="opt-tiny",
+                              num_layers=model.spec.num_layers, extra={"hf_source": {
+                                  "folder": "/x", "config": {}, "generation_config": []}})
+    plan = opt_plan(tmp_path / "plan.json")
+    assert _refused(capsys, [plan, "--steps", "1", "--resume", str(tmp_path / "ck")]) == (
+        f"hpp run: error: {step / 'hpp_checkpoint.json'}: field 'extra.hf_source.generation_config': "
+        "generation_config is neither a JSON object nor null. Fix: use a checkpoint written by hpp run --save (its "
+        "extra.hf_source as written)")
 
 
 def test_sharded_folder_loads_the_same_as_one_file(tmp_path):

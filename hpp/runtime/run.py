@@ -192,6 +192,7 @@ def _prepare(config: RunConfig) -> _Prepared:
     weights = check_weights(tr.weights, rt, resume=ck.resume) if tr.weights is not None else None
     meta = check_resume(ck.resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=tr.optimizer) \
         if ck.resume is not None else None
+    hf_source = _hf_source(rt, weights, meta)
     seed, data, training = _resolve_training(config, meta, notes)
     if weights is not None:
         notes.append(weights_note(weights, training.dtype))
@@ -218,7 +219,7 @@ def _prepare(config: RunConfig) -> _Prepared:
                      time_scale=scale, save_dir=str(save_dir.resolve()) if save_dir is not None else None,
                      resume=str(Path(meta["path"]).resolve()) if meta is not None else None,
                      weights=str(weights.path) if weights is not None else None,
-                     hf_source=_hf_source(rt, weights, meta),
+                     hf_source=hf_source,
                      node_map=list(share.node_map) if share.node_map and not share.whole else None)
     mine = [_device_types(plan)[r] for r in share.ranks]
     gpus = sorted({t for t in mine if peak_flops_per_s(t, training.dtype) is not None})

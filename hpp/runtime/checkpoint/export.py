@@ -9,7 +9,10 @@ piece of each ``model.<name>`` entry into one full tensor (optimizer state is le
 - ``format="safetensors"``: a safetensors file (metadata: model, step, naming).
 
 - ``format="hf"`` (OPT, GPT-Neo and Llama models only): OUT is a folder that ``transformers`` loads with
-  ``from_pretrained``: ``config.json`` (the model's shipped config) and safetensors by Hugging Face name,
+  ``from_pretrained``: ``config.json`` (the model's shipped config; for a run started from ``--weights``, with
+  the folder's own non-architecture fields such as its token ids, and its ``generation_config.json``: the
+  checkpoint's ``extra.hf_source``, :func:`hpp.runtime.models.hf_folder.source_record`) and safetensors by
+  Hugging Face name,
   split into shards of at most ``--max-shard-size`` with ``model.safetensors.index.json``
   (:func:`hpp.runtime.models.hf_folder.write_hf_folder`); a tied head is stored once, as ``save_pretrained``
   stores it.

@@ -260,7 +260,7 @@ def check_source_record(record, model, *, source: str) -> dict:
         names, or naming a key of the architecture or the file (``hidden_size``, ``model_type`` ...);
         ``generation_config`` neither an object nor null.
     """
-    fix = "export a checkpoint written by hpp run --save (its extra.hf_source as written)"
+    fix = "use a checkpoint written by hpp run --save (its extra.hf_source as written)"
     field = "extra.hf_source"
     if not isinstance(record, dict) or set(record) != set(SOURCE_KEYS):
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
