@@ -237,7 +237,7 @@ def test_export_refusals_name_the_checkpoint_folder(tmp_path, capsys):
     assert export_main([str(tmp_path / "ck"), str(tmp_path / "out"), "--format", "hf"]) == 0       # control
     assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 2
     capsys.readouterr()
-    shard = sorted(step.glob("*.distcp"))[0]
+    shard = min(step.glob("*.distcp"))
     size = shard.stat().st_size
     with open(shard, "r+b") as f:
         f.truncate(size // 2)

@@ -229,9 +229,9 @@ def source_record(folder: WeightsFolder, model) -> dict:
     Returns
     -------
     dict
-        ``folder`` (its absolute path), ``config`` (its ``config.json`` less the architecture's fields, which stay
-        the model's, and the keys that describe the file: token ids, dropout, ``use_cache`` ...) and
-        ``generation_config`` (its ``generation_config.json``, or None without one).
+        ``folder`` (its absolute path), ``config`` (every field of its ``config.json`` but the architecture's,
+        which stay the model's, and those that describe the file, :data:`_FILE_KEYS`: token ids, dropout,
+        ``use_cache`` ...) and ``generation_config`` (its ``generation_config.json``, or None without one).
 
     Raises
     ------
