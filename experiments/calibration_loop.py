@@ -8,15 +8,20 @@ the profile: the bundled gpt-tiny profile with the ``cpu-2x`` entries replaced b
 (subprocesses: ``hpp plan``, ``hpp run --json``). Writes ``experiments/results/calibration_loop.csv``: per run
 the plan, the measured iteration time (median after the warm-up), the run's prediction
 (``predicted.iteration_time_s``: the host model on the run's profile) and its error (measured / predicted - 1); and
-the re-plan's predicted speed-up (the first run's plan over the new plan, both in the calibrated cost model, from
-``hpp run --calibrate``) beside the measured one (first run / second run). Prints the checks:
+the re-plan's predicted speed-up (the first run's plan over the new plan, both as the run predicts on the
+calibrated figures: the host model at the first run's time scale and host speed, from ``hpp run --calibrate``)
+beside the measured one (first run / second run); and, as diagnostics of the host, the cores other processes kept
+busy during the timed steps (``measured.background_cores``), the ranks' CPU seconds over the predicted ones
+(``run_cpu_ratio``) and the speed probe's factor. Prints the checks:
 
 - the second run is faster than the first by what the re-plan predicted, within 15 %;
 - the second run's |prediction error| <= 10 %, the first run's >= 30 %.
 
     python experiments/calibration_loop.py [--steps 6] [--time-scale 4] [--out CSV]
 
-About a minute on this project's 2-core VM. The time scale (>= 2: 4 ranks on 2 cores) pads every op so that the
+About a minute on this project's 2-core VM; run it with nothing else computing (the prediction assumes a quiet
+host: other processes slow the ranks' CPU work, which the speed probe before and after the run does not see). The
+time scale (>= 2: 4 ranks on 2 cores) pads every op so that the
 ranks need at most a core between them; a larger one makes the run less sensitive to other processes on the
 host, and longer.
 """
@@ -46,7 +51,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SCENARIO = "cpu-hetero-4"
 WRONG_TYPE, BASE_TYPE = "cpu-2x", "cpu"
 FIELDS = ("run", "profile", "plan", "measured_s", "predicted_s", "error", "plan_predicted_s",
-          "replan_predicted_speedup", "measured_speedup", "speedup_error", "time_scale", "steps", "utc")
+          "replan_predicted_speedup", "measured_speedup", "speedup_error", "background_cores", "run_cpu_ratio",
+          "host_speed_factor", "time_scale", "steps", "utc")
 
 
 def wrong_profile() -> ModelProfile:
@@ -115,12 +121,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"run": i, "profile": prof, "plan": _shape(pl), "measured_s": meas, "predicted_s": pred,
                      "error": meas / pred - 1.0, "plan_predicted_s": pl["predicted"]["iteration_time_s"],
                      "replan_predicted_speedup": predicted_speedup, "measured_speedup": measured_speedup,
-                     "speedup_error": measured_speedup / predicted_speedup - 1.0, "time_scale": args.time_scale,
+                     "speedup_error": measured_speedup / predicted_speedup - 1.0,
+                     "background_cores": rn["measured"].get("background_cores"),
+                     "run_cpu_ratio": (rn["predicted"].get("host_model") or {}).get("run_cpu_ratio"),
+                     "host_speed_factor": (rn["predicted"].get("host_speed") or {}).get("factor"),
+                     "time_scale": args.time_scale,
                      "steps": args.steps, "utc": utc})
     write_rows_csv(rows, args.out, columns=FIELDS)
     for r in rows:
+        bg = r["background_cores"]
         print(f"run {r['run']} ({r['profile']} profile): {r['plan']}: measured {r['measured_s']:.4f} s, predicted "
-              f"{r['predicted_s']:.4f} s (error {100 * r['error']:+.1f} %)")
+              f"{r['predicted_s']:.4f} s (error {100 * r['error']:+.1f} %; other processes kept "
+              f"{'n/a' if bg is None else f'{bg:.1f}'} cores busy)")
     for f in run1["calibration"]["figures"]:
         if f["status"] == "calibrated":
             print(f"  calibrated {f['what']}: x{f['factor']:.3f} (spread {100 * f['spread']:.1f} % over {f['steps']} "
