@@ -61,6 +61,7 @@ from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.cluster_format import save_cluster
 from hpp.profiles.model_profile import Key, ModelProfile
 from hpp.runtime.host.time_model import base_entry, scale_cpu_work, simulate_host_run
+from hpp.runtime.models.zoo import canonical_model_name
 
 __all__ = ["Calibrated", "calibrate_run", "check_before_run", "cluster_path_of", "replan_check", "run_predictor",
            "write_calibrated", "calibration_lines", "PAYS_ABOVE"]
@@ -298,7 +299,8 @@ def calibrate_run(report: Mapping[str, Any], plan: Plan, cluster: Cluster, profi
     if steps - warmup < 1:
         raise HppInputError(f"the run measured {max(0, steps - warmup)} steps after its {warmup} warm-up steps: "
                             "nothing to calibrate from", field="--steps", fix=f"run --steps {warmup + 3} or more")
-    if str(report.get("model", "")).strip().lower() != profile.model.strip().lower():
+    same = lambda n: canonical_model_name(n) or n.strip().lower()      # noqa: E731  (bundled aliases match)
+    if same(str(report.get("model", ""))) != same(profile.model):
         raise HppInputError(f"the run is of model {report.get('model')!r} but the profile is of {profile.model!r}",
                             field="model", fix=f"calibrate a profile of {report.get('model')!r}")
     new_profile, entry_figs = _fit_entries(report, plan, profile, warmup_steps=warmup)
