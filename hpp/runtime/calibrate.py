@@ -115,9 +115,13 @@ class Calibrated:
     profile: ModelProfile
     cluster: Cluster
 
+    def __post_init__(self) -> None:
+        if self.profile.calibration is None:
+            raise ValueError("a calibrated profile carries its calibration record (ModelProfile.calibration)")
+
     @property
     def calibration(self) -> ProfileCalibration:
-        assert self.profile.calibration is not None
+        assert self.profile.calibration is not None      # checked at construction
         return self.profile.calibration
 
 
