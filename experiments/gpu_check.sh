@@ -4,7 +4,7 @@
 #   experiments/gpu_check.sh OUT_DIR                 (torch with CUDA and this package installed)
 #   HPP_GPU_CHECK_DEVICE=cpu experiments/gpu_check.sh OUT_DIR   (smoke test of this script on a CPU: tiny models)
 #
-# For each model (opt-350 and llama-3-8 at their real architecture, Hugging Face classes; on the CPU smoke test
+# For each model (opt-350 and gpt-neo-2.7 at their real architecture, Hugging Face classes; on the CPU smoke test
 # opt-tiny and llama-tiny):
 # 1. hpp profile --dtype bfloat16: the layers timed on the device under bf16 autocast, and the runtime step's
 #    memory per layer (FakeTensor + MemTracker);
@@ -21,8 +21,14 @@ if [ "$device" = cuda ]; then
         echo "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). Fix: run on a host with a CUDA GPU and a CUDA build of torch" >&2
         exit 2
     fi
-    read -r name mem < <(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.name.replace(' ', '-'), p.total_memory)")
-    models=${HPP_GPU_CHECK_MODELS:-"opt-350 llama-3-8"}
+    # the device type as hpp run's binding names this GPU (bundled rules, or $HPP_DEVICE_TYPES_FILE's)
+    read -r name mem < <(python3 -c "import torch; from hpp.runtime.launch.binding import detect_node_devices; \
+print(detect_node_devices().types[0], torch.cuda.get_device_properties(0).total_memory)")
+    if [ "$name" = None ]; then
+        echo "gpu_check: error: no device-type rule names this GPU ($(python3 -c "import torch; print(torch.cuda.get_device_name(0))")). Fix: add one in a JSON file named by HPP_DEVICE_TYPES_FILE (docs/RUNTIME.md)" >&2
+        exit 2
+    fi
+    models=${HPP_GPU_CHECK_MODELS:-"opt-350 gpt-neo-2.7"}   # llama-3-8 with AdamW needs > 1 H200 (216 GiB in bf16)
     sizes=1,2,4; gbs=16; steps=6; warm=2
 else
     name=cpu; mem=$((8 * 2**30)); models=${HPP_GPU_CHECK_MODELS:-"opt-tiny llama-tiny"}

@@ -216,3 +216,47 @@ def test_profile_carries_the_runtime_steps_memory_terms_unless_asked_not_to():
     assert with_terms.meta["memory"]["dtype"] == "bfloat16" and "autocast" in with_terms.meta["dtype"]
     without = profile_model("llama-tiny", micro_batch_sizes=(1,), warmup=0, repeats=1, memory_terms=False)
     assert not next(iter(without.entries.values())).has_step_memory
+
+
+def test_saved_bytes_counts_saved_activations_and_keeps_no_graph_alive():
+    """Linear saves its input (2 x 8 float32 = 64 B), tanh its output (64 B); the weight is a parameter.
+
+    tanh saving its own output is the case where a pack hook that kept the tensor made a
+    reference cycle through C++: the output (and every activation) outlived the measurement.
+    """
+    import weakref
+
+    from hpp.runtime.profile.profiler import _saved_bytes
+
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8, requires_grad=True)
+    y, saved = _saved_bytes(lambda: torch.tanh(lin(x)), list(lin.parameters()))
+    assert saved == 2 * 8 * 4 + 2 * 8 * 4
+    with pytest.raises(RuntimeError, match="no backward"):
+        y.sum().backward()
+    alive = weakref.ref(y)
+    del y
+    assert alive() is None
+
+
+def test_profile_measures_memory_terms_before_it_times_a_layer(monkeypatch):
+    """The memory terms fork a child per layer; a process that ran autograd on a GPU cannot fork one."""
+    import hpp.runtime.profile.memory_terms as memory_terms
+    import hpp.runtime.profile.profiler as profiler
+
+    order: list[str] = []
+    real_terms, real_rows = memory_terms.memory_terms, profiler._measure_rows
+
+    def terms(*args, **kwargs):
+        order.append("memory")
+        return real_terms(*args, **kwargs)
+
+    def rows(*args, **kwargs):
+        order.append("timing")
+        return real_rows(*args, **kwargs)
+
+    monkeypatch.setattr(memory_terms, "memory_terms", terms)
+    monkeypatch.setattr(profiler, "_measure_rows", rows)
+    prof = profile_model("gpt-tiny", micro_batch_sizes=(1, 2), warmup=0, repeats=1)
+    assert order == ["memory", "memory", "timing"]
+    assert all(e.has_step_memory for e in prof.entries.values())

@@ -287,11 +287,13 @@ def _tied_bytes(model: RuntimeModel, *, tp_degree: int, seed: int) -> int:
 
 
 def add_memory_terms(profile: ModelProfile, model: RuntimeModel, *, dtype: str = "float32",
-                     seed: int = 0) -> ModelProfile:
+                     seed: int = 0, measured: dict[tuple[int, int], MemoryTerms] | None = None) -> ModelProfile:
     """``profile`` with the memory terms of ``model`` in every entry (per its TP degree and micro-batch size).
 
     The terms do not depend on the device type (shapes and the runtime's code decide
     them), so entries of one (TP degree, micro-batch size) share one measurement.
+    ``measured``: terms already measured, by ``(TP degree, micro-batch size)``; the
+    missing ones are measured here.
 
     Raises
     ------
@@ -302,7 +304,7 @@ def add_memory_terms(profile: ModelProfile, model: RuntimeModel, *, dtype: str =
         raise HppInputError(f"{model.spec.name} has {model.spec.num_layers} layers, the profile of "
                             f"{profile.model} {profile.num_layers}", field="model",
                             fix="measure the memory of the model the profile was measured for")
-    measured: dict[tuple[int, int], MemoryTerms] = {}
+    measured = dict(measured or {})
     entries = {}
     for key, e in profile.entries.items():
         tb = (e.tp_degree, e.micro_batch_size)

@@ -71,17 +71,26 @@ def _load_average() -> float | None:
 
 
 def _saved_bytes(fn: Callable[[], torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Run ``fn`` under saved-tensor hooks; return its output and the distinct non-parameter bytes saved."""
+    """Run ``fn`` under saved-tensor hooks; return its output and the distinct non-parameter bytes saved.
+
+    The output's graph is for counting only: its backward raises. The pack hook keeps no
+    tensor, because a graph that saves its own output (tanh, GELU, softmax) and holds it
+    through the hook forms a reference cycle through C++ that Python's collector cannot see:
+    every measured layer's activations stayed alive (on a GPU, until the profile ran out of memory).
+    """
     param_ptrs = {p.untyped_storage().data_ptr() for p in params}
     storages: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def pack(t: torch.Tensor) -> int:
         st = t.untyped_storage()
         if st.data_ptr() not in param_ptrs:
             storages[st.data_ptr()] = st.nbytes()
-        return t
+        return st.nbytes()
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_: int) -> torch.Tensor:
+        raise RuntimeError("the graph of a saved-bytes measurement keeps no tensors: it has no backward")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = fn()
     return out, sum(storages.values())
 
@@ -193,6 +202,15 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
     rmodel, runtime_name = resolve_model(model)
     spec = rmodel.spec
     sizes = _check_profile_args(tp_degree=tp_degree, device=device, micro_batch_sizes=micro_batch_sizes)
+    memory_dtype = "bfloat16" if mixed_precision else "float32"
+    terms = {}
+    if memory_terms:
+        # before the timing: the memory terms are measured in forked children, and a process that has
+        # run autograd on a GPU cannot fork one (torch refuses: autograd's device threads). Imported
+        # here, not on top: torch's MemTracker and DTensor, 4-6 s (-X importtime), which hpp run does not need.
+        from hpp.runtime.profile.memory_terms import add_memory_terms, memory_terms as measure_terms
+        terms = {(1, b): measure_terms(rmodel, micro_batch_size=b, dtype=memory_dtype, tp_degree=1, seed=seed)
+                 for b in sizes}
     dev = torch.device(device)
     type_name = device_type or device
     cpu_clock = device == "cpu" and num_threads == 1
@@ -221,10 +239,7 @@ def profile_model(model: str | ModelConfig | RuntimeModel, *, device: str = "cpu
                            entries=entries, source="measured by hpp profile (hpp.runtime.profile.profiler)",
                            licence="MIT", meta=meta)
     if memory_terms:
-        # not on top: torch's MemTracker and DTensor, 4-6 s to import (-X importtime), which hpp run
-        # (dilate_profile) does not need
-        from hpp.runtime.profile.memory_terms import add_memory_terms
-        profile = add_memory_terms(profile, rmodel, dtype="bfloat16" if mixed_precision else "float32", seed=seed)
+        profile = add_memory_terms(profile, rmodel, dtype=memory_dtype, seed=seed, measured=terms)
     return profile
 
 
