@@ -161,11 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                              med([r["error"] for r in second]))
     ok_speed, ok_pred = abs(speed_err) <= 0.15, abs(err2) <= 0.10 and abs(err1) >= 0.30
     n = len(first)
-    print(f"speed-up vs the re-plan's prediction: median {100 * speed_err:+.1f} % ({'within' if ok_speed else 'NOT within'}"
-          f" 15 %); within 15 % in {sum(abs(r['speedup_error']) <= 0.15 for r in first)} of {n} loops")
-    print(f"prediction error: median first run {100 * err1:+.1f} % (>= 30 % in {sum(abs(r['error']) >= 0.30 for r in first)}"
-          f" of {n}), second run {100 * err2:+.1f} % (<= 10 % in {sum(abs(r['error']) <= 0.10 for r in second)} of {n}): "
-          f"{'meets' if ok_pred else 'does NOT meet'} <= 10 % after, >= 30 % before")
+    n_speed = sum(abs(r["speedup_error"]) <= 0.15 for r in first)
+    n1, n2 = sum(abs(r["error"]) >= 0.30 for r in first), sum(abs(r["error"]) <= 0.10 for r in second)
+    print(f"speed-up vs the re-plan's prediction: median {100 * speed_err:+.1f} % "
+          f"({'within' if ok_speed else 'NOT within'} 15 %); within 15 % in {n_speed} of {n} loops")
+    print(f"prediction error: median first run {100 * err1:+.1f} % (>= 30 % in {n1} of {n}), second run "
+          f"{100 * err2:+.1f} % (<= 10 % in {n2} of {n}): {'meets' if ok_pred else 'does NOT meet'} <= 10 % after, "
+          ">= 30 % before")
     print(f"wrote {args.out}")
     return 0 if ok_speed and ok_pred else 1
 

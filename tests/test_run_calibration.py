@@ -80,7 +80,8 @@ def test_one_pipeline_cannot_separate_layers_and_fits_one_factor():
     profile = toy_profile({"A": 1.0})
     e = profile.entries[("A", 1, 1)]
     f, b = e.forward_s, e.backward_s
-    stage_s = [sum(a * (x + y) for a, x, y in zip(TRUE_FACTORS[lo:hi], f[lo:hi], b[lo:hi])) for lo, hi in ((0, 1), (1, 3))]
+    stage_s = [sum(a * (x + y) for a, x, y in zip(TRUE_FACTORS[lo:hi], f[lo:hi], b[lo:hi]))
+               for lo, hi in ((0, 1), (1, 3))]
     fit = fit_layers(f, b, [(0, 1, False), (1, 3, False)], [stage_s])
     assert fit.method == "scale"
     assert fit.total_factor == pytest.approx(sum(stage_s) / sum(x + y for x, y in zip(f, b)))
@@ -106,8 +107,8 @@ def test_calibrate_run_refuses_zero_steps_and_another_model():
     with pytest.raises(HppInputError) as exc:
         calibrate_run(rep, plan, cluster, profile, source="s", plan_path="p.json")
     assert str(exc.value).splitlines() == [
-        "field '--steps': the run measured 0 steps after its 1 warm-up steps: nothing to calibrate from. "
-        "Fix: run --steps 4 or more"]
+        ("field '--steps': the run measured 0 steps after its 1 warm-up steps: nothing to calibrate from. "
+         "Fix: run --steps 4 or more")]
     other = dict(_synthetic_report(plan, cluster, profile, link_factor=1.0), model="gpt-tiny")
     with pytest.raises(HppInputError, match="the run is of model 'gpt-tiny' but the profile is of 'toy'"):
         calibrate_run(other, plan, cluster, profile, source="s", plan_path="p.json")

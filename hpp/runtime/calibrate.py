@@ -35,7 +35,8 @@ them; the console shows them beside the prediction. A version-2 cluster's per-pa
 
 **Re-plan check.** :func:`replan_check` searches a new plan on the calibrated figures
 (:func:`hpp.planner.plan_hpp`) and prices it and the run's plan as the run predicts (:func:`run_predictor`: on
-CPU the host model, at the run's time scale and host speed, on the calibrated profile); re-planning is predicted to pay when the new plan is faster by
+CPU the host model, at the run's time scale and host speed, on the calibrated profile); re-planning is predicted
+to pay when the new plan is faster by
 more than the calibrated figures' largest spread (at least :data:`PAYS_ABOVE`).
 
 Refusals (:class:`HppInputError`, exit 2): before the run (:func:`check_before_run`) an ``OUT.json`` or
@@ -156,7 +157,8 @@ def _stage_rows(report: Mapping[str, Any], plan: Plan, profile: ModelProfile, *,
             wall = _kept_steps(got["compute_steps_s"], warmup_steps)
             if cpu:
                 base = base_entry(profile, *key)
-                layers = sum((2.0 if rc else 1.0) * f + b for f, b in zip(base.forward_s[lo:hi], base.backward_s[lo:hi]))
+                layers = sum((2.0 if rc else 1.0) * f + b
+                             for f, b in zip(base.forward_s[lo:hi], base.backward_s[lo:hi]))
                 cpu_s = _kept_steps(got["cpu_steps_s"], warmup_steps)
                 y = [w / (c * scale) * layers for w, c in zip(wall, cpu_s) if c > 0]
             else:
@@ -391,12 +393,12 @@ def calibration_lines(cal: Calibrated, check: Mapping[str, Any], paths: tuple[Pa
     spread, steps) and kept, and the re-plan check. ``predicted_before_s``: the run's own prediction (before the
     calibration); ``measured_s``: its measured iteration time [s]."""
     c = cal.calibration
-    lines = [f"calibrate: wrote {paths[0]} (profile) and {paths[1]} (links), from {c.steps} step"
-             f"{'s' if c.steps != 1 else ''} after {c.warmup_steps} warm-up"]
+    lines = [(f"calibrate: wrote {paths[0]} (profile) and {paths[1]} (links), from {c.steps} step"
+              f"{'s' if c.steps != 1 else ''} after {c.warmup_steps} warm-up")]
     if measured_s is not None and predicted_before_s:
-        lines.append(f"  this run         measured {measured_s:.4f} s per iteration, predicted {predicted_before_s:.4f} "
-                     f"s ({100 * (measured_s / predicted_before_s - 1):+.1f} %); term by term: the stage terms above, "
-                     "and per figure below (x = measured / profile)")
+        lines.append(f"  this run         measured {measured_s:.4f} s per iteration, predicted "
+                     f"{predicted_before_s:.4f} s ({100 * (measured_s / predicted_before_s - 1):+.1f} %); term by "
+                     "term: the stage terms above, and per figure below (x = measured / profile)")
     for f in c.figures:
         if f.status == "calibrated":
             lines.append(f"  {f.what:<32} x{f.factor:.3f} of the old figure ({f.method}; spread {100 * f.spread:.1f} "
