@@ -11,8 +11,8 @@
 # 2. hpp plan: a one-device cluster of that type (one pipeline, one stage, TP 1);
 # 3. hpp run --dtype bfloat16 (NCCL, torchrun): measured vs predicted iteration time, tokens/s, MFU, and the
 #    measured peak memory (torch.cuda.max_memory_allocated; max_memory_reserved too) vs the predicted peak.
-# Then hpp run --verify (float64, 2 steps) of a tiny model's plan on the device against single-process training.
-# Writes profile-*.json, cluster.json, plan-*.json, run-*.json, verify.txt and summary.txt under OUT_DIR.
+# Then hpp run --verify (float64, 3 steps) of gpt-tiny's and llama-tiny's plans on the device against single-process
+# training. Writes profile-*.json, cluster.json, plan-*.json, run-*.json, verify-*.txt and summary.txt under OUT_DIR.
 set -euo pipefail
 out=${1:?usage: experiments/gpu_check.sh OUT_DIR}
 device=${HPP_GPU_CHECK_DEVICE:-cuda}
@@ -67,20 +67,15 @@ print(f"{model}: iteration measured {t:.4f} s, predicted {tp:.4f} s (measured / 
 EOF
 done
 
-# the update on the device equals single-process training (float64; a tiny model: the real ones do not fit twice)
-hpp plan --scenario cpu-hetero-4 --model llama-tiny --gbs 4 --max-tp 1 --no-baselines --quiet --out "$out/plan-verify.json"
-python3 - "$out/plan-verify.json" <<'EOF'
-import json, sys
-p = json.load(open(sys.argv[1]))            # keep one pipeline so that it fits one device
-p["pipelines"] = [p["pipelines"][0]]
-p["pipelines"][0]["num_samples"] = p["global_batch_size"]
-b = p["pipelines"][0]["micro_batch_size"]
-p["pipelines"][0]["num_micro_batches"] = -(-p["global_batch_size"] // b)
-st = p["pipelines"][0]["stages"]
-p["pipelines"][0]["stages"] = [dict(st[0], layers=[0, p["num_layers"]], device_ids=[0])]
-p["pipelines"][0]["schedule"] = "1F1B"
-p.pop("predicted", None)
-json.dump(p, open(sys.argv[1], "w"))
-EOF
-hpp run "$out/plan-verify.json" --device "$device" --steps 2 --verify --quiet --launcher fork 2>&1 \
-    | grep "^verify" | tee "$out/verify.txt" | tee -a "$out/summary.txt"
+# the update on the device equals single-process training (float64; tiny models: the real ones do not fit twice).
+# gpt-tiny is float64 throughout; llama-tiny's RMSNorm (HF's code) computes in float32 even in a float64 run, so its
+# reference step runs on the same device (rank 0's) to compare like with like.
+for m in gpt-tiny llama-tiny; do
+    hpp profile --model "$m" --device "$device" --micro-batch-sizes 1,2 --device-type "$name" --repeats 2 --warmup 1 \
+        --no-memory-terms --no-time-terms --out "$out/profile-verify-$m.json" > /dev/null
+    hpp plan --cluster "$out/cluster.json" --profile "$out/profile-verify-$m.json" --gbs 4 --max-tp 1 --no-baselines \
+        --quiet --out "$out/plan-verify-$m.json"
+    hpp run "$out/plan-verify-$m.json" --device "$device" --steps 3 --verify --quiet > "$out/verify-$m.txt" 2>&1 \
+        || { cat "$out/verify-$m.txt" >&2; exit 1; }
+    grep "^verify" "$out/verify-$m.txt" | sed "s/^/$m: /" | tee -a "$out/summary.txt"
+done

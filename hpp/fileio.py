@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from hpp.errors import HppInputError
 
 __all__ = ["read_json", "check_header", "check_keys", "write_atomic", "write_rows_csv", "write_dataclass_csv",
-           "read_dataclass_csv", "folder_writable"]
+           "read_dataclass_csv", "process_umask", "folder_writable"]
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -163,6 +163,13 @@ def read_dataclass_csv(path: str | PathLike, row_type: type) -> list[Any]:
     if unknown:
         raise ValueError(f"{path}: unknown column(s) {', '.join(unknown)}")
     return [row_type(**{k: conv[kinds[k]](v) for k, v in row.items()}) for row in rows]
+
+
+def process_umask() -> int:
+    """The process umask (read by setting it and setting it back): new files get ``0o666 & ~process_umask()``."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
 
 
 def folder_writable(path: str | PathLike) -> bool:

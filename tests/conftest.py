@@ -31,3 +31,14 @@ def _no_host_probe_outside_its_tests(request, monkeypatch):
         return
     monkeypatch.setattr(run_mod, "calibrate_host_speed",
                         lambda *a, **k: HostSpeed.skipped("host calibration off in this test (tests/conftest.py)"))
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """``hpp run`` fails the test if it starts any process (its refusals must come before)."""
+    import hpp.runtime.run as run_mod
+
+    def boom(*a, **k):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(run_mod, "launch_torchrun", boom)
+    monkeypatch.setattr(run_mod, "launch_forked", boom)

@@ -48,13 +48,6 @@ def _plan(path, *, profile=None, stages0=((0, 3), (3, 6)), tp=1, num_layers=6, m
     return str(path)
 
 
-@pytest.fixture
-def no_launch(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("a process was started")
-    monkeypatch.setattr(run_mod, "launch_torchrun", boom)
-    monkeypatch.setattr(run_mod, "launch_forked", boom)
-
 
 def not_a_model():
     """``--model tests.test_runtime_cli:not_a_model``: no runtime model protocol."""
@@ -214,3 +207,12 @@ def test_gpu_check_refuses_a_host_without_cuda_in_one_line(tmp_path):
         "gpu_check: error: no CUDA GPU visible to torch (torch.cuda.is_available() is False). "
         "Fix: run on a host with a CUDA GPU and a CUDA build of torch"]
     assert not (tmp_path / "out").exists()
+
+
+def test_fork_launcher_with_cuda_is_refused_before_any_rank_starts(tmp_path, capsys, profile_ref):
+    """A forked rank cannot use CUDA once the launching process has (seen on an H200: every rank aborted)."""
+    path = _plan(tmp_path / "p.json", profile=profile_ref)
+    assert run_main([path, "--steps", "1", "--launcher", "fork", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hpp run: error: field 'launcher': --launcher fork with --device cuda: a forked rank cannot use "
+                   "CUDA once the launching process has. Fix: use --launcher torchrun (the default) on GPUs"]

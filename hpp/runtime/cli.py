@@ -48,6 +48,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip-grad-norm", type=float, help="clip gradients to this global norm (default: off)")
     p.add_argument("--data", help="training data: a local .txt (byte-level tokens) or .npy of token ids "
                                   "(default: synthetic tokens; on --resume the checkpoint's)")
+    p.add_argument("--weights", metavar="DIR",
+                   help="start from a local Hugging Face model folder (config.json + safetensors) of the run's OPT, "
+                        "GPT-Neo or Llama model; each rank reads only its own slices (not with --resume)")
     p.add_argument("--metrics-jsonl", help="write one JSON line of metrics per step here")
     p.add_argument("--quiet", action="store_true", help="no per-step lines on stderr")
     p.add_argument("--emulate-speed", action="store_true", help="pad compute by the device types' slowdown")

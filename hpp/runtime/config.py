@@ -74,6 +74,9 @@ class TrainingOptions:
         As the flags of the same names; ``lr_total_steps`` defaults to ``steps``.
     data : str or None
         ``--data FILE`` (default synthetic tokens).
+    weights : str or None
+        ``--weights DIR``: a local Hugging Face model folder to start from (default: the seed's random weights;
+        refused together with ``--resume``).
     num_threads : int
         Each rank's torch compute threads (>= 1).
     """
@@ -91,6 +94,7 @@ class TrainingOptions:
     clip_grad_norm: float | None = None
     weight_decay: float | None = None
     data: str | None = None
+    weights: str | None = None
     num_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -161,7 +165,7 @@ class LaunchOptions:
     Attributes
     ----------
     launcher : str
-        ``torchrun`` or ``fork`` (one host, fast start).
+        ``torchrun`` or ``fork`` (one host, fast start; CPU only: refused with ``cuda``).
     device : str
         ``cpu`` or ``cuda``.
     nnodes, node_rank, rdzv_endpoint, node_map
@@ -193,6 +197,11 @@ class LaunchOptions:
             raise HppInputError(f"launcher {self.launcher!r}", field="launcher", fix=f"use one of {_LAUNCHERS}")
         if self.device not in _DEVICES:
             raise HppInputError(f"device {self.device!r}", field="device", fix=f"use one of {_DEVICES}")
+        if self.launcher == "fork" and self.device == "cuda":
+            # the launching process reads its GPUs before it forks, and torch cannot use CUDA again
+            # in a forked child ("Cannot re-initialize CUDA in forked subprocess")
+            raise HppInputError("--launcher fork with --device cuda: a forked rank cannot use CUDA once the launching "
+                                "process has", field="launcher", fix="use --launcher torchrun (the default) on GPUs")
         if not (self.group_timeout_s > 0 and self.run_timeout_s > 0):
             raise HppInputError(f"--group-timeout {self.group_timeout_s} --run-timeout {self.run_timeout_s}",
                                 field="group_timeout", fix="give timeouts > 0 seconds")
@@ -260,7 +269,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "allow_over_memory": ("parallelism", "allow_over_memory"), "naive_allreduce": ("parallelism", "naive_allreduce"),
     **{k: ("training", k) for k in ("steps", "warmup_steps", "model", "seed", "dtype", "optimizer", "lr",
                                     "lr_schedule", "lr_warmup_steps", "lr_total_steps", "clip_grad_norm",
-                                    "weight_decay", "data")},
+                                    "weight_decay", "data", "weights")},
     "threads": ("training", "num_threads"),
     "save": ("checkpoint", "save"), "save_every": ("checkpoint", "save_every"), "resume": ("checkpoint", "resume"),
     "verify": ("verify", "enabled"),
@@ -367,7 +376,7 @@ class RunConfig:
 
 
 #: options that are paths (given as ``Path`` or ``str``, kept as ``str``)
-_PATHS = {"plan", "data", "save", "resume", "log_dir", "dry_run", "timeline", "metrics_jsonl"}
+_PATHS = {"plan", "data", "weights", "save", "resume", "log_dir", "dry_run", "timeline", "metrics_jsonl"}
 
 
 @dataclass(frozen=True)
@@ -391,6 +400,8 @@ class RunFacts:
         Common dilation of every emulated device (>= 1).
     save_dir, resume : str or None
         Absolute checkpoint root and the checkpoint to continue from.
+    weights : str or None
+        The absolute Hugging Face model folder every rank loads its slices from (checked).
     node_map : list[int] or None
         The plan node of each node rank (several hosts).
     """
@@ -404,6 +415,7 @@ class RunFacts:
     time_scale: float = 1.0
     save_dir: str | None = None
     resume: str | None = None
+    weights: str | None = None
     node_map: list[int] | None = None
 
     def __post_init__(self) -> None:

@@ -11,7 +11,8 @@ the plan's) loads, follows the protocol, has the plan's and the profile's layer
 count and name, and its heads and MLP width split by every stage's TP degree; the
 layout is one the runtime executes (:func:`hpp.runtime.exec.layout.rank_roles`); the
 training configuration is valid; ``--data`` exists and fills at least one global
-batch; the host can run that many ranks (CUDA: one per visible GPU; CPU: at most
+batch; ``--weights`` is a complete Hugging Face folder of the run's model, not given
+with ``--resume`` (:func:`hpp.runtime.run_setup.check_weights`); the host can run that many ranks (CUDA: one per visible GPU; CPU: at most
 :data:`MAX_RANKS_PER_CORE` per core) and, when a world size is imposed, it equals
 the plan's device count.
 
@@ -41,7 +42,9 @@ same ``rdzv_endpoint``; each checks its devices and starts its own ranks
 Checkpoints: ``save`` writes ``SAVE/step-K`` (:mod:`hpp.runtime.checkpoint.dcp`) every
 ``save_every`` steps and after the last; ``resume`` continues from a complete checkpoint
 under this plan (any plan of the same model), the steps numbered on from the saved one;
-with ``verify`` the reference trains the saved steps plus this run's. A failed or
+with ``verify`` the reference trains the saved steps plus this run's. ``weights`` starts the ranks (and
+``verify``'s single-device reference) from a Hugging Face folder instead of the seed's draws
+(:mod:`hpp.runtime.exec.weights`). A failed or
 interrupted run leaves only complete checkpoints
 (:func:`hpp.runtime.run_setup.clean_partial_checkpoints`).
 """
@@ -72,9 +75,9 @@ from hpp.runtime.launch.processes import remove_stale_run_dirs, run_dir_prefix
 from hpp.runtime.exec.reference import verify_run
 from hpp.runtime.run_report import RunReport, predict_run, speed_moved_note, summarise_run
 from hpp.runtime.run_failure import failure_line
-from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume,
+from hpp.runtime.run_setup import (MAX_RANKS_PER_CORE, check_host_capacity, check_resume, check_weights,
                                    clean_partial_checkpoints, host_share, load_run_inputs, model_source, open_metrics,
-                                   prepare_save_dir, resolve_run_model, resume_notes, training_config)
+                                   prepare_save_dir, resolve_run_model, resume_notes, training_config, weights_note)
 from hpp.runtime.run_checks import check_device_memory, check_host_memory, check_png_path
 from hpp.runtime.timeline import write_timeline_png
 from hpp.runtime.exec.host_agreement import hosts_disagree_error
@@ -160,7 +163,8 @@ def run_plan(config: RunConfig) -> RunReport:
         verified = verify_run(prep.rt, Path(tmp), prep.share.ranks, res.results, source=prep.source,
                               first_step=prep.start, steps=config.training.steps, seed=prep.facts.seed,
                               training=prep.training, whole=prep.share.whole,
-                              num_threads=config.training.num_threads) if config.verify.enabled else None
+                              num_threads=config.training.num_threads,
+                              weights=prep.facts.weights) if config.verify.enabled else None
     return _report(config, prep, res, monitor, speed_before=speed_before, verified=verified)
 
 
@@ -185,9 +189,12 @@ def _prepare(config: RunConfig) -> _Prepared:
     rt = resolve_run_model(plan, profile, tr.model, source=str(plan_path))
     spec = rt.spec
     notes: list[str] = [over_memory] if over_memory else []
+    weights = check_weights(tr.weights, rt, resume=ck.resume) if tr.weights is not None else None
     meta = check_resume(ck.resume, model_name=spec.name, num_layers=spec.num_layers, optimizer=tr.optimizer) \
         if ck.resume is not None else None
     seed, data, training = _resolve_training(config, meta, notes)
+    if weights is not None:
+        notes.append(weights_note(weights, training.dtype))
     save_dir = prepare_save_dir(ck.save, meta["path"] if meta is not None else None) if ck.save is not None \
         else None
     if meta is not None:
@@ -210,6 +217,7 @@ def _prepare(config: RunConfig) -> _Prepared:
                      slowdown={n: dt.slowdown for n, dt in cluster.device_types.items()} if em.emulate_speed else {},
                      time_scale=scale, save_dir=str(save_dir.resolve()) if save_dir is not None else None,
                      resume=str(Path(meta["path"]).resolve()) if meta is not None else None,
+                     weights=str(weights.path) if weights is not None else None,
                      node_map=list(share.node_map) if share.node_map and not share.whole else None)
     mine = [_device_types(plan)[r] for r in share.ranks]
     gpus = sorted({t for t in mine if peak_flops_per_s(t, training.dtype) is not None})

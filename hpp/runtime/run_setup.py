@@ -14,6 +14,8 @@ deep inside the ranks:
   or ``$HPP_EMULATE_NODE_TYPE`` plays a node of a type, else nothing to check);
 - :func:`check_resume`: ``--resume DIR`` names a complete checkpoint of this model
   (name and layer count) and optimizer (:func:`hpp.runtime.checkpoint.store.read_checkpoint_meta`);
+- :func:`check_weights`: ``--weights DIR`` is a complete Hugging Face folder of the run's model
+  (:mod:`hpp.runtime.models.hf_folder`), and not given with ``--resume``;
 - :func:`prepare_save_dir`: ``--save DIR`` can be created and written;
 - :func:`clean_partial_checkpoints`: after a failed or interrupted run, the host of plan
   rank 0 (the only rank that renames checkpoints into place) removes what an unfinished
@@ -48,7 +50,7 @@ from hpp.runtime.models.zoo import canonical_model_name, check_layers_match, loa
 from hpp.wording import count
 
 __all__ = ["MAX_RANKS_PER_CORE", "load_run_inputs", "check_host_capacity", "model_source", "resolve_run_model",
-           "training_config", "open_metrics", "HostShare", "host_share", "check_resume",
+           "training_config", "open_metrics", "HostShare", "host_share", "check_resume", "check_weights", "weights_note",
            "resume_notes", "prepare_save_dir", "clean_partial_checkpoints"]
 
 logger = logging.getLogger(__name__)
@@ -311,6 +313,61 @@ def check_resume(path: str | Path, *, model_name: str, num_layers: int, optimize
         raise HppInputError(f"checkpoint has {saved} optimizer state, this run uses {want}", source=meta["path"],
                             field="--optimizer", fix=f"resume with --optimizer {saved.lower()}")
     return meta
+
+
+def check_weights(path: str | Path, model: RuntimeModel, *, resume: str | Path | None = None):
+    """The checked Hugging Face folder ``path`` for ``hpp run --weights`` of ``model``.
+
+    Decisions: ``--weights`` with ``--resume`` is refused (a resumed run continues from its checkpoint's
+    weights; silently ignoring the folder would hide which weights the run has); a model that is not one of
+    the shipped OPT, GPT-Neo or Llama models (``MODULE:FUNCTION``, hpp's own GPT) is refused, as the protocol
+    has no mapping from its parameters to a Hugging Face folder's names.
+
+    Returns
+    -------
+    hpp.runtime.models.hf_folder.WeightsFolder
+
+    Raises
+    ------
+    HppInputError
+        With ``--resume``; a model without Hugging Face names; the folder refusals of
+        :func:`~hpp.runtime.models.hf_folder.open_weights_folder` and
+        :func:`~hpp.runtime.models.hf_folder.check_weights_match` (another model naming the differing field,
+        a missing, truncated or damaged shard naming the file, an index naming a tensor no shard has).
+    """
+    from hpp.runtime.models.hf import HFModel
+    from hpp.runtime.models.hf_folder import check_weights_match, open_weights_folder
+    if resume is not None:
+        raise HppInputError("--weights with --resume: a resumed run continues from its checkpoint's weights",
+                            field="--weights", fix="drop --weights (or --resume to start a new run from the folder)")
+    if not isinstance(model, HFModel):
+        raise HppInputError(f"--weights loads Hugging Face folders into the shipped OPT, GPT-Neo and Llama models, "
+                            f"not {model.spec.name!r}", field="--weights",
+                            fix="run a plan of opt-*, gpt-neo-* or llama-* (or drop --weights)")
+    folder = open_weights_folder(path)
+    check_weights_match(folder, model)
+    return folder
+
+
+#: safetensors dtype codes -> torch's names.
+_STORED_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def weights_note(folder, run_dtype: str) -> str:
+    """The report's note on ``--weights``: the folder and what its tensors' dtype becomes in the run.
+
+    >>> from types import SimpleNamespace as NS
+    >>> weights_note(NS(path="opt", dtypes={"a": "BF16"}), "float64")
+    "--weights opt: its bfloat16 tensors are cast to the run's float64"
+    >>> weights_note(NS(path="opt", dtypes={"a": "F32"}), "bfloat16")
+    '--weights opt: its float32 tensors are the float32 master weights (as stored)'
+    """
+    stored = sorted({_STORED_DTYPES.get(d, d) for d in folder.dtypes.values()})
+    into = "float32" if run_dtype == "bfloat16" else run_dtype
+    what = "the float32 master weights" if run_dtype == "bfloat16" else f"the run's {run_dtype}"
+    verb = "are" if stored == [into] else "are cast to"
+    tail = " (as stored)" if stored == [into] else ""
+    return f"--weights {folder.path}: its {'/'.join(stored)} tensors {verb} {what}{tail}"
 
 
 def prepare_save_dir(path: str | Path, resumed_from: str | Path | None = None) -> Path:

@@ -27,7 +27,7 @@ __all__ = ["AGREED_FLAGS", "HOSTS_DISAGREE", "check_hosts_agree", "hosts_disagre
 #: would train another model: the ranks compare them first (:func:`check_hosts_agree`).
 AGREED_FLAGS: dict[str, str] = {
     "plan": "PLAN.json (its content)", "model": "--model", "steps": "--steps", "seed": "--seed",
-    "dtype": "--dtype", "data": "--data", "save_dir": "--save", "save_every": "--save-every", "resume": "--resume",
+    "dtype": "--dtype", "data": "--data", "weights": "--weights", "save_dir": "--save", "save_every": "--save-every", "resume": "--resume",
     "verify": "--verify", "naive_allreduce": "--naive-allreduce", "device": "--device",
     "training.optimizer": "--optimizer", "training.lr": "--lr", "training.weight_decay": "--weight-decay",
     "training.lr_schedule": "--lr-schedule", "training.warmup_steps": "--lr-warmup-steps",
@@ -80,7 +80,7 @@ def check_hosts_agree(config: RunConfig, facts: RunFacts, *, node_rank: int) -> 
     more = f" (and {len(differ) - 1} more: {', '.join(AGREED_FLAGS[k] for k in differ[1:])})" if len(differ) > 1 else ""
     raise HppInputError(f"{HOSTS_DISAGREE}: {AGREED_FLAGS[key]} differs ({shown}){more}", field=AGREED_FLAGS[key],
                         fix="start hpp run on every host with the same plan and the same --steps, --save, --resume, "
-                            "--verify, --dtype, --seed, --model, --data and training flags")
+                            "--verify, --dtype, --seed, --model, --data, --weights and training flags")
 
 
 def hosts_disagree_error(error_text: str | None) -> str | None:

@@ -28,6 +28,7 @@ import torch
 from hpp.runtime.models.api import RuntimeModel
 from hpp.runtime.models.stage import build_stage
 from hpp.runtime.exec.training import make_lr_scheduler, make_optimizer, single_device_step
+from hpp.runtime.exec.weights import load_weights_folder
 
 __all__ = ["train_single_device", "max_param_difference",
            "VerifyResult", "verify_against", "verify_run", "VERIFY_TOLERANCE"]
@@ -38,7 +39,8 @@ VERIFY_TOLERANCE = 1e-9
 
 def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: int, training: Any,
                         dtype: torch.dtype = torch.float64,
-                        sample_order: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+                        sample_order: Sequence[int] | None = None, weights: str | None = None
+                        ) -> dict[str, torch.Tensor]:
     """Train ``model`` on one device for ``steps`` steps; every parameter by global name (tied: both names).
 
     Parameters
@@ -55,8 +57,13 @@ def train_single_device(model: RuntimeModel, *, source: Any, steps: int, seed: i
     sample_order : sequence of int, optional
         A permutation of the ``G`` samples of every batch: the same training, summed in another
         order (what ``--verify`` measures float64 chaos with). Default: the batch's order.
+    weights : str, optional
+        A checked Hugging Face folder (``hpp run --weights``) the initial parameters are loaded from
+        (:func:`hpp.runtime.exec.weights.load_stage_weights`) instead of the seed's draws.
     """
     module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=dtype)
+    if weights is not None:
+        load_weights_folder(module, model, weights)
     named = [(name, p) for _l, name, p in module.layer_parameters()]
     opt = make_optimizer([p for _n, p in named], training)
     sched = make_lr_scheduler(opt, training)
@@ -203,7 +210,7 @@ def verify_against(rank_params: Sequence[Mapping[str, torch.Tensor]], reference:
 
 def verify_run(model: RuntimeModel, out_dir: Path, ranks: Sequence[int], results: Sequence[Mapping[str, Any] | None],
                *, source: Any, first_step: int, steps: int, seed: int, training: Any, whole: bool = True,
-               num_threads: int = 1) -> VerifyResult:
+               num_threads: int = 1, weights: str | None = None) -> VerifyResult:
     """The verdict of ``hpp run --verify`` from the ranks' files.
 
     The per-step check the ranks recorded (every rank the same, :mod:`hpp.runtime.exec.verify_steps`) decides;
@@ -220,13 +227,16 @@ def verify_run(model: RuntimeModel, out_dir: Path, ranks: Sequence[int], results
     num_threads : int
         torch compute threads of the single-device training, the ranks' (on a busy host, more threads
         than free cores make a tiny model's step many times slower); restored afterwards.
+    weights : str, optional
+        The run's ``--weights`` folder: the single-device training starts from it too.
     """
     rank_params = [torch.load(out_dir / f"rank{r}.pt", map_location="cpu", weights_only=True) for r in ranks]
     recorded = next((r for r in results if r is not None and "verify_steps" in r), {})
     before = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        ref = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training)
+        ref = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training,
+                                  weights=weights)
         if not whole:
             held = {name for params in rank_params for name in params}
             ref = {k: v for k, v in ref.items() if k in held}
@@ -234,7 +244,7 @@ def verify_run(model: RuntimeModel, out_dir: Path, ranks: Sequence[int], results
                                 first_step=first_step, init_difference=recorded.get("verify_init"))
         if result.free_running_difference is not None and result.free_running_difference > result.tolerance:
             twin = train_single_device(model, source=source, steps=first_step + steps, seed=seed, training=training,
-                                       sample_order=range(source.global_batch_size - 1, -1, -1))
+                                       sample_order=range(source.global_batch_size - 1, -1, -1), weights=weights)
             drift, _nan, _n = max_param_difference([{k: twin[k] for k in ref}], ref)
             result = replace(result, reordered_difference=drift)
     finally:

@@ -42,6 +42,7 @@ from hpp.runtime.exec.reference import max_param_difference
 from hpp.runtime.models.stage import StageModule, build_stage
 from hpp.runtime.exec.training import TrainingConfig, lr_factor, make_optimizer, single_device_step
 from hpp.runtime.exec.step import full_params
+from hpp.runtime.exec.weights import load_weights_folder
 
 __all__ = ["rank_state", "StepVerifier"]
 
@@ -83,14 +84,23 @@ class StepVerifier:
     timeout_s : float
         Of the gloo group of every rank that the state travels in, made here when the default group is
         not gloo (NCCL), so the construction is collective too.
+    device : torch.device or str
+        Rank 0's device: the single-device model computes there, so a GPU run is checked against the
+        GPU's own arithmetic (HF's Llama RMSNorm and GPT-Neo attention compute in float32 even in a
+        float64 run, and CPU and GPU round those differently: on an H200, llama-tiny's first AdamW
+        step differed from a CPU reference by 3.6e-6).
+    weights : str, optional
+        The run's ``--weights`` folder: the single-device model loads it whole (rank 0), so the initial
+        check compares every rank's slices with the folder's tensors.
 
     Every rank must construct it at the same point, call :meth:`start` once and :meth:`check` after
     every optimizer step (all three are collective).
     """
 
     def __init__(self, model: RuntimeModel, training: TrainingConfig, *, seed: int, rank: int,
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, device: torch.device | str = "cpu", weights: str | None = None) -> None:
         self.model, self.training, self.seed, self.rank = model, training, seed, rank
+        self.device = torch.device(device)
         self.group: dist.ProcessGroup | None = None                # the CPU tensors travel over gloo
         if dist.get_backend() != "gloo":
             self.group = dist.new_group(list(range(dist.get_world_size())), backend="gloo",
@@ -99,7 +109,10 @@ class StepVerifier:
         self._module: StageModule | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         if rank == 0:
-            self._module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=training.param_dtype)
+            self._module = build_stage(model, 0, model.spec.num_layers, seed=seed, dtype=training.param_dtype,
+                                       device=self.device)
+            if weights is not None:
+                load_weights_folder(self._module, model, weights)
             self._optimizer = make_optimizer([p for _l, _n, p in self._module.layer_parameters()], training)
 
     def _gather(self, module: StageModule, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]] | None:
@@ -117,7 +130,7 @@ class StepVerifier:
     def _reference_params(self) -> dict[str, torch.Tensor]:
         """The single-device model's parameters by global name (both names of a tied pair)."""
         assert self._module is not None
-        out = {name: p.detach() for _l, name, p in self._module.layer_parameters()}
+        out = {name: p.detach().cpu() for _l, name, p in self._module.layer_parameters()}
         for first, second in self.model.tied_parameters():
             if first in out:
                 out.setdefault(second, out[first])
@@ -143,9 +156,10 @@ class StepVerifier:
                 holder = next(s for s in self._before if name in s["params"])
                 p.copy_(holder["params"][name])
                 st = holder["optim"].get(name, {})
-                if st:
-                    self._optimizer.state[p] = {k: v.clone() if isinstance(v, torch.Tensor) else v
-                                                for k, v in st.items()}
+                if st:      # moments on the parameter's device; AdamW keeps its step count on the CPU
+                    self._optimizer.state[p] = {
+                        k: (v.clone() if k == "step" else v.to(p.device, copy=True)) if isinstance(v, torch.Tensor)
+                        else v for k, v in st.items()}
                 else:
                     self._optimizer.state.pop(p, None)
 
@@ -163,7 +177,8 @@ class StepVerifier:
             self._load_before()
             for group in self._optimizer.param_groups:
                 group["lr"] = self.training.lr * lr_factor(step, self.training)
-            single_device_step(self._module, self._optimizer, None, inputs, targets, self.training)
+            single_device_step(self._module, self._optimizer, None, inputs.to(self.device), targets.to(self.device),
+                               self.training)
             diff, _nan, _n = max_param_difference([s["params"] for s in after], self._reference_params())
         self._before = after
         return self._broadcast(diff)

@@ -17,7 +17,10 @@ through a temporary file and a rename, or ``rank<r>.error`` with the reason when
 a half-written file; and one line per step to ``OUT_DIR/rank<r>.steps.jsonl``.
 
 Ranks are the plan's: the launcher hands each its plan rank and, on CUDA, the local GPU its plan device has
-(:mod:`hpp.runtime.launch.binding`). Checkpoints (:mod:`hpp.runtime.checkpoint.dcp`): ``facts.resume`` loads
+(:mod:`hpp.runtime.launch.binding`). ``facts.weights`` (``--weights``): after sharding, the rank
+copies its own slices of a Hugging Face folder into its stage (:mod:`hpp.runtime.exec.weights`; ``rank<r>.json``'s
+``weights`` says what it read and how much its resident memory grew meanwhile). Checkpoints
+(:mod:`hpp.runtime.checkpoint.dcp`): ``facts.resume`` loads
 one after the optimizer is built and the steps continue from its step (the data position); ``facts.save_dir``
 gets one every ``save_every`` steps and after the last. Steps are numbered globally (``steps.jsonl``'s ``step``).
 """
@@ -54,6 +57,7 @@ from hpp.runtime.exec.tensor_parallel import is_sharded, local_tensor, paralleli
 from hpp.runtime.exec.training import (TrainingConfig, clip_by_global_norm, lm_loss, make_lr_scheduler,
                                        make_optimizer, target_count)
 from hpp.runtime.exec.verify_steps import StepVerifier
+from hpp.runtime.exec.weights import load_weights_folder
 from hpp.runtime.host.emulation import Instrument
 from hpp.runtime.host.steal import read_cpu_ticks, tick_delta
 from hpp.runtime.models.api import IGNORE_INDEX, RuntimeModel
@@ -102,6 +106,7 @@ class _Rank:
     norm_terms: list[tuple[torch.Tensor, bool]]
     verifier: StepVerifier | None
     verify_init: Any
+    weights: dict[str, Any] | None
     instrument: Instrument
     schedule: Any
     pstage: Any
@@ -141,6 +146,7 @@ def _build_rank(config: RunConfig, facts: RunFacts, plan: Plan, model: RuntimeMo
     except HppInputError as exc:
         refused = exc
     _agree(refused, device)
+    weights = load_weights_folder(module, model, facts.weights) if facts.weights else None
     if not facts.resume:                              # a resume loads equal replicas
         broadcast_initial_parameters(units, groups, rank=rank)
     sync = GradSync(module, rank=rank, units=units, groups=groups, bucket_bytes=ctl.bucket_bytes,
@@ -152,8 +158,8 @@ def _build_rank(config: RunConfig, facts: RunFacts, plan: Plan, model: RuntimeMo
     if facts.resume:                                  # collective; parameters loaded in place (buckets stay)
         start = load_checkpoint(facts.resume, module=module, optimizer=optimizer, scheduler=scheduler,
                                 model_name=spec.name, num_layers=spec.num_layers)
-    verifier = StepVerifier(model, tcfg, seed=facts.seed, rank=rank, timeout_s=config.launch.group_timeout_s) \
-        if config.verify.enabled else None
+    verifier = StepVerifier(model, tcfg, seed=facts.seed, rank=rank, timeout_s=config.launch.group_timeout_s,
+                            device=device, weights=facts.weights) if config.verify.enabled else None
     verify_init = verifier.start(module, optimizer, fresh=not facts.resume) if verifier is not None else None
     second = {b for _a, b in model.tied_parameters()}
     norm_terms = [(p, role.pipeline == 0 and name not in second and (role.tp_rank == 0 or is_sharded(p)))
@@ -171,7 +177,7 @@ def _build_rank(config: RunConfig, facts: RunFacts, plan: Plan, model: RuntimeMo
             loss_fn=lambda out, tgt: lm_loss(out, tgt, denominator=denominator[0]))
         instrument.attach(pstage)
     return _Rank(plan, model, role, layout, tcfg, device, groups, module, sync, optimizer, scheduler, start,
-                 flops_per_step, norm_terms, verifier, verify_init, instrument, schedule, pstage, denominator)
+                 flops_per_step, norm_terms, verifier, verify_init, weights, instrument, schedule, pstage, denominator)
 
 
 def _train_step(r: _Rank, config: RunConfig, source: Any, step: int, *, rank: int) -> dict[str, Any]:
@@ -233,6 +239,8 @@ def _result(r: _Rank, *, rank: int, log: dict[str, list]) -> dict[str, Any]:
                                              else None),
               "slowdown": ins.slowdown, "time_scale": ins.time_scale, "compute_s": ins.compute_s,
               "cpu_s": ins.cpu_s, "padding_s": ins.padding_s, "events": log["events"]}
+    if r.weights is not None:
+        result["weights"] = r.weights
     if r.verifier is not None:
         result.update(verify_init=r.verify_init, verify_steps=log["verify"])
     return result

@@ -20,7 +20,8 @@ layers its bundled profile counts:
 
 Parameter paths inside a layer are HF's (``self_attn.q_proj.weight``), so
 :meth:`HFModel.hf_name` maps a global name to the ``*ForCausalLM`` state-dict name
-(the tests copy the weights into the HF model and compare logits).
+(the tests copy the weights into the HF model and compare logits; ``hpp run --weights`` reads
+a Hugging Face folder by these names and the export writes one: :mod:`hpp.runtime.models.hf_folder`).
 
 Initialisation (:func:`init_parameters`), as HF's ``_init_weights``: Linear and
 Embedding weights ~ normal(0, ``initializer_range`` or ``init_std``), biases 0, norms 1

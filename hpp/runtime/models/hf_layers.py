@@ -13,16 +13,19 @@ import inspect
 
 import torch
 from torch import nn
-from transformers import GPTNeoConfig, LlamaConfig, OPTConfig
+from transformers import (GPTNeoConfig, GPTNeoForCausalLM, LlamaConfig, LlamaForCausalLM, OPTConfig,
+                          OPTForCausalLM)
 from transformers.initialization import no_init_weights
 from transformers.masking_utils import create_causal_mask
 from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoBlock
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.models.opt.modeling_opt import OPTDecoderLayer, OPTLearnedPositionalEmbedding
 
-__all__ = ["make_config", "embedding", "block", "final_norm", "head", "ATTN_IMPLEMENTATION"]
+__all__ = ["make_config", "embedding", "block", "final_norm", "head", "causal_lm_class", "parameter_shapes",
+           "ATTN_IMPLEMENTATION"]
 
 _CONFIG_CLASSES = {"opt": OPTConfig, "gpt_neo": GPTNeoConfig, "llama": LlamaConfig}
+_CAUSAL_LM_CLASSES = {"opt": OPTForCausalLM, "gpt_neo": GPTNeoForCausalLM, "llama": LlamaForCausalLM}
 #: Attention kernel per architecture: ``sdpa`` with no mask is causal (what the HF models pass
 #: OPT and Llama layers on CPU); GPT-Neo has only eager (and flash) attention, with its own mask buffer.
 ATTN_IMPLEMENTATION = {"opt": "sdpa", "gpt_neo": "eager", "llama": "sdpa"}
@@ -210,3 +213,16 @@ def head(arch: str, c, *, with_norm: bool = True) -> nn.Module:
         if arch == "gpt_neo":
             return GPTNeoHead(c)
         return LlamaHead(c, with_norm=with_norm)
+
+
+def causal_lm_class(arch: str) -> type:
+    """The ``*ForCausalLM`` class of ``arch`` (whose state-dict names a Hugging Face folder uses)."""
+    return _CAUSAL_LM_CLASSES[arch]
+
+
+def parameter_shapes(c) -> dict[str, tuple[int, ...]]:
+    """``{state-dict name: shape}`` of every parameter of the ``*ForCausalLM`` model of config ``c`` (a tied head
+    included: the model is built on the meta device, untied and unallocated)."""
+    with torch.device("meta"), no_init_weights():
+        m = _CAUSAL_LM_CLASSES[c.model_type](c)
+    return {name: tuple(p.shape) for name, p in m.named_parameters()}
