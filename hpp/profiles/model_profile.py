@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from hpp.errors import HppInputError
+from hpp.profiles.calibration_record import ProfileCalibration
 from hpp.profiles.step_time import StepTimeTerms
 
 __all__ = ["LayerProfile", "ModelProfile", "estimate_micro_batch", "PROFILE_FORMAT", "PROFILE_VERSION"]
@@ -176,6 +177,9 @@ class ModelProfile:
         Where the figures come from and under which licence.
     meta : Mapping
         Free-form provenance (machine, torch version, date, hyper-parameters).
+    calibration : ProfileCalibration or None
+        Written by ``hpp run --calibrate``: which figures a run corrected, with their spread and step count
+        (:mod:`hpp.profiles.calibration_record`); None for a profile no run calibrated.
     """
 
     model: str
@@ -185,6 +189,7 @@ class ModelProfile:
     source: str = ""
     licence: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    calibration: ProfileCalibration | None = None
 
     def __post_init__(self) -> None:
         """Check what needs no other input: a positive layer count, every entry of that many layers and

@@ -9,6 +9,9 @@ Format (version 1)::
                   "param_bytes": [...], "activation_bytes": [...], "output_bytes": [...],
                   "estimated": false}, ...]}
 
+(``"calibration"``, optional: what ``hpp run --calibrate`` corrected, :mod:`hpp.profiles.calibration_record`.
+Unknown keys, at the top and in an entry, are errors.)
+
 (the optional fields, when measured, are more keys of an entry: ``"attention_activation_bytes"``,
 ``"step_activation_bytes"``, ``"backward_transient_bytes"`` (lists) and ``"loss_activation_bytes"``;
 ``"step_time"``, an object: the runtime step's time terms, :mod:`hpp.profiles.step_time`.)
@@ -23,15 +26,24 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_header, read_json, write_atomic
+from hpp.fileio import check_header, check_keys, read_json, write_atomic
+from hpp.profiles.calibration_record import ProfileCalibration
 from hpp.profiles.model_profile import (_OPTIONAL_PER_LAYER_FIELDS, _OPTIONAL_SCALAR_FIELDS, _PER_LAYER_FIELDS,
                                         PROFILE_FORMAT, PROFILE_VERSION, Key, LayerProfile, ModelProfile)
 from hpp.profiles.step_time import StepTimeTerms
 
 __all__ = ["profile_from_dict", "profile_to_dict", "load_profile", "save_profile"]
 
+_TOP_KEYS = ("format", "version", "model", "num_layers", "sequence_length", "source", "licence", "meta", "entries",
+             "calibration")
+_ENTRY_KEYS = ("device_type", "tp_degree", "micro_batch_size", *_PER_LAYER_FIELDS, *_OPTIONAL_PER_LAYER_FIELDS,
+               *_OPTIONAL_SCALAR_FIELDS, "step_time", "estimated", "note")
+
 
 def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerProfile:
+    if not isinstance(d, Mapping):
+        raise HppInputError("an entry must be an object", source=source, field=where, fix="see the native format")
+    check_keys(d, _ENTRY_KEYS, source=source, where=f"{where}.")
     try:
         opt = {name: (tuple(int(x) for x in d[name]) if d.get(name) is not None else None)
                for name in _OPTIONAL_PER_LAYER_FIELDS}
@@ -71,6 +83,7 @@ def profile_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> ModelP
     check_header(d, fmt=PROFILE_FORMAT, version=PROFILE_VERSION, what="a profile", source=source,
                  format_fix="convert Sailor or Metis files with hpp.profiles.public loaders",
                  shape_fix="see the native profile format")
+    check_keys(d, _TOP_KEYS, source=source, where="")
     for name in ("model", "num_layers", "entries"):
         if name not in d:
             raise HppInputError(f"missing field {name!r}", source=source, field=name, fix="add it")
@@ -93,7 +106,9 @@ def profile_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> ModelP
     return ModelProfile(model=str(d["model"]), num_layers=num_layers,
                         sequence_length=int(d.get("sequence_length", 1)), entries=entries,
                         source=str(d.get("source", "")), licence=str(d.get("licence", "")),
-                        meta=dict(d.get("meta", {})))
+                        meta=dict(d.get("meta", {})),
+                        calibration=(ProfileCalibration.from_dict(d["calibration"], source=source)
+                                     if d.get("calibration") is not None else None))
 
 
 def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
@@ -118,9 +133,12 @@ def profile_to_dict(p: ModelProfile) -> dict[str, Any]:
         if e.note:
             ed["note"] = e.note
         entries.append(ed)
-    return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": p.model, "num_layers": p.num_layers,
-            "sequence_length": p.sequence_length, "source": p.source, "licence": p.licence,
-            "meta": dict(p.meta), "entries": entries}
+    out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": p.model, "num_layers": p.num_layers,
+           "sequence_length": p.sequence_length, "source": p.source, "licence": p.licence,
+           "meta": dict(p.meta), "entries": entries}
+    if p.calibration is not None:
+        out["calibration"] = p.calibration.to_dict()
+    return out
 
 
 def load_profile(path: str | Path) -> ModelProfile:

@@ -64,6 +64,11 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--naive-allreduce", action="store_true", help="one blocking all-reduce per layer")
     p.add_argument("--timeline", help="write predicted vs measured Gantt chart PNG here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--calibrate", metavar="OUT.json",
+                   help="write the plan's profile corrected by the run's measured stage times to OUT.json and its "
+                        "cluster with corrected links to OUT.cluster.json, and say whether re-planning on them pays "
+                        "(hpp.runtime.calibrate)")
+    p.add_argument("--force", action="store_true", help="with --calibrate: overwrite OUT.json and OUT.cluster.json")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--launcher", choices=("torchrun", "fork"), default="torchrun",
                    help="torchrun (default) or fork (fast start, single host)")
@@ -238,6 +243,8 @@ def _run_command(args: argparse.Namespace) -> int:
     """Run the plan and print the report; a failed run exits 1, a stopped one 130 / 143."""
     # here, not on top: torch and the runtime take 2-6 s to import (-X importtime); --help stays instant
     from hpp.runtime.run import RunFailedError, run_plan
+    if args.calibrate is not None:
+        _check_calibrate(args)
     try:
         with interrupt_signals():
             rep = _run(args, run_plan)
@@ -256,12 +263,44 @@ def _run_command(args: argparse.Namespace) -> int:
     few = few_steps_note(args.steps, args.warmup_steps)
     if few:
         rep["notes"] = [*rep.get("notes", []), few]
-    print(json.dumps(rep) if args.json else _human_run(rep))
+    cal_lines = _calibrate(args, rep) if args.calibrate is not None else []
+    print(json.dumps(rep) if args.json else "\n".join([_human_run(rep), *cal_lines]))
+    if args.json and cal_lines:
+        sys.stderr.write("\n".join(cal_lines) + "\n")
     if rep.get("verify") is not None:
         line = _verify_line(rep["verify"])
         (sys.stderr if args.json else sys.stdout).write(line + "\n")
         return 0 if rep["verify"]["passed"] else 1
     return 0
+
+
+def _check_calibrate(args: argparse.Namespace) -> None:
+    """``--calibrate``'s refusals that need no run (:func:`hpp.runtime.calibrate.check_before_run`)."""
+    from hpp.runtime.calibrate import check_before_run
+    from hpp.runtime.run_setup import load_run_inputs
+    if args.dry_run is not None or args.nnodes > 1:
+        raise HppInputError("--calibrate needs the whole run on this host", field="--calibrate",
+                            fix="drop --dry-run / --nnodes, or --calibrate")
+    _plan, _cluster, profile = load_run_inputs(args.plan)
+    check_before_run(args.calibrate, force=args.force, steps=args.steps, warmup_steps=args.warmup_steps,
+                     device=args.device, emulate_speed=args.emulate_speed, has_profile=profile is not None,
+                     plan_path=args.plan)
+
+
+def _calibrate(args: argparse.Namespace, rep: dict) -> list[str]:
+    """Calibrate from the run report ``rep``, write OUT.json and OUT.cluster.json, add ``rep["calibration"]``; the
+    console lines."""
+    from hpp.runtime.calibrate import calibrate_run, calibration_lines, replan_check, run_predictor, write_calibrated
+    from hpp.runtime.run_setup import load_run_inputs
+    plan, cluster, profile = load_run_inputs(args.plan)
+    cal = calibrate_run(rep, plan, cluster, profile, source=f"hpp run {args.plan} --steps {args.steps}",
+                        plan_path=str(args.plan))
+    paths = write_calibrated(cal, args.calibrate, force=args.force)
+    check = replan_check(plan, cal, predict=run_predictor(rep, cal))
+    rep["calibration"] = {"profile": str(paths[0]), "cluster": str(paths[1]), **cal.calibration.to_dict(),
+                          "replan": {k: v for k, v in check.items() if k != "plan"}}
+    return calibration_lines(cal, check, paths, (rep.get("predicted") or {}).get("iteration_time_s"),
+                             (rep.get("measured") or {}).get("iteration_time_s"))
 
 
 def few_steps_note(steps: int, warmup_steps: int) -> str | None:

@@ -74,7 +74,9 @@ def measured_terms(results: Sequence[Mapping[str, Any]], *, warmup_steps: int) -
     dict
         ``grad_sync_s`` (median over the kept steps [s]), ``grad_sync_steps_s`` (every step [s]) and
         ``stages``: per stage of these ranks, by (pipeline, stage), ``{"pipeline", "stage", "compute_s",
-        "p2p_wait_s"}`` (medians over the kept steps [s]; ``compute_s`` with the emulation's padding).
+        "p2p_wait_s"}`` (medians over the kept steps [s]; ``compute_s`` with the emulation's padding) and, per
+        step (all of them), ``compute_steps_s`` (with the padding) and ``cpu_steps_s`` (the CPU seconds of the
+        stage's forward/backward ops; both the largest over the stage's TP ranks).
 
     Examples
     --------
@@ -102,8 +104,10 @@ def measured_terms(results: Sequence[Mapping[str, Any]], *, warmup_steps: int) -
                      for ph in (r["phases"][i] for r in ranks)) for i in range(steps)]
         compute = [max(ph["compute_s"] + ph["padding_s"] for ph in (r["phases"][i] for r in ranks))
                    for i in range(steps)]
+        cpu = [max(ph.get("cpu_s", 0.0) for ph in (r["phases"][i] for r in ranks)) for i in range(steps)]
         stages.append({"pipeline": p, "stage": s, "compute_s": statistics.median(_kept(compute, warmup_steps)),
-                       "p2p_wait_s": statistics.median(_kept(waits, warmup_steps))})
+                       "p2p_wait_s": statistics.median(_kept(waits, warmup_steps)),
+                       "compute_steps_s": compute, "cpu_steps_s": cpu})
     return {"grad_sync_s": statistics.median(_kept(sync, warmup_steps)), "grad_sync_steps_s": sync,
             "stages": stages}
 

@@ -27,7 +27,8 @@ one host of ``C`` cores, which changes the time in two ways this module models:
   for the profile's idle ping-pong).
 
 and, with ``--emulate-speed``, the padding of :mod:`hpp.runtime.host.emulation`: a rank of a
-device type ``k`` x slower at time scale ``D`` sleeps after each forward/backward op until
+device type ``k`` x slower (``k``: the profile's slowdown of an emulated type, else the cluster's,
+:func:`believed_slowdown`) at time scale ``D`` sleeps after each forward/backward op until
 the op lasts ``k D`` x the CPU time it used, so contention is padded too.
 
 :func:`simulate_host_run` replays one training step event by event: every rank runs its
@@ -63,7 +64,8 @@ from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.step_time import HostTimeTerms
 from hpp.runtime.host.ops import OpProbe, op_probe_of
 
-__all__ = ["schedule_order", "HostPrediction", "simulate_host_run", "base_entry", "host_terms", "scale_cpu_work"]
+__all__ = ["schedule_order", "HostPrediction", "simulate_host_run", "base_entry", "believed_slowdown", "host_terms",
+           "scale_cpu_work"]
 
 _EPS = 1e-12
 
@@ -106,6 +108,19 @@ def base_entry(profile: ModelProfile, device_type: str, tp_degree: int, micro_ba
     emu = profile.meta.get("emulated", {}).get(device_type)
     base = str(emu["base"]) if emu else device_type
     return profile.layer_profile(base, tp_degree, micro_batch_size)
+
+
+def believed_slowdown(profile: ModelProfile, cluster: Cluster, device_type: str) -> float:
+    """The slowdown the prediction pads ``device_type``'s ops by: the profile's (``meta["emulated"]``), else the
+    cluster's.
+
+    The emulation pads a rank by the cluster's slowdown (the emulated hardware, the truth of a run); the
+    prediction is the profile's belief, so a profile wrong about an emulated type's speed predicts wrong, as a
+    wrong GPU profile would, and a profile calibrated by a run (:mod:`hpp.runtime.calibrate`) carries the
+    measured slowdown.
+    """
+    emu = profile.meta.get("emulated", {}).get(device_type)
+    return float(emu["slowdown"]) if emu else cluster.device_types[device_type].slowdown
 
 
 def scale_cpu_work(profile: ModelProfile, factor: float) -> ModelProfile:
@@ -193,7 +208,7 @@ def _rank_segments(plan: Plan, cluster: Cluster, profile: ModelProfile, *, emula
             c_in = c[s - 1] if s > 0 else 0.0
             c_out = c[s] if s < S - 1 else 0.0
             (f_in, f_out), (b_in, b_out) = _stage_ops(e, st.layer_start, st.layer_stop, st.recompute)
-            pad = cluster.device_types[st.device_type].slowdown * time_scale if emulate else 1.0
+            pad = believed_slowdown(profile, cluster, st.device_type) * time_scale if emulate else 1.0
             step_ovh = e.step_time.step_overhead_s if e.step_time is not None and m > 0 else 0.0
             for lane in range(st.tp_degree):
                 out = [_Seg("cpu", step_ovh)]
