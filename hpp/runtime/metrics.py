@@ -91,8 +91,8 @@ def peak_flops_per_s(device_type: str, dtype: str) -> float | None:
     """Dense peak FLOP/s of one device of ``device_type`` training in ``dtype``; ``None`` if unknown.
 
     ``device_type`` is a bundled type name (``A100-40``, case-insensitive) or torch's
-    device name as ``experiments/gpu_check.sh`` writes it (``NVIDIA-H200``,
-    ``NVIDIA-A100-SXM4-80GB``).
+    device name with spaces as dashes (``NVIDIA-H200``, ``NVIDIA-A100-SXM4-80GB``), as a
+    cluster file written by hand may name its types.
 
     >>> peak_flops_per_s("A100-80", "bfloat16")
     312000000000000.0
