@@ -3,7 +3,9 @@ refusals, and the calibration path through a run on the emulated CPU cluster."""
 
 import json
 import random
+import shlex
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +17,9 @@ from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.calibration_fit import fit_layers, fit_link
 from hpp.profiles.calibration_record import FigureCalibration, ProfileCalibration
 from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict, save_profile
-from hpp.runtime.calibrate import _scaled_cluster, calibrate_run, cluster_path_of
-from hpp.runtime.host.time_model import believed_slowdown
+from hpp.runtime.calibrate import (MAX_LINK_SPREAD, PAYS_ABOVE, _scaled_cluster, calibrate_run, cluster_path_of,
+                                   replan_check, replan_command)
+from hpp.runtime.host.time_model import believed_slowdown, emulation_mismatches
 from hpp.scenarios import get_scenario
 from tests.synthetic import toy_cluster, toy_profile
 
@@ -202,6 +205,9 @@ def test_run_calibrate_on_the_emulated_cluster_recovers_the_slowdown(wrong_setup
     assert "calibrate: wrote" in captured.err and "re-plan:" in captured.err
     cal = load_profile(out)
     assert cal.calibration is not None and cal.calibration.steps == 2 and cal.calibration.warmup_steps == 1
+    assert cal.calibration.source == shlex.join(["hpp", "run", str(wrong_setup / "plan.json"), "--steps", "3",
+                                                 "--launcher", "fork", "--emulate-speed", "--calibrate", str(out),
+                                                 "--json"])
     for mb in (1, 2, 4):
         f = cal.calibration.figure(f"cpu-2x/tp1/mb{mb}")
         assert f.status == "calibrated" and f.factor == pytest.approx(2.0, rel=0.05) and f.steps == 2
@@ -212,3 +218,144 @@ def test_run_calibrate_on_the_emulated_cluster_recovers_the_slowdown(wrong_setup
     assert rep["calibration"]["replan"]["current_s"] > 0
     assert main(["plan", "--cluster", str(cluster_path_of(out)), "--profile", str(out), "--gbs", "8",
                  "--quiet"]) == 0
+
+
+def _cpu_plan() -> Plan:
+    """cpu-hetero-4: pipeline 0 = cpu (layers 0-2) -> cpu-2x (3-5) at micro-batch 2, pipeline 1 = cpu-2x alone
+    at micro-batch 1 (devices 0, 2 and 3)."""
+    p0 = Pipeline((Stage(0, 3, "cpu", 1, (0,)), Stage(3, 6, "cpu-2x", 1, (2,))), micro_batch_size=2, num_samples=4)
+    p1 = Pipeline((Stage(0, 6, "cpu-2x", 1, (3,)),), micro_batch_size=1, num_samples=4)
+    return Plan("gpt-tiny", 6, 8, (p0, p1))
+
+
+def _cpu_report(plan: Plan, slowdown_per_step: list[float], *, time_scale: float = 4.0) -> dict:
+    """An emulated CPU run whose cpu-2x ops lasted ``slowdown x time_scale`` x their CPU time, step by step (cpu's:
+    ``time_scale`` x); each stage used 10 ms of CPU time per step; no gradient all-reduce measured."""
+    stages = []
+    for p, pipe in enumerate(plan.pipelines):
+        for s, st in enumerate(pipe.stages):
+            pad = slowdown_per_step if st.device_type == "cpu-2x" else [1.0] * len(slowdown_per_step)
+            stages.append({"pipeline": p, "stage": s, "cpu_steps_s": [0.01] * len(pad),
+                           "compute_steps_s": [0.01 * time_scale * k for k in pad]})
+    return {"model": "gpt-tiny", "device": "cpu", "warmup_steps": 1, "emulate_speed": True,
+            "predicted": {"time_scale": time_scale}, "measured": {"stages": stages, "grad_sync_steps_s": []}}
+
+
+def _with_cpu2x(prof, *, entry_factor: float, slowdown: float):
+    """``prof`` with cpu-2x's forward/backward = cpu's x ``entry_factor`` and meta slowdown ``slowdown``."""
+    entries = {k: (replace(prof.entries[("cpu", k[1], k[2])], device_type="cpu-2x",
+                           forward_s=tuple(entry_factor * v for v in prof.entries[("cpu", k[1], k[2])].forward_s),
+                           backward_s=tuple(entry_factor * v for v in prof.entries[("cpu", k[1], k[2])].backward_s))
+                   if k[0] == "cpu-2x" else e) for k, e in prof.entries.items()}
+    return replace(prof, entries=entries, meta=dict(prof.meta, emulated={"cpu-2x": {"base": "cpu",
+                                                                                    "slowdown": slowdown}}))
+
+
+@pytest.mark.parametrize("entry_factor, slowdown", [(1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (2.0, 2.0), (3.0, 4.0)])
+def test_emulated_type_is_written_as_base_times_measured_slowdown_whatever_the_old_pair(entry_factor, slowdown,
+                                                                                           caplog):
+    """Measured slowdown 2.1 (median of 2.0, 2.1, 2.3 after the warm-up step): meta.emulated.cpu-2x.slowdown = 2.1
+    and every cpu-2x entry = cpu's x 2.1 (forward, backward; optimizer = cpu's), whatever the old entries (x1, x2,
+    x3 of cpu's) and the old slowdown said; a figure's factor is new / old = 2.1 / entry_factor."""
+    base = load_bundled_profile("gpt-tiny")
+    prof = _with_cpu2x(base, entry_factor=entry_factor, slowdown=slowdown)
+    plan, cluster = _cpu_plan(), get_scenario("cpu-hetero-4").cluster()
+    cal = calibrate_run(_cpu_report(plan, [9.0, 2.0, 2.3, 2.1]), plan, cluster, prof, source="s",
+                        plan_path="p.json")
+    assert cal.profile.meta["emulated"]["cpu-2x"] == {"base": "cpu", "slowdown": pytest.approx(2.1)}
+    for k in (("cpu-2x", 1, 1), ("cpu-2x", 1, 2), ("cpu-2x", 1, 4)):
+        new, b = cal.profile.entries[k], base.entries[("cpu", k[1], k[2])]
+        assert new.forward_s == pytest.approx([2.1 * v for v in b.forward_s])
+        assert new.backward_s == pytest.approx([2.1 * v for v in b.backward_s])
+        assert new.optimizer_s == b.optimizer_s
+        fig = cal.calibration.figure(f"cpu-2x/tp{k[1]}/mb{k[2]}")
+        assert (fig.status, fig.steps) == ("calibrated", 3)
+        assert fig.factor == pytest.approx(2.1 / entry_factor)
+        assert fig.spread == pytest.approx((2.3 - 2.0) / 2.1)
+    assert cal.profile.entries[("cpu", 1, 2)] == base.entries[("cpu", 1, 2)]       # the base type is kept
+    mismatch = [r.message for r in caplog.records if "meta.emulated.cpu-2x.slowdown" in r.message]
+    assert bool(mismatch) == (entry_factor != slowdown)                          # warned when the pair disagreed
+    assert emulation_mismatches(cal.profile) == []
+
+
+def test_calibrating_the_calibrated_profile_again_changes_nothing():
+    """Control for the fixed point: a profile already at the measured slowdown gets factor 1 and the same figures."""
+    prof = _with_cpu2x(load_bundled_profile("gpt-tiny"), entry_factor=1.0, slowdown=2.0)
+    plan, cluster = _cpu_plan(), get_scenario("cpu-hetero-4").cluster()
+    once = calibrate_run(_cpu_report(plan, [2.0] * 4), plan, cluster, prof, source="s", plan_path="p.json")
+    twice = calibrate_run(_cpu_report(plan, [2.0] * 4), plan, cluster, once.profile, source="s", plan_path="p.json")
+    assert twice.profile.meta["emulated"]["cpu-2x"]["slowdown"] == pytest.approx(2.0)
+    assert twice.calibration.figure("cpu-2x/tp1/mb2").factor == pytest.approx(1.0)
+    assert twice.profile.entries[("cpu-2x", 1, 2)].forward_s == pytest.approx(
+        once.profile.entries[("cpu-2x", 1, 2)].forward_s)
+
+
+def test_a_noisy_link_is_kept_and_does_not_set_the_replan_bar():
+    """Per-step factors 0.4, 0.4, 1.0, 0.4, 0.4 after the warm-up: spread (1.0 - 0.4) / 0.4 = 150 % > 50 %, so the
+    link keeps its bandwidth, says why, and the re-plan bar is the layers' spread (< 10 %), not 150 %."""
+    profile = toy_profile({"A": 1.0})
+    cluster = toy_cluster([("A", 4)], memory={"A": 10**9}, bw=1e3, latency=1e-3)
+    plan = _toy_plan()
+    rep = _synthetic_report(plan, cluster, profile, link_factor=0.4)
+    sync = lambda g: estimate_plan(plan, _scaled_cluster(cluster, [0], g), profile).grad_sync_s     # noqa: E731
+    rep["measured"]["grad_sync_steps_s"] = [sync(g) for g in (0.4, 0.4, 0.4, 1.0, 0.4, 0.4)]
+    cal = calibrate_run(rep, plan, cluster, profile, source="s", plan_path="p.json")
+    link = cal.calibration.figure("link intra-node 0 (A)")
+    assert (link.status, link.factor) == ("kept", 1.0)
+    assert link.note == "too noisy (spread 150 % of the fitted factor x0.400 over 5 steps, above 50 %)"
+    assert cal.cluster.nodes[0].intra_node.max_bytes_per_s == 1e3
+    check = replan_check(plan, cal, time_limit_s=2.0)
+    assert check["threshold"] == max(PAYS_ABOVE, cal.calibration.figure("A/tp1/mb1").spread) < 0.1
+    assert MAX_LINK_SPREAD == 0.5
+
+
+def test_replan_command_plans_at_the_runs_global_batch():
+    """The printed re-plan is the plan replan_check priced: the run's --gbs, its time limit, no baselines."""
+    cmd = replan_command((Path("out/cal.json"), Path("out/cal.cluster.json")),
+                         {"global_batch_size": 32, "time_limit_s": 10.0})
+    assert cmd == ("hpp plan --profile out/cal.json --cluster out/cal.cluster.json --gbs 32 --time-limit 10 "
+                   "--no-baselines --out out/cal.plan.json")
+
+
+@pytest.mark.parametrize("emulated, message", [
+    ({"cpu-2x": {"base": "cpu", "slowdwn": 2.0}},
+     ("p.json: field 'meta.emulated.cpu-2x.slowdwn': unknown key 'slowdwn'. Fix: did you mean 'slowdown'? valid keys "
+      "here: base, slowdown")),
+    ({"cpu-2x": {"base": "cpu", "slowdown": 0.5}},
+     ("p.json: field 'meta.emulated.cpu-2x.slowdown': slowdown 0.5. Fix: use a number >= 1 (an emulation only slows "
+      "the base type down)")),
+    ({"cpu-2x": {"base": "cpu", "slowdown": "2"}},
+     ("p.json: field 'meta.emulated.cpu-2x.slowdown': slowdown '2'. Fix: use a number >= 1 (an emulation only slows "
+      "the base type down)")),
+    ({"cpu-2x": {"base": "gpu", "slowdown": 2.0}},
+     "p.json: field 'meta.emulated.cpu-2x.base': base 'gpu' has no entries. Fix: use one of ['cpu', 'cpu-2x']"),
+    ({"cpu-2x": {"slowdown": 2.0}},
+     ("p.json: field 'meta.emulated.cpu-2x.base': missing field 'base'. Fix: give the base device type and the "
+      "slowdown")),
+])
+def test_profile_meta_emulated_is_validated(emulated, message):
+    d = profile_to_dict(load_bundled_profile("gpt-tiny"))
+    d["meta"]["emulated"] = emulated
+    with pytest.raises(HppInputError) as exc:
+        profile_from_dict(d, source="p.json")
+    assert str(exc.value).splitlines() == [message]
+
+
+def test_a_bad_key_in_a_calibration_figure_or_step_time_is_one_line(tmp_path):
+    rec = ProfileCalibration("s", "p.json", 3, 1, (FigureCalibration("cpu/tp1/mb1", "kept", "", 1.0, 0.0, 0, "x"),))
+    d = profile_to_dict(replace(load_bundled_profile("gpt-tiny"), calibration=rec))
+    d["calibration"]["figures"][0]["factr"] = d["calibration"]["figures"][0].pop("factor")
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(HppInputError) as exc:
+        load_profile(tmp_path / "p.json")
+    assert str(exc.value).splitlines() == [
+        (f"{tmp_path / 'p.json'}: field 'calibration.figures[0].factr': unknown key 'factr'. Fix: did you mean "
+         "'factor'? valid keys here: what, status, method, factor, spread, steps, note")]
+    d = profile_to_dict(load_bundled_profile("gpt-tiny"))
+    d["entries"][0]["step_time"]["loss_forwrd_s"] = 0.0
+    with pytest.raises(HppInputError) as exc:
+        profile_from_dict(d, source="p.json")
+    assert str(exc.value).splitlines()[0].startswith(
+        "p.json: field 'entries[0].step_time.loss_forwrd_s': unknown key 'loss_forwrd_s'. Fix: did you mean "
+        "'loss_forward_s'?")
+    assert len(str(exc.value).splitlines()) == 1

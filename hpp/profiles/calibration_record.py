@@ -120,6 +120,8 @@ class ProfileCalibration:
                 fig.validate(source=source, where=w)
                 figs.append(fig)
             out = cls(str(d["source"]), str(d["plan"]), d["steps"], d["warmup_steps"], tuple(figs))
+        except HppInputError:
+            raise
         except KeyError as exc:
             raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
                                 fix="add it (see hpp/profiles/calibration_record.py)") from None

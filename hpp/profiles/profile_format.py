@@ -22,6 +22,7 @@ The fields are those of :class:`~hpp.profiles.model_profile.LayerProfile` (see :
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -61,6 +62,8 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
             step_time=(StepTimeTerms.from_dict(d["step_time"], source=source, where=f"{where}.step_time")
                        if d.get("step_time") is not None else None),
             estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
+    except HppInputError:
+        raise
     except KeyError as exc:
         raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
                             fix="add it (see the native profile format in hpp/profiles/model_profile.py)") from None
@@ -69,6 +72,37 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
                             fix="use numbers, one per layer") from None
     e.validate(source=source, where=where)
     return e
+
+
+_EMULATED_KEYS = ("base", "slowdown")
+
+
+def _check_emulated(emulated: Any, entries: Mapping[Key, LayerProfile], *, source: str) -> None:
+    """``meta.emulated``: per emulated device type ``{"base": a device type with entries, "slowdown": a number >=
+    1}`` (the emulation pads its ops to ``slowdown`` x their time on the base type, :mod:`hpp.runtime.host`)."""
+    if emulated is None:
+        return
+    if not isinstance(emulated, Mapping):
+        raise HppInputError("meta.emulated must be an object", source=source, field="meta.emulated",
+                            fix='give {"TYPE": {"base": "cpu", "slowdown": 2.0}}')
+    types = sorted({k[0] for k in entries})
+    for name, emu in emulated.items():
+        where = f"meta.emulated.{name}"
+        if not isinstance(emu, Mapping):
+            raise HppInputError(f"{emu!r}", source=source, field=where,
+                                fix='give {"base": "cpu", "slowdown": 2.0}')
+        check_keys(emu, _EMULATED_KEYS, source=source, where=f"{where}.")
+        for key in _EMULATED_KEYS:
+            if key not in emu:
+                raise HppInputError(f"missing field {key!r}", source=source, field=f"{where}.{key}",
+                                    fix="give the base device type and the slowdown")
+        if str(emu["base"]) not in types:
+            raise HppInputError(f"base {emu['base']!r} has no entries", source=source, field=f"{where}.base",
+                                fix=f"use one of {types}")
+        k = emu["slowdown"]
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not (math.isfinite(k) and k >= 1.0):
+            raise HppInputError(f"slowdown {k!r}", source=source, field=f"{where}.slowdown",
+                                fix="use a number >= 1 (an emulation only slows the base type down)")
 
 
 def profile_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> ModelProfile:
@@ -103,6 +137,10 @@ def profile_from_dict(d: Mapping[str, Any], *, source: str = "<dict>") -> ModelP
             raise HppInputError(f"duplicate entry {e.key}", source=source, field=f"entries[{i}]",
                                 fix="give each (device_type, tp_degree, micro_batch_size) once")
         entries[e.key] = e
+    meta = d.get("meta", {})
+    if not isinstance(meta, Mapping):
+        raise HppInputError("meta must be an object", source=source, field="meta", fix="write {} or remove it")
+    _check_emulated(meta.get("emulated"), entries, source=source)
     return ModelProfile(model=str(d["model"]), num_layers=num_layers,
                         sequence_length=int(d.get("sequence_length", 1)), entries=entries,
                         source=str(d.get("source", "")), licence=str(d.get("licence", "")),

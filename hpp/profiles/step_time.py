@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 from hpp.errors import HppInputError
+from hpp.fileio import check_keys
 
 __all__ = ["StepTimeTerms", "HostTimeTerms"]
 
@@ -127,6 +128,7 @@ class StepTimeTerms:
         if not isinstance(d, Mapping):
             raise HppInputError("step_time must be a JSON object", source=source, field=where,
                                 fix="see hpp/profiles/step_time.py")
+        check_keys(d, tuple(f.name for f in fields(cls)), source=source, where=f"{where}.")
         try:
             t = cls(**{f.name: float(d[f.name]) for f in fields(cls) if f.name != "p2p_overhead_s"},
                     p2p_overhead_s=float(d.get("p2p_overhead_s", 0.0)))

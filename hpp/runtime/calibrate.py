@@ -22,14 +22,19 @@ the fit's module docstring says why). What a stage measures, in the profile's un
   relative to the host's CPU, and the stage's time is that x its layers' times on the base type (the
   type measured on this host). The host's own speed is not the device's: it changes from run to run, and
   ``hpp run``'s speed probe (:mod:`hpp.runtime.profile.host_speed`) measures it each run. So on CPU the
-  emulated types are calibrated (one slowdown per type, by construction of the emulation, applied to
-  all its entries and to ``meta["emulated"]``, which the run's prediction pads with,
-  :func:`hpp.runtime.host.time_model.believed_slowdown`), and the base type's entries are kept.
+  emulated types are calibrated (one slowdown per type, by construction of the emulation), and the base
+  type's entries are kept. The profile holds an emulated type's speed twice: its entries (what the planner
+  prices) and ``meta["emulated"][TYPE]["slowdown"]`` (what the run's prediction pads by,
+  :func:`hpp.runtime.host.time_model.believed_slowdown`); both are written from the measured slowdown ``k``
+  (entries = the base type's x ``k``, :func:`hpp.runtime.host.time_model.emulated_entry`; slowdown = ``k``),
+  whatever the old pair was, so a profile whose two disagreed (logged as a warning) comes out consistent, and
+  calibrating it again gives factor 1.
 
 **Links.** The measured gradient sync per step (:mod:`hpp.runtime.step_terms`) against the cost model's
 all-reduce time gives one bandwidth factor (:func:`hpp.profiles.calibration_fit.fit_link`) for the links
 of the nodes the plan uses (each node's own link and, for a plan over several nodes, the inter-node
-link). The measured point-to-point waits are not fitted: they include the fill and drain of the
+link); a factor whose spread over the steps is above :data:`MAX_LINK_SPREAD` is not written (the link is kept,
+"too noisy"). The measured point-to-point waits are not fitted: they include the fill and drain of the
 schedule, which depend on the other stages' times, and on one host the transfers are a small part of
 them; the console shows them beside the prediction. A version-2 cluster's per-pair links are kept.
 
@@ -37,7 +42,8 @@ them; the console shows them beside the prediction. A version-2 cluster's per-pa
 (:func:`hpp.planner.plan_hpp`) and prices it and the run's plan as the run predicts (:func:`run_predictor`: on
 CPU the host model, at the run's time scale and host speed, on the calibrated profile); re-planning is predicted
 to pay when the new plan is faster by
-more than the calibrated figures' largest spread (at least :data:`PAYS_ABOVE`).
+more than the largest spread of the figures that were written (at least :data:`PAYS_ABOVE`);
+:func:`replan_command` is the ``hpp plan`` command of that search (the run's global batch size).
 
 Refusals (:class:`HppInputError`, exit 2): before the run (:func:`check_before_run`) an ``OUT.json`` or
 ``OUT.cluster.json`` that exists without ``--force``, a run with no step after the warm-up, a plan
@@ -48,6 +54,7 @@ without a profile, a CPU run without ``--emulate-speed``; after it (:func:`calib
 from __future__ import annotations
 
 import logging
+import shlex
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,19 +63,27 @@ from typing import Any, Callable, Mapping
 from hpp.errors import HppInputError
 from hpp.formulation.cost_model import estimate_plan, stage_compute_s
 from hpp.plan_data import Plan
-from hpp.profiles.calibration_fit import fit_layers, fit_link, spread
+from hpp.profiles.calibration_fit import MAX_LINK_FACTOR, fit_layers, fit_link, spread
 from hpp.profiles.calibration_record import FigureCalibration, ProfileCalibration
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.cluster_format import save_cluster
-from hpp.profiles.model_profile import Key, ModelProfile
-from hpp.runtime.host.time_model import base_entry, scale_cpu_work, simulate_host_run
+from hpp.profiles.model_profile import Key, LayerProfile, ModelProfile
+from hpp.runtime.host.time_model import (base_entry, emulated_entry, emulation_mismatches, scale_cpu_work,
+                                        simulate_host_run)
 from hpp.runtime.models.zoo import canonical_model_name
 
 __all__ = ["Calibrated", "calibrate_run", "check_before_run", "cluster_path_of", "replan_check", "run_predictor",
-           "write_calibrated", "calibration_lines", "PAYS_ABOVE"]
+           "write_calibrated", "calibration_lines", "replan_command",
+           "PAYS_ABOVE", "MAX_LINK_SPREAD"]
 
 logger = logging.getLogger(__name__)
 
+#: the largest spread ((max - min) / median over the steps) of a link's fitted bandwidth factor that is written; a
+#: noisier link is kept. The gradient sync is a few milliseconds on a shared host and a step's sync can end at
+#: the latency (the all-reduce hidden behind the backward pass), so a step's factor swings by more than 2x while a
+#: link's true bandwidth does not change between steps; above 50 % the median says more about the host's
+#: scheduling than about the link, and written it would also set the bar of "re-planning pays" (replan_check).
+MAX_LINK_SPREAD = 0.5
 #: the least predicted gain of a re-plan that is called "predicted to pay" (the calibrated figures' own spread
 #: raises it)
 PAYS_ABOVE = 0.01
@@ -138,6 +153,11 @@ def _kept(what: str, note: str) -> FigureCalibration:
     return FigureCalibration(what, "kept", "", 1.0, 0.0, 0, note)
 
 
+def _compute_s(e: LayerProfile) -> float:
+    """An entry's forward + backward summed over its layers [s per micro-batch]."""
+    return float(sum(e.forward_s) + sum(e.backward_s))
+
+
 def _stage_rows(report: Mapping[str, Any], plan: Plan, profile: ModelProfile, *, warmup_steps: int
                 ) -> dict[Key, list[tuple[int, int, bool, list[float]]]]:
     """Per entry key, its stages ``(lo, hi, recomputes, per kept step: forward + backward per micro-batch [s] in the
@@ -186,27 +206,32 @@ def _fit_entries(report: Mapping[str, Any], plan: Plan, profile: ModelProfile, *
             for k in keys:
                 figures[k] = _kept(_entry_name(k), f"the run used no device of type {dtype}")
             continue
-        if dtype in emulated:
-            # one slowdown for the whole type (the emulation pads every op of it by one factor)
+        if cpu and dtype in emulated:
+            # one slowdown for the whole type (the emulation pads every op of it by one factor): what was measured,
+            # relative to the base type's entries, whatever the old entries and meta slowdown said
             num = [0.0] * len(rows[ran[0]][0][3])
             den = 0.0
             for k in ran:
-                e = profile.entries.get(k) or profile.layer_profile(*k)
+                b = base_entry(profile, *k)
                 for lo, hi, rc, y in rows[k]:
-                    den += sum((2.0 if rc else 1.0) * f + b for f, b in zip(e.forward_s[lo:hi], e.backward_s[lo:hi]))
-                    num = [a + b for a, b in zip(num, y)]
+                    den += sum((2.0 if rc else 1.0) * f + g for f, g in zip(b.forward_s[lo:hi], b.backward_s[lo:hi]))
+                    num = [a + v for a, v in zip(num, y)]
             per_step = [x / den for x in num]
-            k_fit = statistics.median(per_step)
+            measured = statistics.median(per_step)
+            slowdown = max(measured, 1.0)
             used = ", ".join(str(k[2]) for k in ran)
+            old_slowdown = float(emulated[dtype].get("slowdown", 1.0))
+            note = (f"emulated type: {emulated[dtype]['base']} x the measured slowdown {measured:.3f} "
+                    f"(meta.emulated.{dtype}.slowdown was {old_slowdown:g}) for every entry, measured at micro-batch "
+                    f"size {used}")
+            if measured < 1.0:
+                note += "; written 1, the least an emulation pads by"
             for k in keys:
-                e = entries[k]
-                entries[k] = replace(e, forward_s=tuple(v * k_fit for v in e.forward_s),
-                                     backward_s=tuple(v * k_fit for v in e.backward_s))
-                figures[k] = FigureCalibration(_entry_name(k), "calibrated", "scale", k_fit, spread(per_step),
-                                               len(per_step), f"emulated type: one slowdown for every entry, measured "
-                                               f"at micro-batch size {used}")
-            old = dict(emulated[dtype])
-            emulated[dtype] = {**old, "slowdown": float(old.get("slowdown", 1.0)) * k_fit}
+                entries[k] = emulated_entry(base_entry(profile, *k), dtype, slowdown)
+                figures[k] = FigureCalibration(_entry_name(k), "calibrated", "scale",
+                                               _compute_s(entries[k]) / _compute_s(profile.entries[k]),
+                                               spread(per_step), len(per_step), note)
+            emulated[dtype] = {**emulated[dtype], "slowdown": slowdown}
             continue
         for k in keys:
             if k not in rows:
@@ -274,8 +299,13 @@ def _fit_links(report: Mapping[str, Any], plan: Plan, cluster: Cluster, profile:
                "the gradient all-reduces were hidden in the schedule (measured sync at or below the latency): the run "
                "did not measure the links")
         return cluster, [_kept(n, why) for n in sorted(used)] + kept_unused
-    note = "from the measured gradient sync" + (" (bounded by the time floor: a measured time at the latency)"
-                                                 if fit.floored else "")
+    if fit.spread > MAX_LINK_SPREAD:
+        why = (f"too noisy (spread {100 * fit.spread:.0f} % of the fitted factor x{fit.factor:.3f} over {fit.steps} "
+               f"steps, above {100 * MAX_LINK_SPREAD:.0f} %)")
+        return cluster, [_kept(n, why) for n in sorted(used)] + kept_unused
+    note = "from the measured gradient sync" + (
+        f" (some steps' sync at or below the latency: their factor bounded at x{MAX_LINK_FACTOR:g})"
+        if fit.floored else "")
     figs = [FigureCalibration(n, "calibrated", "bandwidth", fit.factor, fit.spread, fit.steps, note)
             for n in sorted(used)]
     return _scaled_cluster(cluster, nodes, fit.factor), figs + kept_unused
@@ -309,6 +339,8 @@ def calibrate_run(report: Mapping[str, Any], plan: Plan, cluster: Cluster, profi
     if same(str(report.get("model", ""))) != same(profile.model):
         raise HppInputError(f"the run is of model {report.get('model')!r} but the profile is of {profile.model!r}",
                             field="model", fix=f"calibrate a profile of {report.get('model')!r}")
+    for line in emulation_mismatches(profile):
+        logger.warning("%s: %s; the calibrated profile writes both from the run's measurement", plan_path, line)
     new_profile, entry_figs = _fit_entries(report, plan, profile, warmup_steps=warmup)
     new_cluster, link_figs = _fit_links(report, plan, cluster, profile, warmup_steps=warmup)
     cal = ProfileCalibration(source, plan_path, steps - warmup, warmup, tuple(entry_figs + link_figs))
@@ -365,7 +397,8 @@ def replan_check(plan: Plan, cal: Calibrated, *, predict: Callable[[Plan], float
         ``current_s`` (the run's plan), ``replan_s`` (the new plan's predicted iteration time [s], None
         when the search found none), ``gain`` (``1 - replan_s / current_s``), ``threshold`` (the gain above
         which it pays), ``pays`` (bool), ``plan`` (the new :class:`Plan` or None) and
-        ``cost_model_current_s`` / ``cost_model_replan_s`` (both in the calibrated cost model).
+        ``cost_model_current_s`` / ``cost_model_replan_s`` (both in the calibrated cost model), and how the new
+        plan was searched, ``global_batch_size`` (the run's) and ``time_limit_s`` (:func:`replan_command`).
     """
     from hpp.formulation.composition.settings import SolverSettings
     from hpp.planner import plan_hpp
@@ -373,18 +406,33 @@ def replan_check(plan: Plan, cal: Calibrated, *, predict: Callable[[Plan], float
     current = predict(plan)
     cm_current = estimate_plan(plan, cal.cluster, cal.profile).iteration_time_s
     threshold = max([PAYS_ABOVE] + [f.spread for f in cal.calibration.figures if f.status == "calibrated"])
+    how = {"global_batch_size": plan.global_batch_size, "time_limit_s": time_limit_s}
     try:
         res = plan_hpp(cal.cluster, cal.profile, plan.global_batch_size,
                        settings=SolverSettings(max_time_in_seconds=time_limit_s))
     except HppInputError as exc:
         logger.info("re-plan on the calibrated figures found no plan: %s", exc)
         return {"current_s": current, "replan_s": None, "gain": None, "threshold": threshold, "pays": False,
-                "plan": None, "cost_model_current_s": cm_current, "cost_model_replan_s": None}
+                "plan": None, "cost_model_current_s": cm_current, "cost_model_replan_s": None, **how}
     new = predict(res.plan)
     gain = 1.0 - new / current
     return {"current_s": current, "replan_s": new, "gain": gain, "threshold": threshold, "pays": gain > threshold,
             "plan": res.plan, "cost_model_current_s": cm_current,
-            "cost_model_replan_s": res.estimate.iteration_time_s}
+            "cost_model_replan_s": res.estimate.iteration_time_s, **how}
+
+
+def replan_command(paths: tuple[Path, Path], check: Mapping[str, Any]) -> str:
+    """The ``hpp plan`` command of the plan :func:`replan_check` priced: on the calibrated profile and cluster
+    ``paths``, at the run's global batch size, with its solver time limit and without the baselines (the check
+    searches without them).
+
+    >>> replan_command((Path("c.json"), Path("c.cluster.json")), {"global_batch_size": 32, "time_limit_s": 10.0})
+    'hpp plan --profile c.json --cluster c.cluster.json --gbs 32 --time-limit 10 --no-baselines --out c.plan.json'
+    """
+    out = paths[0].with_name(paths[0].stem + ".plan.json")
+    return shlex.join(["hpp", "plan", "--profile", str(paths[0]), "--cluster", str(paths[1]),
+                       "--gbs", str(check["global_batch_size"]), "--time-limit", f"{check['time_limit_s']:g}",
+                       "--no-baselines", "--out", str(out)])
 
 
 def calibration_lines(cal: Calibrated, check: Mapping[str, Any], paths: tuple[Path, Path],
@@ -411,7 +459,7 @@ def calibration_lines(cal: Calibrated, check: Mapping[str, Any], paths: tuple[Pa
         lines.append(f"  re-plan: this plan {before}{cur:.4f} s per iteration in the calibrated model; the search "
                      "found no plan on the calibrated figures")
         return lines
-    verdict = (f"re-planning is predicted to pay: hpp plan --profile {paths[0]} --cluster {paths[1]}" if check["pays"]
+    verdict = (f"re-planning is predicted to pay: {replan_command(paths, check)}" if check["pays"]
                else f"re-planning is not predicted to pay (gain within {100 * check['threshold']:.1f} %, the "
                     "calibrated figures' spread)")
     lines.append(f"  re-plan: this plan {before}{cur:.4f} s per iteration as this run predicts on the calibrated "

@@ -235,7 +235,9 @@ def run_main(argv: Sequence[str] | None = None) -> int:
 
     Bad input: ``hpp run: error: ...`` and exit 2 (:func:`hpp.cliparse.run_command`).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _run_parser().parse_args(argv)
+    args.command_line = shlex.join(["hpp", "run", *argv])       # what --calibrate records as its source
     return run_command("hpp run", lambda: _run_command(args))
 
 
@@ -293,7 +295,7 @@ def _calibrate(args: argparse.Namespace, rep: dict) -> list[str]:
     from hpp.runtime.calibrate import calibrate_run, calibration_lines, replan_check, run_predictor, write_calibrated
     from hpp.runtime.run_setup import load_run_inputs
     plan, cluster, profile = load_run_inputs(args.plan)
-    cal = calibrate_run(rep, plan, cluster, profile, source=f"hpp run {args.plan} --steps {args.steps}",
+    cal = calibrate_run(rep, plan, cluster, profile, source=args.command_line,
                         plan_path=str(args.plan))
     paths = write_calibrated(cal, args.calibrate, force=args.force)
     check = replan_check(plan, cal, predict=run_predictor(rep, cal))

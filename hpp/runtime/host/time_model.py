@@ -55,6 +55,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hpp.errors import HppInputError
 from hpp.formulation.cost_config import CostModelConfig
 from hpp.formulation.cost_model import estimate_plan, stage_compute_s
 from hpp.formulation.collectives import p2p_transfer_s
@@ -65,7 +66,12 @@ from hpp.profiles.step_time import HostTimeTerms
 from hpp.runtime.host.ops import OpProbe, op_probe_of
 
 __all__ = ["schedule_order", "HostPrediction", "simulate_host_run", "base_entry", "believed_slowdown", "host_terms",
-           "scale_cpu_work"]
+           "scale_cpu_work", "emulated_entry", "emulation_mismatches", "EMULATION_TOLERANCE"]
+
+#: the relative difference between an emulated type's entries / its base type's and its ``meta["emulated"]``
+#: slowdown above which :func:`emulation_mismatches` reports the pair (a profile written by ``hpp profile
+#: --emulate`` or ``hpp run --calibrate`` has them equal up to rounding)
+EMULATION_TOLERANCE = 0.05
 
 _EPS = 1e-12
 
@@ -108,6 +114,64 @@ def base_entry(profile: ModelProfile, device_type: str, tp_degree: int, micro_ba
     emu = profile.meta.get("emulated", {}).get(device_type)
     base = str(emu["base"]) if emu else device_type
     return profile.layer_profile(base, tp_degree, micro_batch_size)
+
+
+def emulated_entry(base: LayerProfile, device_type: str, slowdown: float) -> LayerProfile:
+    """``base`` (the base type's entry) as the emulation runs it on a ``slowdown`` x slower ``device_type``: forward
+    and backward x ``slowdown``, the step's time terms as :meth:`~hpp.profiles.step_time.StepTimeTerms.emulated`
+    pads them, the optimizer step unscaled (:mod:`hpp.runtime.host.emulation` pads the forward/backward ops only).
+
+    Raises
+    ------
+    HppInputError
+        ``slowdown`` < 1 (an emulation only slows down).
+
+    Examples
+    --------
+    >>> b = LayerProfile("cpu", 1, 1, (1.0,), (2.0,), (0.5,), (8,), (8,), (8,))
+    >>> e = emulated_entry(b, "cpu-2x", 2.0)
+    >>> e.device_type, e.forward_s, e.backward_s, e.optimizer_s
+    ('cpu-2x', (2.0,), (4.0,), (0.5,))
+    """
+    if not slowdown >= 1.0:
+        raise HppInputError(f"slowdown {slowdown} for {device_type!r}", field="slowdown", fix="use a factor >= 1")
+    return replace(base, device_type=device_type, forward_s=tuple(v * slowdown for v in base.forward_s),
+                   backward_s=tuple(v * slowdown for v in base.backward_s),
+                   step_time=base.step_time.emulated(slowdown) if base.step_time is not None else None,
+                   estimated=base.estimated,
+                   note=f"emulated: {base.device_type} measurement with forward and backward x {slowdown} "
+                        "(sleep padding of hpp run --emulate-speed); optimizer step unscaled")
+
+
+def emulation_mismatches(profile: ModelProfile, *, tolerance: float = EMULATION_TOLERANCE) -> list[str]:
+    """One line per emulated type whose entries disagree with its ``meta["emulated"]`` slowdown.
+
+    The planner prices an emulated type by its entries, the CPU run's prediction pads its ops by the slowdown
+    (:func:`believed_slowdown`); the two say the same when each entry's forward + backward is the slowdown x its
+    base type's entry's. Compared on the entries whose base type has the same key; reported when the ratio differs
+    from the slowdown by more than ``tolerance`` (relative).
+
+    >>> b = LayerProfile("cpu", 1, 1, (1.0,), (2.0,), (0.5,), (8,), (8,), (8,))
+    >>> e = emulated_entry(b, "cpu-2x", 2.0)
+    >>> p = ModelProfile("m", 1, 1, entries={b.key: b, e.key: e},
+    ...                  meta={"emulated": {"cpu-2x": {"base": "cpu", "slowdown": 4.0}}})
+    >>> emulation_mismatches(p)
+    ['meta.emulated.cpu-2x.slowdown is 4 but its entries are x2.000 of the base type cpu (cpu-2x/tp1/mb1)']
+    """
+    out = []
+    for dtype, emu in sorted(profile.meta.get("emulated", {}).items()):
+        k = float(emu["slowdown"])
+        for key in sorted(key for key in profile.entries if key[0] == dtype):
+            base = profile.entries.get((str(emu["base"]), key[1], key[2]))
+            if base is None:
+                continue
+            e = profile.entries[key]
+            ratio = (sum(e.forward_s) + sum(e.backward_s)) / (sum(base.forward_s) + sum(base.backward_s))
+            if abs(ratio / k - 1.0) > tolerance:
+                out.append(f"meta.emulated.{dtype}.slowdown is {k:g} but its entries are x{ratio:.3f} of "
+                           f"the base type {emu['base']} ({dtype}/tp{key[1]}/mb{key[2]})")
+                break
+    return out
 
 
 def believed_slowdown(profile: ModelProfile, cluster: Cluster, device_type: str) -> float:

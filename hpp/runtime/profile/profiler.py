@@ -45,6 +45,7 @@ import torch
 from hpp.errors import HppInputError
 from hpp.profiles.model_profile import LayerProfile, ModelProfile
 from hpp.profiles.profile_format import save_profile
+from hpp.runtime.host.time_model import emulated_entry
 from hpp.runtime.models.api import RuntimeModel, check_protocol
 from hpp.runtime.models.gpt import GPT, ModelConfig
 from hpp.runtime.models.zoo import canonical_model_name, load_runtime_model, portable_model_spec
@@ -337,11 +338,7 @@ def scale_profile(profile: ModelProfile, slowdowns: Mapping[str, float], *, base
         if not k >= 1.0:
             raise HppInputError(f"slowdown {k} for {name!r}", field="slowdown", fix="use a factor >= 1")
         for e in base:
-            scaled = replace(e, device_type=name, forward_s=tuple(v * k for v in e.forward_s),
-                             step_time=e.step_time.emulated(k) if e.step_time is not None else None,
-                             backward_s=tuple(v * k for v in e.backward_s),
-                             note=f"emulated: {base_device_type} measurement with forward and backward x {k} "
-                                  f"(sleep padding of hpp run --emulate-speed); optimizer step unscaled")
+            scaled = emulated_entry(e, name, k)
             entries[scaled.key] = scaled
     meta = dict(profile.meta, emulated={name: {"base": base_device_type, "slowdown": k}
                                         for name, k in slowdowns.items()})
