@@ -78,10 +78,10 @@ def _hpp(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def plan(work: Path, cluster: Path, profile: Path, name: str) -> tuple[Path, dict]:
+def plan(work: Path, cluster: Path, profile: Path, name: str, *extra: str) -> tuple[Path, dict]:
     path = work / f"{name}.json"
     rep = _hpp("plan", "--cluster", str(cluster), "--profile", str(profile), "--gbs",
-               str(get_scenario(SCENARIO).global_batch_size), "--out", str(path), "--quiet")
+               str(get_scenario(SCENARIO).global_batch_size), "--out", str(path), "--quiet", *extra)
     return path, rep
 
 
@@ -110,7 +110,9 @@ def one_loop(loop: int, *, steps: int, time_scale: float) -> tuple[list[dict], l
         save_profile(wrong_profile(), wrong)
         p1, plan1 = plan(work, cluster, wrong, "plan1")
         run1 = run(p1, steps=steps, time_scale=time_scale, calibrate=cal)
-        p2, plan2 = plan(work, Path(run1["calibration"]["cluster"]), cal, "plan2")
+        # the search the run's re-plan check priced (hpp.runtime.calibrate.replan_command)
+        p2, plan2 = plan(work, Path(run1["calibration"]["cluster"]), cal, "plan2", "--time-limit",
+                         str(run1["calibration"]["replan"]["time_limit_s"]), "--no-baselines")
         run2 = run(p2, steps=steps, time_scale=time_scale)
     replan = run1["calibration"]["replan"]
     predicted_speedup = replan["current_s"] / replan["replan_s"]

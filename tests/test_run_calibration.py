@@ -359,3 +359,19 @@ def test_a_bad_key_in_a_calibration_figure_or_step_time_is_one_line(tmp_path):
         "p.json: field 'entries[0].step_time.loss_forwrd_s': unknown key 'loss_forwrd_s'. Fix: did you mean "
         "'loss_forward_s'?")
     assert len(str(exc.value).splitlines()) == 1
+
+
+def test_a_link_at_the_time_floor_says_so_and_is_bounded_at_10x():
+    """Every step's sync 1/20 of the bandwidth term above the latency (20x faster): bounded at the floor, x10, and
+    the note says why; spread 0, so it is written."""
+    profile = toy_profile({"A": 1.0})
+    cluster = toy_cluster([("A", 4)], memory={"A": 10**9}, bw=1e3, latency=1e-3)
+    plan = _toy_plan()
+    rep = _synthetic_report(plan, cluster, profile, link_factor=1.0)
+    sync = lambda g: estimate_plan(plan, _scaled_cluster(cluster, [0], g), profile).grad_sync_s     # noqa: E731
+    rep["measured"]["grad_sync_steps_s"] = [sync(20.0)] * 6
+    link = calibrate_run(rep, plan, cluster, profile, source="s", plan_path="p.json").calibration.figure(
+        "link intra-node 0 (A)")
+    assert (link.status, link.factor, link.spread) == ("calibrated", pytest.approx(10.0), 0.0)
+    assert link.note == ("from the measured gradient sync (a step's sync within a tenth of the bandwidth term of the "
+                         "latency counts as x10, the most a step can give)")

@@ -304,7 +304,8 @@ def _fit_links(report: Mapping[str, Any], plan: Plan, cluster: Cluster, profile:
                f"steps, above {100 * MAX_LINK_SPREAD:.0f} %)")
         return cluster, [_kept(n, why) for n in sorted(used)] + kept_unused
     note = "from the measured gradient sync" + (
-        f" (some steps' sync at or below the latency: their factor bounded at x{MAX_LINK_FACTOR:g})"
+        f" (a step's sync within a tenth of the bandwidth term of the latency counts as x{MAX_LINK_FACTOR:g}, the "
+        "most a step can give)"
         if fit.floored else "")
     figs = [FigureCalibration(n, "calibrated", "bandwidth", fit.factor, fit.spread, fit.steps, note)
             for n in sorted(used)]
