@@ -341,7 +341,8 @@ def calibrate_run(report: Mapping[str, Any], plan: Plan, cluster: Cluster, profi
         raise HppInputError(f"the run is of model {report.get('model')!r} but the profile is of {profile.model!r}",
                             field="model", fix=f"calibrate a profile of {report.get('model')!r}")
     for line in emulation_mismatches(profile):
-        logger.warning("%s: %s; the calibrated profile writes both from the run's measurement", plan_path, line)
+        logger.warning("the profile of %s: %s; the calibrated profile writes both from the run's measurement",
+                       plan_path, line)
     new_profile, entry_figs = _fit_entries(report, plan, profile, warmup_steps=warmup)
     new_cluster, link_figs = _fit_links(report, plan, cluster, profile, warmup_steps=warmup)
     cal = ProfileCalibration(source, plan_path, steps - warmup, warmup, tuple(entry_figs + link_figs))
