@@ -335,8 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # lazy: each dispatched command loads its own module (hpp.bench.cli loads numpy: 0.36 s against 0.16 s
         # for `import hpp.cli`, measured; hpp.runtime.cli keeps torch out of the planning commands)
         if rest[0] in ("run", "profile", "profile-network"):
+            from hpp.replan import search_calibrated       # hpp run --calibrate's re-plan (the runtime has no planner)
             from hpp.runtime.cli import main as runtime_main
-            return runtime_main(rest)
+            return runtime_main(rest, replan_search=search_calibrated)
         from hpp.bench.cli import main as bench_main
         return bench_main(rest)
     args = _parser().parse_args(argv)

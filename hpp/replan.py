@@ -14,6 +14,10 @@ resume on the new plan (:mod:`hpp.runtime.checkpoint.dcp` loads under any plan).
 - :func:`replan`: both, then :func:`hpp.planner.plan_hpp` with the seed among its
   ``seed_plans`` (returned instead of the searched plan when the cost model prices it
   lower); reports the time of each part.
+
+And the re-plan on a run's calibrated figures (``hpp run --calibrate``): :func:`search_calibrated`,
+which the command line hands to :func:`hpp.runtime.calibrate.replan_check` (the runtime imports no
+search code).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from hpp.profiles.cluster_format import cluster_to_dict
 from hpp.profiles.model_profile import ModelProfile
 
 __all__ = ["ReplanResult", "excluded_ids", "shrink_cluster", "exclude_devices", "exclude_nodes",
-           "seed_from_previous", "replan", "parse_id_list"]
+           "seed_from_previous", "replan", "parse_id_list", "search_calibrated"]
 
 #: The name :func:`replan` gives its seed in ``plan_hpp``'s ``seed_plans`` (``stats["seeded_from"]``).
 SEED_NAME = "previous"
@@ -251,3 +255,18 @@ def replan(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
     return ReplanResult(res, small, id_map, gone, seed, seeded, t1 - t0, t2 - t1, t2 - t0,
                         {"devices_before": cluster.num_devices, "devices_after": small.num_devices,
                          "seed_pipelines": len(seed.pipelines) if seed is not None else 0})
+
+
+def search_calibrated(cluster: Cluster, profile: ModelProfile, global_batch_size: int, *,
+                      time_limit_s: float = 10.0) -> PlannerResult:
+    """The plan ``hpp plan --profile OUT.json --cluster OUT.cluster.json --gbs G --time-limit T --no-baselines``
+    finds on a run's calibrated profile and cluster (:func:`hpp.runtime.calibrate.replan_command` prints that line).
+
+    Raises
+    ------
+    HppInputError
+        No plan (nothing fits memory, a bad input).
+    """
+    from hpp.formulation.composition.settings import SolverSettings
+    return plan_hpp(cluster, profile, global_batch_size, settings=SolverSettings(max_time_in_seconds=time_limit_s))
+

@@ -17,6 +17,7 @@ from hpp.profiles.bundled import load_bundled_profile
 from hpp.profiles.calibration_fit import fit_layers, fit_link
 from hpp.profiles.calibration_record import FigureCalibration, ProfileCalibration
 from hpp.profiles.profile_format import load_profile, profile_from_dict, profile_to_dict, save_profile
+from hpp.replan import search_calibrated
 from hpp.runtime.calibrate import (MAX_LINK_SPREAD, PAYS_ABOVE, _scaled_cluster, calibrate_run, cluster_path_of,
                                    replan_check, replan_command)
 from hpp.runtime.host.time_model import believed_slowdown, emulation_mismatches
@@ -308,7 +309,7 @@ def test_a_noisy_link_is_kept_and_does_not_set_the_replan_bar():
     assert (link.status, link.factor) == ("kept", 1.0)
     assert link.note == "too noisy (spread 150 % of the fitted factor x0.400 over 5 steps, above 50 %)"
     assert cal.cluster.nodes[0].intra_node.max_bytes_per_s == 1e3
-    check = replan_check(plan, cal, time_limit_s=2.0)
+    check = replan_check(plan, cal, search=search_calibrated, time_limit_s=2.0)
     assert check["threshold"] == max(PAYS_ABOVE, cal.calibration.figure("A/tp1/mb1").spread) < 0.1
     assert MAX_LINK_SPREAD == 0.5
 
@@ -379,3 +380,16 @@ def test_a_link_at_the_time_floor_says_so_and_is_bounded_at_10x():
     assert (link.status, link.factor, link.spread) == ("calibrated", pytest.approx(10.0), 0.0)
     assert link.note == ("from the measured gradient sync (a step's sync within a tenth of the bandwidth term of the "
                          "latency counts as x10, the most a step can give)")
+
+
+@pytest.mark.distributed
+def test_run_calibrate_without_a_planner_says_the_replan_was_not_checked(wrong_setup, capsys):
+    """hpp.runtime.cli's own entry point has no planner (the runtime imports no search code): the profile and links
+    are still written, and the console says the re-plan was not checked instead of pricing one."""
+    from hpp.runtime.cli import run_main
+    out = wrong_setup / "cal.json"
+    assert run_main([str(wrong_setup / "plan.json"), "--steps", "3", "--launcher", "fork", "--emulate-speed",
+                     "--calibrate", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  re-plan: not checked (no planner was given to this entry point; `hpp run` checks it)" in lines
+    assert load_profile(out).calibration is not None and cluster_path_of(out).exists()

@@ -38,7 +38,8 @@ link); a factor whose spread over the steps is above :data:`MAX_LINK_SPREAD` is 
 schedule, which depend on the other stages' times, and on one host the transfers are a small part of
 them; the console shows them beside the prediction. A version-2 cluster's per-pair links are kept.
 
-**Re-plan check.** :func:`replan_check` searches a new plan on the calibrated figures
+**Re-plan check.** :func:`replan_check` searches a new plan on the calibrated figures (with the search the
+caller hands in: :func:`hpp.replan.search_calibrated`)
 (:func:`hpp.planner.plan_hpp`) and prices it and the run's plan as the run predicts (:func:`run_predictor`: on
 CPU the host model, at the run's time scale and host speed, on the calibrated profile); re-planning is predicted
 to pay when the new plan is faster by
@@ -387,11 +388,16 @@ def run_predictor(report: Mapping[str, Any], cal: Calibrated) -> Callable[[Plan]
                                        steal=float(hm.get("steal") or 0.0)).iteration_time_s
 
 
-def replan_check(plan: Plan, cal: Calibrated, *, predict: Callable[[Plan], float] | None = None,
-                 time_limit_s: float = 10.0) -> dict[str, Any]:
-    """The run's plan and a new plan searched on the calibrated figures (:func:`hpp.planner.plan_hpp`), both priced
-    by ``predict`` (default: the calibrated cost model; ``hpp run`` gives :func:`run_predictor`, what the run's own
-    prediction is, so that the figures compare with the runs' measured times).
+def replan_check(plan: Plan, cal: Calibrated, *, search: Callable[..., Any],
+                 predict: Callable[[Plan], float] | None = None, time_limit_s: float = 10.0) -> dict[str, Any]:
+    """The run's plan and a new plan searched on the calibrated figures, both priced by ``predict`` (default: the
+    calibrated cost model; ``hpp run`` gives :func:`run_predictor`, what the run's own prediction is, so that the
+    figures compare with the runs' measured times).
+
+    ``search(cluster, profile, global_batch_size, *, time_limit_s)`` is the planner
+    (:func:`hpp.replan.search_calibrated`), handed in by the caller: the runtime imports no search code
+    (tests/test_layout.py), so ``hpp``'s command line, which may, gives it. It returns an object with ``plan``
+    and ``estimate.iteration_time_s`` and raises :class:`HppInputError` when it finds no plan.
 
     Returns
     -------
@@ -402,16 +408,13 @@ def replan_check(plan: Plan, cal: Calibrated, *, predict: Callable[[Plan], float
         ``cost_model_current_s`` / ``cost_model_replan_s`` (both in the calibrated cost model), and how the new
         plan was searched, ``global_batch_size`` (the run's) and ``time_limit_s`` (:func:`replan_command`).
     """
-    from hpp.formulation.composition.settings import SolverSettings
-    from hpp.planner import plan_hpp
     predict = predict or (lambda p: estimate_plan(p, cal.cluster, cal.profile).iteration_time_s)
     current = predict(plan)
     cm_current = estimate_plan(plan, cal.cluster, cal.profile).iteration_time_s
     threshold = max([PAYS_ABOVE] + [f.spread for f in cal.calibration.figures if f.status == "calibrated"])
     how = {"global_batch_size": plan.global_batch_size, "time_limit_s": time_limit_s}
     try:
-        res = plan_hpp(cal.cluster, cal.profile, plan.global_batch_size,
-                       settings=SolverSettings(max_time_in_seconds=time_limit_s))
+        res = search(cal.cluster, cal.profile, plan.global_batch_size, time_limit_s=time_limit_s)
     except HppInputError as exc:
         logger.info("re-plan on the calibrated figures found no plan: %s", exc)
         return {"current_s": current, "replan_s": None, "gain": None, "threshold": threshold, "pays": False,
@@ -437,11 +440,11 @@ def replan_command(paths: tuple[Path, Path], check: Mapping[str, Any]) -> str:
                        "--no-baselines", "--out", str(out)])
 
 
-def calibration_lines(cal: Calibrated, check: Mapping[str, Any], paths: tuple[Path, Path],
+def calibration_lines(cal: Calibrated, check: Mapping[str, Any] | None, paths: tuple[Path, Path],
                       predicted_before_s: float | None, measured_s: float | None = None) -> list[str]:
     """The console lines of ``--calibrate``: how far the run was from its prediction, what was fitted (factor,
-    spread, steps) and kept, and the re-plan check. ``predicted_before_s``: the run's own prediction (before the
-    calibration); ``measured_s``: its measured iteration time [s]."""
+    spread, steps) and kept, and the re-plan check (``check`` None: not made, said so). ``predicted_before_s``: the
+    run's own prediction (before the calibration); ``measured_s``: its measured iteration time [s]."""
     c = cal.calibration
     lines = [(f"calibrate: wrote {paths[0]} (profile) and {paths[1]} (links), from {c.steps} step"
               f"{'s' if c.steps != 1 else ''} after {c.warmup_steps} warm-up")]
@@ -455,6 +458,9 @@ def calibration_lines(cal: Calibrated, check: Mapping[str, Any], paths: tuple[Pa
                          f"% over {f.steps} steps){'; ' + f.note if f.note else ''}")
         else:
             lines.append(f"  {f.what:<32} kept: {f.note}")
+    if check is None:
+        lines.append("  re-plan: not checked (no planner was given to this entry point; `hpp run` checks it)")
+        return lines
     cur, new = check["current_s"], check["replan_s"]
     before = ""
     if new is None:

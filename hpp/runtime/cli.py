@@ -14,7 +14,7 @@ import json
 import logging
 import shlex
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from hpp.cliparse import Parser, run_command
 from hpp.errors import HppInputError
@@ -230,14 +230,18 @@ def _verify_line(v: dict) -> str:
     return line
 
 
-def run_main(argv: Sequence[str] | None = None) -> int:
+def run_main(argv: Sequence[str] | None = None, *, replan_search: Callable[..., Any] | None = None) -> int:
     """``hpp run PLAN.json --steps N [...]``; exit 1 if ``--verify`` finds a difference above 1e-9.
 
+    ``replan_search``: the planner for ``--calibrate``'s re-plan check
+    (:func:`hpp.runtime.calibrate.replan_check`; ``hpp``'s command line gives
+    :func:`hpp.replan.search_calibrated`); without it the check is left out and the console says so.
     Bad input: ``hpp run: error: ...`` and exit 2 (:func:`hpp.cliparse.run_command`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _run_parser().parse_args(argv)
     args.command_line = shlex.join(["hpp", "run", *argv])       # what --calibrate records as its source
+    args.replan_search = replan_search
     return run_command("hpp run", lambda: _run_command(args))
 
 
@@ -298,7 +302,12 @@ def _calibrate(args: argparse.Namespace, rep: dict) -> list[str]:
     cal = calibrate_run(rep, plan, cluster, profile, source=args.command_line,
                         plan_path=str(args.plan))
     paths = write_calibrated(cal, args.calibrate, force=args.force)
-    check = replan_check(plan, cal, predict=run_predictor(rep, cal))
+    if args.replan_search is None:
+        rep["calibration"] = {"profile": str(paths[0]), "cluster": str(paths[1]), **cal.calibration.to_dict(),
+                              "replan": None}
+        return calibration_lines(cal, None, paths, (rep.get("predicted") or {}).get("iteration_time_s"),
+                                 (rep.get("measured") or {}).get("iteration_time_s"))
+    check = replan_check(plan, cal, search=args.replan_search, predict=run_predictor(rep, cal))
     rep["calibration"] = {"profile": str(paths[0]), "cluster": str(paths[1]), **cal.calibration.to_dict(),
                           "replan": {k: v for k, v in check.items() if k != "plan"}}
     return calibration_lines(cal, check, paths, (rep.get("predicted") or {}).get("iteration_time_s"),
@@ -423,12 +432,12 @@ def _profile_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hpp.runtime.cli run|profile|profile-network ...``."""
+def main(argv: Sequence[str] | None = None, *, replan_search: Callable[..., Any] | None = None) -> int:
+    """``python -m hpp.runtime.cli run|profile|profile-network ...`` (``replan_search``: see :func:`run_main`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if argv and argv[0] == "run":
-        return run_main(argv[1:])
+        return run_main(argv[1:], replan_search=replan_search)
     if argv and argv[0] == "profile":
         return profile_main(argv[1:])
     if argv and argv[0] == "profile-network":
