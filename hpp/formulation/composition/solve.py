@@ -300,6 +300,7 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         report("type-class bound")
         local_search(list(answers), 0.3)
     pre_best, _, pre_counts = best()              # every exact solver starts from here (hint and cutoff)
+    pre_exact_bound = (bound, bound_method)       # the LP / type-class bound, valid whatever the exact solvers prove
     solvers = [name, *(x for x in settings.portfolio if x != name and x != "heuristic")] if budgeted else [name]
     n_pre = len(answers)
     starts: list[list] = []                       # per exact solver run: the answers a run of it alone would have
@@ -383,6 +384,14 @@ def solve(problem: CompositionProblem, settings: SolverSettings = SolverSettings
         answers = [a for a in answers if a[1] == name] or [(math.inf, "", {})]
     obj, source, counts = best()
     obj = float(obj)
+    if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9 and bound_method != pre_exact_bound[1]:
+        # an exact solver's bound holds for its bound problem; above a plan the cost model prices lower, that
+        # problem was no relaxation here, so its bound is no bound of the plan's time: the LP's is kept
+        log.warning("%s's bound %.9g s above a feasible objective %.9g s: its bound problem misprices this "
+                    "instance; the %s bound is kept", bound_method, bound, obj, pre_exact_bound[1])
+        note = (note + "; " if note else "") + (f"{bound_method}'s bound {bound:.4f} s lies above a plan of "
+                                                f"{obj:.4f} s: not used")
+        bound, bound_method = pre_exact_bound
     if math.isfinite(obj) and bound > obj * (1 + 1e-9) + 1e-9:
         log.error("bound %.9g s above a feasible objective %.9g s: the bound model is wrong", bound, obj)
     res = SolveResult(name, status_of(obj, bound), obj, bound, gap(obj, bound), time.perf_counter() - t0,
