@@ -7,7 +7,10 @@ it into one line on stderr with exit code 2 (see ``docs/CONTRACT.md``).
 
 from __future__ import annotations
 
-__all__ = ["HppInputError", "InfeasibleError"]
+import contextlib
+from typing import Iterator
+
+__all__ = ["HppInputError", "InfeasibleError", "reading_fields"]
 
 
 class HppInputError(ValueError):
@@ -64,3 +67,26 @@ class InfeasibleError(HppInputError):
 
     The message says by how much memory the best shape falls short, and where.
     """
+
+
+@contextlib.contextmanager
+def reading_fields(source: str | None, where: str, *, missing_fix: str, bad_fix: str) -> Iterator[None]:
+    """Read the fields of the record ``where`` of file ``source`` inside this block: a ``KeyError`` becomes
+    "missing field 'k'" (field ``where.k``, fix ``missing_fix``), a ``TypeError`` / ``ValueError`` "bad value (...)"
+    (field ``where``, fix ``bad_fix``), each one :class:`HppInputError`; an :class:`HppInputError` passes unchanged.
+
+    >>> with reading_fields("p.json", "entries[0]", missing_fix="add it", bad_fix="use numbers"):
+    ...     float({"a": "x"}["a"])
+    Traceback (most recent call last):
+    hpp.errors.HppInputError: p.json: field 'entries[0]': bad value (could not convert string to float: 'x'). Fix: use numbers
+    """
+    try:
+        yield
+    except HppInputError:
+        raise
+    except KeyError as exc:
+        raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
+                            fix=missing_fix) from None
+    except (TypeError, ValueError) as exc:
+        raise HppInputError(f"bad value ({exc})", source=source, field=where, fix=bad_fix) from None
+

@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from hpp.errors import HppInputError
+from hpp.errors import HppInputError, reading_fields
 from hpp.fileio import check_keys
 
 __all__ = ["FigureCalibration", "ProfileCalibration", "STATUSES", "METHODS"]
@@ -107,7 +107,8 @@ class ProfileCalibration:
             raise HppInputError("the calibration must be an object", source=source, field=where,
                                 fix="write it with hpp run --calibrate")
         check_keys(d, ("source", "plan", "steps", "warmup_steps", "figures"), source=source, where=f"{where}.")
-        try:
+        with reading_fields(source, where, missing_fix="add it (see hpp/profiles/calibration_record.py)",
+                            bad_fix="see the format"):
             figs = []
             for i, f in enumerate(d["figures"]):
                 w = f"{where}.figures[{i}]"
@@ -120,13 +121,6 @@ class ProfileCalibration:
                 fig.validate(source=source, where=w)
                 figs.append(fig)
             out = cls(str(d["source"]), str(d["plan"]), d["steps"], d["warmup_steps"], tuple(figs))
-        except HppInputError:
-            raise
-        except KeyError as exc:
-            raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
-                                fix="add it (see hpp/profiles/calibration_record.py)") from None
-        except (TypeError, ValueError) as exc:
-            raise HppInputError(f"bad value ({exc})", source=source, field=where, fix="see the format") from None
         for name in ("steps", "warmup_steps"):
             v = getattr(out, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from hpp.errors import HppInputError
+from hpp.errors import HppInputError, reading_fields
 from hpp.fileio import check_header, check_keys, read_json, write_atomic
 from hpp.profiles.calibration_record import ProfileCalibration
 from hpp.profiles.model_profile import (_OPTIONAL_PER_LAYER_FIELDS, _OPTIONAL_SCALAR_FIELDS, _PER_LAYER_FIELDS,
@@ -45,7 +45,8 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
     if not isinstance(d, Mapping):
         raise HppInputError("an entry must be an object", source=source, field=where, fix="see the native format")
     check_keys(d, _ENTRY_KEYS, source=source, where=f"{where}.")
-    try:
+    with reading_fields(source, where, bad_fix="use numbers, one per layer",
+                        missing_fix="add it (see the native profile format in hpp/profiles/model_profile.py)"):
         opt = {name: (tuple(int(x) for x in d[name]) if d.get(name) is not None else None)
                for name in _OPTIONAL_PER_LAYER_FIELDS}
         scalars = {name: (int(d[name]) if d.get(name) is not None else None) for name in _OPTIONAL_SCALAR_FIELDS}
@@ -62,14 +63,6 @@ def _entry_from_dict(d: Mapping[str, Any], *, source: str, where: str) -> LayerP
             step_time=(StepTimeTerms.from_dict(d["step_time"], source=source, where=f"{where}.step_time")
                        if d.get("step_time") is not None else None),
             estimated=bool(d.get("estimated", False)), note=str(d.get("note", "")))
-    except HppInputError:
-        raise
-    except KeyError as exc:
-        raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
-                            fix="add it (see the native profile format in hpp/profiles/model_profile.py)") from None
-    except (TypeError, ValueError) as exc:
-        raise HppInputError(f"bad value ({exc})", source=source, field=where,
-                            fix="use numbers, one per layer") from None
     e.validate(source=source, where=where)
     return e
 

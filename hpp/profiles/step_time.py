@@ -28,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from hpp.errors import HppInputError
+from hpp.errors import HppInputError, reading_fields
 from hpp.fileio import check_keys
 
 __all__ = ["StepTimeTerms", "HostTimeTerms"]
@@ -129,14 +129,10 @@ class StepTimeTerms:
             raise HppInputError("step_time must be a JSON object", source=source, field=where,
                                 fix="see hpp/profiles/step_time.py")
         check_keys(d, tuple(f.name for f in fields(cls)), source=source, where=f"{where}.")
-        try:
+        with reading_fields(source, where, missing_fix="measure the time terms with hpp.runtime.profile.time_terms",
+                            bad_fix="use numbers"):
             t = cls(**{f.name: float(d[f.name]) for f in fields(cls) if f.name != "p2p_overhead_s"},
                     p2p_overhead_s=float(d.get("p2p_overhead_s", 0.0)))
-        except KeyError as exc:
-            raise HppInputError(f"missing field {exc.args[0]!r}", source=source, field=f"{where}.{exc.args[0]}",
-                                fix="measure the time terms with hpp.runtime.profile.time_terms") from None
-        except (TypeError, ValueError) as exc:
-            raise HppInputError(f"bad value ({exc})", source=source, field=where, fix="use numbers") from None
         t.validate(source=source, where=where)
         return t
 
