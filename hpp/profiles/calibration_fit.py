@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.optimize import lsq_linear
 
-__all__ = ["LayerFit", "LinkFitResult", "fit_layers", "fit_link", "spread", "MAX_LINK_FACTOR", "MIN_LAYER_FACTOR"]
+__all__ = ["LayerFit", "LinkFitResult", "fit_layers", "fit_link", "spread", "stage_layer_work_s", "MAX_LINK_FACTOR",
+           "MIN_LAYER_FACTOR"]
 
 #: the largest bandwidth factor a measured all-reduce time can give (its time floor, module docstring)
 MAX_LINK_FACTOR = 10.0
@@ -78,13 +79,23 @@ class LayerFit:
     steps: int
 
 
+def stage_layer_work_s(forward_s: Sequence[float], backward_s: Sequence[float], lo: int, hi: int,
+                       recompute: bool) -> float:
+    """A stage's row of ``A`` summed: ``sum_{l in [lo, hi)} (1 + r) F_l + B_l`` [s per micro-batch] (module docstring).
+
+    >>> stage_layer_work_s((1.0, 2.0, 3.0), (2.0, 4.0, 6.0), 1, 3, recompute=True)     # (2 x 2 + 4) + (2 x 3 + 6)
+    20.0
+    """
+    return float(sum((2.0 if recompute else 1.0) * f + b for f, b in zip(forward_s[lo:hi], backward_s[lo:hi])))
+
+
 def _design(forward_s: Sequence[float], backward_s: Sequence[float],
             stages: Sequence[tuple[int, int, bool]]) -> np.ndarray:
     """``A`` (num_stages, num_layers) of the module docstring."""
     f, b = np.asarray(forward_s, float), np.asarray(backward_s, float)
     a = np.zeros((len(stages), len(f)))
     for s, (lo, hi, recompute) in enumerate(stages):
-        a[s, lo:hi] = (2.0 if recompute else 1.0) * f[lo:hi] + b[lo:hi]
+        a[s, lo:hi] = (2.0 if recompute else 1.0) * f[lo:hi] + b[lo:hi]      # a row of stage_layer_work_s
     return a
 
 

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from hpp.errors import HppInputError
-from hpp.fileio import check_keys, read_json
+from hpp.fileio import check_keys, read_json, write_atomic
 from hpp.profiles.cluster import DEFAULT_LATENCY_S, AggregateFit, Cluster, Link, NetworkLinks, Node, _pair, _slowest
 from hpp.profiles.devices import BUNDLED_DEVICE_TYPES, DeviceType, device_type_from_dict, device_type_to_dict
 from hpp.profiles.network import default_intra_node_link, default_pair_link, has_measurements
@@ -349,8 +349,8 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def save_cluster(c: Cluster, path: str | Path) -> None:
-    """Write ``c`` as JSON to ``path``."""
-    Path(path).write_text(json.dumps(cluster_to_dict(c), indent=2) + "\n")
+    """Write ``c`` as JSON to ``path`` (:func:`hpp.fileio.write_atomic`: whole or not at all)."""
+    write_atomic(path, json.dumps(cluster_to_dict(c), indent=2) + "\n")
 
 
 def network_from_dict(d: Mapping[str, Any], raw_nodes: Sequence[tuple[str, int, Any, Any]], *, source: str,

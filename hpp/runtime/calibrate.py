@@ -64,7 +64,7 @@ from typing import Any, Callable, Mapping
 from hpp.errors import HppInputError
 from hpp.formulation.cost_model import estimate_plan, stage_compute_s
 from hpp.plan_data import Plan
-from hpp.profiles.calibration_fit import MAX_LINK_FACTOR, fit_layers, fit_link, spread
+from hpp.profiles.calibration_fit import MAX_LINK_FACTOR, fit_layers, fit_link, spread, stage_layer_work_s
 from hpp.profiles.calibration_record import FigureCalibration, ProfileCalibration
 from hpp.profiles.cluster import Cluster, Link
 from hpp.profiles.cluster_format import save_cluster
@@ -100,6 +100,14 @@ def cluster_path_of(out: str | Path) -> Path:
     return p.with_name(p.stem + ".cluster.json")
 
 
+def _refuse_existing(out: str | Path, *, force: bool) -> None:
+    """``OUT.json`` or ``OUT.cluster.json`` already there, without ``force``: one HppInputError."""
+    for path in (Path(out), cluster_path_of(out)):
+        if path.exists() and not force:
+            raise HppInputError(f"{path} exists", field="--calibrate",
+                                fix="give another OUT.json, or --force to overwrite it")
+
+
 def check_before_run(out: str | Path, *, force: bool, steps: int, warmup_steps: int, device: str,
                      emulate_speed: bool, has_profile: bool, plan_path: str) -> None:
     """The refusals of ``--calibrate`` that need no run (module docstring), before the run spends its time.
@@ -108,10 +116,7 @@ def check_before_run(out: str | Path, *, force: bool, steps: int, warmup_steps: 
     ------
     HppInputError
     """
-    for path in (Path(out), cluster_path_of(out)):
-        if path.exists() and not force:
-            raise HppInputError(f"{path} exists", field="--calibrate",
-                                fix="give another OUT.json, or --force to overwrite it")
+    _refuse_existing(out, force=force)
     if Path(out).suffix != ".json":
         raise HppInputError(f"{out} does not end in .json", field="--calibrate", fix="name the profile OUT.json")
     if steps - warmup_steps < 1:
@@ -178,14 +183,13 @@ def _stage_rows(report: Mapping[str, Any], plan: Plan, profile: ModelProfile, *,
             wall = _kept_steps(got["compute_steps_s"], warmup_steps)
             if cpu:
                 base = base_entry(profile, *key)
-                layers = sum((2.0 if rc else 1.0) * f + b
-                             for f, b in zip(base.forward_s[lo:hi], base.backward_s[lo:hi]))
+                layers = stage_layer_work_s(base.forward_s, base.backward_s, lo, hi, rc)
                 cpu_s = _kept_steps(got["cpu_steps_s"], warmup_steps)
                 y = [w / (c * scale) * layers for w, c in zip(wall, cpu_s) if c > 0]
             else:
                 e = profile.layer_profile(*key)
                 f_s, b_s = stage_compute_s(e, lo, hi, st.recompute)
-                layers = sum((2.0 if rc else 1.0) * f + b for f, b in zip(e.forward_s[lo:hi], e.backward_s[lo:hi]))
+                layers = stage_layer_work_s(e.forward_s, e.backward_s, lo, hi, rc)
                 fixed = f_s + b_s - layers
                 y = [w / m / scale - fixed for w in wall]
             if len(y) == len(wall) and all(v > 0 for v in y):
@@ -215,7 +219,7 @@ def _fit_entries(report: Mapping[str, Any], plan: Plan, profile: ModelProfile, *
             for k in ran:
                 b = base_entry(profile, *k)
                 for lo, hi, rc, y in rows[k]:
-                    den += sum((2.0 if rc else 1.0) * f + g for f, g in zip(b.forward_s[lo:hi], b.backward_s[lo:hi]))
+                    den += stage_layer_work_s(b.forward_s, b.backward_s, lo, hi, rc)
                     num = [a + v for a, v in zip(num, y)]
             per_step = [x / den for x in num]
             measured = statistics.median(per_step)
@@ -357,15 +361,10 @@ def write_calibrated(cal: Calibrated, out: str | Path, *, force: bool) -> tuple[
     """Write the profile to ``out`` (:func:`hpp.runtime.profile.profiler.write_profile`) and the cluster to
     :func:`cluster_path_of` ``(out)``; refuses existing files without ``force`` (HppInputError)."""
     from hpp.runtime.profile.profiler import write_profile
-    out = Path(out)
-    cpath = cluster_path_of(out)
-    for path in (out, cpath):
-        if path.exists() and not force:
-            raise HppInputError(f"{path} exists", field="--calibrate", fix="give another OUT.json, or --force")
+    _refuse_existing(out, force=force)
+    out, cpath = Path(out), cluster_path_of(out)
     write_profile(cal.profile, out)
-    tmp = cpath.with_name(cpath.name + ".tmp")
-    save_cluster(cal.cluster, tmp)
-    tmp.replace(cpath)
+    save_cluster(cal.cluster, cpath)
     return out, cpath
 
 
